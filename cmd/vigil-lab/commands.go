@@ -1,0 +1,305 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/server/v3/etcdmain"
+
+	"github.com/vigil-ha/vigil/internal/lab"
+)
+
+func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
+	f := cmd.Flags()
+	f.IntVar(&s.Nodes, "nodes", 3, "control-plane nodes (1-9)")
+	f.StringVar(&s.Impl, "impl", lab.ImplVigil, "what holds the VIP: vigil, keepalived (kubeadm's recipe) or keepalived-tuned (VRRPv3, 0.1 s adverts)")
+	f.DurationVar(&s.LeaseDuration, "lease-duration", 0, "vigil --lease-duration on every node (default: vigil's)")
+	f.DurationVar(&s.RenewDeadline, "renew-deadline", 0, "vigil --renew-deadline on every node (default: vigil's)")
+	f.DurationVar(&s.RetryPeriod, "retry-period", 0, "vigil --retry-period on every node (default: vigil's)")
+}
+
+func newUpCmd(g *globals) *cobra.Command {
+	var s lab.Settings
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build the lab and wait until the VIP has a holder",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.open()
+			if err != nil {
+				return err
+			}
+			if err := l.Up(cmd.Context(), s); err != nil {
+				return err
+			}
+			return printStatus(cmd, l, false)
+		},
+	}
+	addSettingsFlags(cmd, &s)
+	return cmd
+}
+
+func newDownCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove every namespace, process and file of the lab (also after a crash)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.open()
+			if err != nil {
+				return err
+			}
+			return l.Down(cmd.Context())
+		},
+	}
+}
+
+func newStatusCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show nodes, etcd leader and VIP holder",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.open()
+			if err != nil {
+				return err
+			}
+			if err := l.Open(); err != nil {
+				return err
+			}
+			return printStatus(cmd, l, asJSON)
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printStatus(cmd *cobra.Command, l *lab.Lab, asJSON bool) error {
+	r, err := l.Status(cmd.Context())
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if asJSON {
+		return writeJSON(out, r)
+	}
+	fmt.Fprintf(out, "impl %s  vip %s  holder %s  answering %s\n", r.Impl, r.VIP, strings.Join(r.Holders, ","), dash(r.Answering))
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tIP\tLINK\tPROCESSES\tETCD FOLLOWS")
+	for i, n := range r.NodeStates {
+		link := "up"
+		if n.Cut {
+			link = "CUT"
+		}
+		var procs []string
+		for role, ok := range n.Running {
+			if ok {
+				procs = append(procs, role)
+			} else {
+				procs = append(procs, role+"(dead)")
+			}
+		}
+		follows := "-"
+		if r.Etcd != nil && i < len(r.Etcd.Members) && r.Etcd.Members[i].Reachable {
+			follows = dash(r.Etcd.Members[i].Leader)
+		}
+		slices.Sort(procs)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, link, strings.Join(procs, ","), follows)
+	}
+	return tw.Flush()
+}
+
+func newDrillCmd(g *globals) *cobra.Command {
+	var (
+		count  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "drill " + strings.Join(lab.Drills, "|"),
+		Short: "Break the running lab, measure the outage, heal it",
+		Long: `Run a drill against the lab that "vigil-lab up" built.
+
+  kill-leader        cut the VIP holder's link and SIGKILL its processes (power
+                     loss); afterwards the node "reboots" and rejoins
+  graceful           SIGTERM the holder's daemon; afterwards restart it
+  partition-leader   cut the holder's link, leave it running; then reconnect it
+  kill-etcd-leader   SIGKILL the etcd member leading raft (not on the VIP
+                     holder); then restart it
+
+The client namespace probes the VIP every 10 ms. Each drill prints the longest
+gap between answers (the outage), which node answered before and after, and
+whether two nodes ever held or answered on the VIP at once (split brain).
+Exits non-zero if any drill failed or saw a split brain.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if count < 1 {
+				return fmt.Errorf("--count %d: must be at least 1", count)
+			}
+			l, err := g.open()
+			if err != nil {
+				return err
+			}
+			if err := l.Open(); err != nil {
+				return err
+			}
+			var rs []lab.Result
+			for i := 1; i <= count; i++ {
+				r := l.Drill(cmd.Context(), args[0], i)
+				rs = append(rs, r)
+				if !asJSON {
+					fmt.Fprintln(cmd.OutOrStdout(), r)
+				}
+				if cmd.Context().Err() != nil {
+					break
+				}
+			}
+			return report(cmd.OutOrStdout(), rs, asJSON)
+		},
+	}
+	cmd.Flags().IntVar(&count, "count", 1, "how many times to run the drill")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print results as JSON")
+	return cmd
+}
+
+func newDemoCmd(g *globals) *cobra.Command {
+	var (
+		s      lab.Settings
+		count  int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Up, every drill a few times, a summary table, down",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if count < 1 {
+				return fmt.Errorf("--count %d: must be at least 1", count)
+			}
+			l, err := g.open()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if !asJSON {
+				fmt.Fprintf(out, "building a %d-node %s lab (etcd + vigil per node, client probing the VIP every 10 ms)...\n", s.Nodes, s.Impl)
+			}
+			if err := l.Up(cmd.Context(), s); err != nil {
+				return err
+			}
+			defer func() {
+				if derr := l.Down(cmd.Context()); derr != nil {
+					err = errors.Join(err, fmt.Errorf("lab down: %w", derr))
+				} else if !asJSON {
+					fmt.Fprintln(out, "lab removed.")
+				}
+			}()
+			if !asJSON {
+				if err := printStatus(cmd, l, false); err != nil {
+					return err
+				}
+			}
+			var rs []lab.Result
+			for _, kind := range lab.Drills {
+				if kind == lab.DrillKillEtcdLeader && s.Impl != lab.ImplVigil {
+					continue
+				}
+				for i := 1; i <= count; i++ {
+					r := l.Drill(cmd.Context(), kind, i)
+					rs = append(rs, r)
+					if !asJSON {
+						fmt.Fprintln(out, r)
+					}
+					if cmd.Context().Err() != nil {
+						return cmd.Context().Err()
+					}
+				}
+			}
+			return report(out, rs, asJSON)
+		},
+	}
+	addSettingsFlags(cmd, &s)
+	cmd.Flags().IntVar(&count, "count", 3, "runs of each drill")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print results as JSON")
+	return cmd
+}
+
+// report prints the summary (or everything as JSON) and fails if any drill
+// did.
+func report(out io.Writer, rs []lab.Result, asJSON bool) error {
+	sum := lab.Summarize(rs)
+	if asJSON {
+		if err := writeJSON(out, map[string]any{"results": rs, "summary": sum}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(out, "\nsummary (outage = longest gap between answers on the VIP, probed every 10 ms):")
+		for _, s := range sum {
+			fmt.Fprintln(out, " ", s)
+		}
+	}
+	bad := 0
+	for _, r := range rs {
+		if !r.OK() {
+			bad++
+		}
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d drills failed or saw a split brain", bad, len(rs))
+	}
+	return nil
+}
+
+func newEtcdCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "etcd [etcd flags]",
+		Short:              "Run an etcd server (used inside the lab's node namespaces)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		Run: func(_ *cobra.Command, args []string) {
+			etcdmain.Main(append([]string{"etcd"}, args...))
+		},
+	}
+}
+
+func newResponderCmd() *cobra.Command {
+	var (
+		name string
+		port int
+	)
+	cmd := &cobra.Command{
+		Use:    "responder",
+		Short:  "Answer the lab's probes with this node's name",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if name == "" {
+				return errors.New("--name is required")
+			}
+			return lab.Respond(cmd.Context(), name, port)
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "node name to answer with")
+	cmd.Flags().IntVar(&port, "port", lab.ResponderPort, "UDP port")
+	return cmd
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/daemon"
+	"github.com/vigil-ha/vigil/internal/election"
+)
+
+func newRunCmd() *cobra.Command {
+	var (
+		cfg       daemon.Config
+		vipFlag   string
+		logLevel  string
+		logFormat string
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the control-plane daemon: elect a leader and hold the VIP",
+		Long: `Run the control-plane node daemon.
+
+Every control-plane node runs "vigil run" with the same --vip. The nodes elect
+one leader through etcd (a compare-and-swap lock record, no consensus of our
+own); the leader adds the VIP to --interface, announces it with gratuitous ARP
+(IPv4) or unsolicited neighbour advertisements (IPv6), and re-announces it
+periodically. A node joins or leaves the election by starting or stopping this
+command; there is no peer list.
+
+Safety: a leader that cannot renew its lease for --renew-deadline removes the
+VIP, and a candidate waits a whole --lease-duration, on its own clock, before
+it takes an unrenewed lock. --lease-duration minus --renew-deadline (at least
+100ms) is the margin that keeps two nodes from holding the VIP at once. While
+etcd itself is electing a raft leader nobody can take the lock, so the holder
+keeps the VIP through etcd elections.
+
+On SIGTERM or SIGINT the VIP is removed first, then the lock is released so a
+peer takes over at once. etcd being unreachable at start is not an error (with
+kubeadm it starts after vigil): vigil retries with backoff and never holds the
+VIP meanwhile.`,
+		Example: `  vigil run --vip 10.250.0.100/24 --interface eth0 --node-name cp1 \
+    --election etcd --etcd-endpoints https://10.250.0.11:2379,https://10.250.0.12:2379 \
+    --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt \
+    --etcd-cert /etc/kubernetes/pki/apiserver-etcd-client.crt \
+    --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			if cfg.VIP, err = daemon.ParseVIP(vipFlag); err != nil {
+				return err
+			}
+			return daemon.Run(cmd.Context(), cfg, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&vipFlag, "vip", "", "virtual IP with prefix length, e.g. 10.250.0.100/24 (a bare address means /32 or /128)")
+	f.StringVar(&cfg.Interface, "interface", "", "interface that carries the VIP, e.g. eth0")
+	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name in the election; unique per control-plane node")
+	f.StringVar(&cfg.Election, "election", "etcd", "election backend: etcd")
+	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "comma-separated etcd client URLs")
+	f.StringVar(&cfg.EtcdCACert, "etcd-cacert", "", "CA bundle that signed the etcd server certificates")
+	f.StringVar(&cfg.EtcdCert, "etcd-cert", "", "etcd client certificate")
+	f.StringVar(&cfg.EtcdKey, "etcd-key", "", "etcd client key")
+	f.StringVar(&cfg.LockKey, "lock-key", election.DefaultEtcdKey, "etcd key that holds the lock record")
+	f.StringVar(&cfg.EtcdMemberName, "etcd-member-name", "", "this node's etcd member name (default: --node-name)")
+	f.BoolVar(&cfg.ShedRaftLeadership, "shed-etcd-leadership", true, "while holding the VIP, move etcd raft leadership to another member, so one crash never costs both a VIP failover and an etcd election")
+	f.DurationVar(&cfg.LeaseDuration, "lease-duration", election.DefaultLeaseDuration, "how long candidates wait, on their own clock, before taking an unrenewed lock; failover takes about this long")
+	f.DurationVar(&cfg.RenewDeadline, "renew-deadline", election.DefaultRenewDeadline, "the leader removes the VIP when no renewal succeeded for this long; must be at least 100ms below --lease-duration")
+	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads")
+	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	return cmd
+}

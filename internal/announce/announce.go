@@ -1,0 +1,143 @@
+// Package announce tells the local network segment where the VIP lives now:
+// gratuitous ARP for IPv4 and unsolicited neighbour advertisements (NDP) for
+// IPv6. Hosts and switches update their caches from these at once instead of
+// waiting for a stale entry to time out, which is what makes a failover
+// visible to clients in milliseconds.
+package announce
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// DefaultInterval is how often the holder re-announces. A switch or host that
+// missed the burst (a flapping link, a late-joining host) learns the VIP's
+// new location within this time; 3 s is well under every common ARP cache
+// timeout while costing nothing.
+const DefaultInterval = 3 * time.Second
+
+// burst is the spacing of the first announcements after taking the VIP: one at
+// once, then two more in case the first was lost while links renegotiate.
+var burst = []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond}
+
+// Config configures an Announcer.
+type Config struct {
+	Interface string
+	Address   netip.Addr
+	// Interval between periodic announcements; DefaultInterval when zero.
+	Interval time.Duration
+}
+
+// sender sends one announcement; the Linux implementation uses raw sockets.
+type sender interface {
+	send(ifi *net.Interface, ip netip.Addr) error
+}
+
+// Announcer sends announcements while its Run context lives.
+type Announcer struct {
+	cfg  Config
+	send sender
+	log  *slog.Logger
+}
+
+// New returns an Announcer.
+func New(cfg Config, log *slog.Logger) (*Announcer, error) {
+	if !cfg.Address.IsValid() {
+		return nil, fmt.Errorf("announce: no address")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	return &Announcer{cfg: cfg, send: osSender{}, log: log.With("vip", cfg.Address.String(), "interface", cfg.Interface)}, nil
+}
+
+// Once sends one announcement now.
+func (a *Announcer) Once() error {
+	ifi, err := net.InterfaceByName(a.cfg.Interface)
+	if err != nil {
+		return fmt.Errorf("announce %s: %w", a.cfg.Address, err)
+	}
+	if err := a.send.send(ifi, a.cfg.Address); err != nil {
+		return fmt.Errorf("announce %s on %s: %w", a.cfg.Address, a.cfg.Interface, err)
+	}
+	return nil
+}
+
+// Run sends the initial burst, then one announcement per interval, until ctx
+// is done. before runs ahead of every periodic announcement (the daemon uses
+// it to make sure the VIP is still on the interface).
+func (a *Announcer) Run(ctx context.Context, before func()) {
+	start := time.Now()
+	for i, d := range burst {
+		if !waitUntil(ctx, start.Add(d)) {
+			return
+		}
+		if err := a.Once(); err != nil {
+			a.log.Warn("announcement failed", "err", err)
+		} else if i == 0 {
+			a.log.Info("VIP announced", "took", time.Since(start).Round(time.Microsecond))
+		}
+	}
+	t := time.NewTicker(a.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if before != nil {
+			before()
+		}
+		if err := a.Once(); err != nil {
+			a.log.Warn("announcement failed", "err", err)
+		}
+	}
+}
+
+// Group runs an Announcer in the background and waits for it on Stop.
+type Group struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Start runs a.Run(ctx, before) in a goroutine.
+func Start(ctx context.Context, a *Announcer, before func()) *Group {
+	ctx, cancel := context.WithCancel(ctx)
+	g := &Group{cancel: cancel}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		a.Run(ctx, before)
+	}()
+	return g
+}
+
+// Stop ends the announcer and waits for it. Safe to call twice and on nil.
+func (g *Group) Stop() {
+	if g == nil {
+		return
+	}
+	g.cancel()
+	g.wg.Wait()
+}
+
+func waitUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}

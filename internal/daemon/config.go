@@ -1,0 +1,152 @@
+// Package daemon is `vigil run`: it wires the election, the VIP and the
+// announcer together on one control-plane node.
+//
+// Shutdown order (Run's context cancelled): the elector steps down, which
+// stops the announcer and removes the VIP, then releases the lock so a peer
+// takes over at once; only then are the etcd clients closed.
+package daemon
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/election"
+)
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("invalid configuration")
+
+// Config is everything `vigil run` needs.
+type Config struct {
+	VIP       netip.Prefix
+	Interface string
+	NodeName  string
+
+	// Election is the backend: "etcd".
+	Election      string
+	EtcdEndpoints []string
+	EtcdCACert    string
+	EtcdCert      string
+	EtcdKey       string
+	// LockKey is the etcd key of the lock record.
+	LockKey string
+	// EtcdMemberName is this node's etcd member; while this node holds the
+	// VIP, raft leadership is moved off that member. Defaults to NodeName.
+	EtcdMemberName string
+	// ShedRaftLeadership enables moving raft leadership off the VIP holder.
+	ShedRaftLeadership bool
+
+	LeaseDuration time.Duration
+	RenewDeadline time.Duration
+	RetryPeriod   time.Duration
+
+	AnnounceInterval time.Duration
+}
+
+// ParseVIP accepts "10.0.0.10/24", "10.0.0.10" (taken as /32) and IPv6
+// equivalents.
+func ParseVIP(s string) (netip.Prefix, error) {
+	if s == "" {
+		return netip.Prefix{}, fmt.Errorf("%w: --vip is required", ErrConfig)
+	}
+	if !strings.Contains(s, "/") {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%w: --vip %q is not an IP address or CIDR", ErrConfig, s)
+		}
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%w: --vip %q is not an IP address or CIDR", ErrConfig, s)
+	}
+	if p.Addr().Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%w: --vip %q must not have a zone", ErrConfig, s)
+	}
+	return p, nil
+}
+
+// Validate checks everything that can be checked without touching the
+// network or etcd.
+func (c *Config) Validate() error {
+	if !c.VIP.IsValid() {
+		return fmt.Errorf("%w: --vip is required", ErrConfig)
+	}
+	if c.Interface == "" {
+		return fmt.Errorf("%w: --interface is required", ErrConfig)
+	}
+	if c.NodeName == "" {
+		return fmt.Errorf("%w: --node-name is required (and must be unique among control-plane nodes)", ErrConfig)
+	}
+	switch c.Election {
+	case "etcd":
+	case "":
+		return fmt.Errorf("%w: --election is required (supported: etcd)", ErrConfig)
+	default:
+		return fmt.Errorf("%w: unknown --election backend %q (supported: etcd)", ErrConfig, c.Election)
+	}
+	if len(c.EtcdEndpoints) == 0 {
+		return fmt.Errorf("%w: --etcd-endpoints is required with --election etcd", ErrConfig)
+	}
+	for _, ep := range c.EtcdEndpoints {
+		u, err := url.Parse(ep)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: etcd endpoint %q must look like http://HOST:PORT or https://HOST:PORT", ErrConfig, ep)
+		}
+	}
+	if (c.EtcdCert == "") != (c.EtcdKey == "") {
+		return fmt.Errorf("%w: --etcd-cert and --etcd-key go together", ErrConfig)
+	}
+	for flag, f := range map[string]string{"--etcd-cacert": c.EtcdCACert, "--etcd-cert": c.EtcdCert, "--etcd-key": c.EtcdKey} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("%w: %s %s: %w", ErrConfig, flag, f, err)
+		}
+	}
+	if err := election.ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if c.LockKey == "" {
+		c.LockKey = election.DefaultEtcdKey
+	}
+	if c.EtcdMemberName == "" {
+		c.EtcdMemberName = c.NodeName
+	}
+	return nil
+}
+
+// tlsConfig loads the etcd client TLS files; nil when none are given.
+func (c *Config) tlsConfig() (*tls.Config, error) {
+	if c.EtcdCACert == "" && c.EtcdCert == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.EtcdCACert != "" {
+		pem, err := os.ReadFile(c.EtcdCACert)
+		if err != nil {
+			return nil, fmt.Errorf("%w: read --etcd-cacert: %w", ErrConfig, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%w: --etcd-cacert %s holds no PEM certificate", ErrConfig, c.EtcdCACert)
+		}
+		tc.RootCAs = pool
+	}
+	if c.EtcdCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.EtcdCert, c.EtcdKey)
+		if err != nil {
+			return nil, fmt.Errorf("%w: load --etcd-cert/--etcd-key: %w", ErrConfig, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}

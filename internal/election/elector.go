@@ -1,0 +1,384 @@
+package election
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// MinSafetyMargin is the smallest LeaseDuration - RenewDeadline accepted. The
+// margin must cover stepping down (removing an address takes well under 1 ms
+// through netlink), a late timer on a busy machine, and the rate difference of
+// two clocks over one lease; 100 ms is generous for all three on a sub-second
+// lease and still allows ~0.3 s failover.
+const MinSafetyMargin = 100 * time.Millisecond
+
+// Defaults chosen for sub-second failover with a 300 ms safety margin. A
+// candidate takes over about LeaseDuration after the holder's last renewal; the
+// holder renews every RetryPeriod and steps down after RenewDeadline without
+// one, so four consecutive renewals may fail before it gives up.
+const (
+	DefaultLeaseDuration = 800 * time.Millisecond
+	DefaultRenewDeadline = 500 * time.Millisecond
+	DefaultRetryPeriod   = 100 * time.Millisecond
+)
+
+// maxReadBackoff caps the pause between failed reads of a candidate that
+// cannot reach the store (during kubeadm init etcd starts after vigil).
+const maxReadBackoff = time.Second
+
+// Callbacks are run by the elector's own goroutine, one at a time.
+type Callbacks struct {
+	// OnStartedLeading runs when this node takes the lock. ctx is cancelled
+	// when leadership ends. It must not block for long: renewals wait for it.
+	OnStartedLeading func(ctx context.Context)
+	// OnStoppedLeading runs when leadership ends, before the elector reads
+	// or writes the lock again. When it returns, nothing the leader held may
+	// remain (the VIP must be gone).
+	OnStoppedLeading func(reason string)
+	// OnNewLeader runs when the observed holder changes ("" when none).
+	OnNewLeader func(identity string)
+}
+
+// Config configures an Elector.
+type Config struct {
+	// Identity names this candidate; it must be unique among candidates.
+	Identity string
+	Lock     Lock
+	// Prober is optional; without it the leader steps down on every store
+	// outage longer than RenewDeadline.
+	Prober        Prober
+	LeaseDuration time.Duration
+	RenewDeadline time.Duration
+	RetryPeriod   time.Duration
+	// ReleaseOnCancel releases the lock after OnStoppedLeading when Run's
+	// context is cancelled, so a peer takes over at once.
+	ReleaseOnCancel bool
+	Callbacks       Callbacks
+}
+
+// Validate checks the timing rules; see MinSafetyMargin.
+func (c Config) Validate() error {
+	switch {
+	case c.Identity == "":
+		return fmt.Errorf("%w: identity (node name) is empty", ErrInvalidConfig)
+	case c.Lock == nil:
+		return fmt.Errorf("%w: no lock", ErrInvalidConfig)
+	}
+	return ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
+}
+
+// ValidateTimings checks lease, renew deadline and retry period.
+func ValidateTimings(lease, renew, retry time.Duration) error {
+	switch {
+	case retry <= 0:
+		return fmt.Errorf("%w: retry period %v must be positive", ErrInvalidConfig, retry)
+	case renew <= retry:
+		return fmt.Errorf("%w: renew deadline %v must be longer than the retry period %v, or one slow renewal makes the leader step down", ErrInvalidConfig, renew, retry)
+	case renew >= lease:
+		return fmt.Errorf("%w: renew deadline %v must be shorter than the lease duration %v, or two nodes could hold the VIP at once", ErrInvalidConfig, renew, lease)
+	case lease-renew < MinSafetyMargin:
+		return fmt.Errorf("%w: lease duration %v minus renew deadline %v leaves %v; at least %v is needed to step down safely", ErrInvalidConfig, lease, renew, lease-renew, MinSafetyMargin)
+	}
+	return nil
+}
+
+// Status is a snapshot of the elector's state.
+type Status struct {
+	Leader      bool
+	Holder      string
+	LeaderSince time.Time
+}
+
+// Elector runs the election for one candidate.
+type Elector struct {
+	cfg Config
+	log *slog.Logger
+
+	mu     sync.Mutex // guards status
+	status Status
+}
+
+// New returns an Elector, or an error wrapping ErrInvalidConfig.
+func New(cfg Config, log *slog.Logger) (*Elector, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Elector{cfg: cfg, log: log.With("lock", cfg.Lock.Describe())}, nil
+}
+
+// Status returns a snapshot of the elector's state.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status
+}
+
+// Run campaigns, leads and campaigns again until ctx is cancelled. Losing the
+// lock never ends Run. It returns nil after a clean shutdown.
+func (e *Elector) Run(ctx context.Context) error {
+	for {
+		l, obs, err := e.campaign(ctx)
+		if err != nil {
+			return nil // ctx cancelled while campaigning
+		}
+		e.lead(ctx, l, obs)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// campaign returns once this node holds the lock, or ctx is done.
+func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
+	var (
+		w        window
+		failures int
+		failedAt time.Time
+	)
+	for {
+		if err := ctx.Err(); err != nil {
+			return lease{}, Observation{}, err
+		}
+		rctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+		obs, err := e.cfg.Lock.Get(rctx)
+		cancel()
+		done := time.Now()
+		if err != nil {
+			if ctx.Err() != nil {
+				return lease{}, Observation{}, ctx.Err()
+			}
+			failures++
+			if failures == 1 {
+				failedAt = done
+				e.log.Warn("cannot read the lock; retrying with backoff", "err", err)
+			} else if failures%20 == 0 {
+				e.log.Info("still cannot read the lock", "for", done.Sub(failedAt).Round(time.Millisecond), "err", err)
+			}
+			if !sleep(ctx, e.readBackoff(failures)) {
+				return lease{}, Observation{}, ctx.Err()
+			}
+			continue
+		}
+		if failures > 0 {
+			e.log.Info("lock readable again", "after", done.Sub(failedAt).Round(time.Millisecond))
+			failures = 0
+		}
+		e.setHolder(obs.Holder())
+		w.observe(obs, done)
+		ok, wait := acquirable(obs, w, e.cfg.Identity, time.Now())
+		if !ok {
+			if !sleep(ctx, min(wait, e.cfg.RetryPeriod)) {
+				return lease{}, Observation{}, ctx.Err()
+			}
+			continue
+		}
+		start := time.Now()
+		rec := e.record(obs, start)
+		wctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+		got, err := e.cfg.Lock.Write(wctx, rec, obs.Revision)
+		cancel()
+		switch {
+		case err == nil:
+			var l lease
+			l.renewed(got.Revision, start, e.cfg.RenewDeadline)
+			return l, got, nil
+		case errors.Is(err, ErrConflict):
+			e.log.Debug("lost the race for the lock", "holder", got.Holder())
+			continue // read again at once
+		default:
+			e.log.Debug("acquire failed", "err", err)
+			if !sleep(ctx, e.cfg.RetryPeriod) {
+				return lease{}, Observation{}, ctx.Err()
+			}
+		}
+	}
+}
+
+// lead holds the lock until it is lost or ctx is done, then steps down.
+func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
+	e.mu.Lock()
+	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now()}
+	e.mu.Unlock()
+	e.log.Info("became leader", "revision", l.rev)
+	if cb := e.cfg.Callbacks.OnNewLeader; cb != nil {
+		cb(e.cfg.Identity)
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	if cb := e.cfg.Callbacks.OnStartedLeading; cb != nil {
+		cb(lctx)
+	}
+	rec := *obs.Record
+	reason := e.renewLoop(ctx, &l, &rec)
+	cancel()
+	e.log.Info("stepping down", "reason", reason)
+	if cb := e.cfg.Callbacks.OnStoppedLeading; cb != nil {
+		cb(reason)
+	}
+	e.mu.Lock()
+	e.status = Status{Holder: ""}
+	e.mu.Unlock()
+	if ctx.Err() != nil && e.cfg.ReleaseOnCancel {
+		e.release(l, rec)
+	}
+}
+
+// renewLoop renews until it must stop and returns why.
+func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
+	timer := time.NewTimer(e.cfg.RetryPeriod)
+	defer timer.Stop()
+	for {
+		// Wait for the next renewal, never past the deadline.
+		wait := min(e.cfg.RetryPeriod, time.Until(l.deadline))
+		timer.Reset(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			return "shutting down"
+		case <-timer.C:
+		}
+		for {
+			now := time.Now()
+			if l.expired(now) {
+				return fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline)
+			}
+			next := *rec
+			next.RenewTime = now.UTC()
+			next.Nonce = nonce()
+			actx, cancel := context.WithDeadline(ctx, minTime(l.deadline, now.Add(e.opTimeout())))
+			got, err := e.cfg.Lock.Write(actx, next, l.rev)
+			cancel()
+			switch {
+			case err == nil:
+				l.renewed(got.Revision, now, e.cfg.RenewDeadline)
+				*rec = next
+			case ctx.Err() != nil:
+				return "shutting down"
+			case errors.Is(err, ErrConflict):
+				if got.Holder() == e.cfg.Identity {
+					// An earlier attempt of ours landed after we gave
+					// up waiting for it. Adopt it and renew again.
+					l.rev = got.Revision
+					*rec = *got.Record
+					continue
+				}
+				return fmt.Sprintf("lock taken by %q", got.Holder())
+			default:
+				e.log.Warn("renewal failed", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
+				e.probe(ctx, l)
+			}
+			break
+		}
+	}
+}
+
+// probe asks the store whether it can commit at all and, if it cannot,
+// extends the deadline (see the package documentation).
+func (e *Elector) probe(ctx context.Context, l *lease) {
+	if e.cfg.Prober == nil {
+		return
+	}
+	start := time.Now()
+	pctx, cancel := context.WithDeadline(ctx, minTime(l.deadline, start.Add(e.cfg.RetryPeriod)))
+	defer cancel()
+	leaderless, err := e.cfg.Prober.StoreLeaderless(pctx)
+	if err != nil {
+		e.log.Debug("store probe failed", "err", err)
+		return
+	}
+	if leaderless && l.storeLeaderless(start, e.cfg.RenewDeadline) {
+		e.log.Info("store has no working leader; nobody can take the lock, keeping it", "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
+	}
+}
+
+// release marks the lock free so a candidate takes it without waiting.
+func (e *Elector) release(l lease, rec Record) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
+	defer cancel()
+	rec.Holder = ""
+	rec.LeaseDurationMillis = 1
+	rec.RenewTime = time.Now().UTC()
+	rec.Nonce = nonce()
+	if _, err := e.cfg.Lock.Write(ctx, rec, l.rev); err != nil {
+		e.log.Warn("could not release the lock; peers take over when the lease expires", "err", err)
+		return
+	}
+	e.log.Info("released the lock")
+}
+
+// record builds the record a candidate writes to take the lock.
+func (e *Elector) record(obs Observation, now time.Time) Record {
+	r := Record{
+		Holder:              e.cfg.Identity,
+		LeaseDurationMillis: e.cfg.LeaseDuration.Milliseconds(),
+		AcquireTime:         now.UTC(),
+		RenewTime:           now.UTC(),
+		Nonce:               nonce(),
+	}
+	if obs.Record != nil {
+		r.Transitions = obs.Record.Transitions
+		if obs.Record.Holder != e.cfg.Identity {
+			r.Transitions++
+		}
+	}
+	return r
+}
+
+func (e *Elector) setHolder(h string) {
+	e.mu.Lock()
+	changed := e.status.Holder != h
+	e.status.Holder = h
+	e.mu.Unlock()
+	if changed {
+		e.log.Info("observed leader", "leader", h)
+		if cb := e.cfg.Callbacks.OnNewLeader; cb != nil {
+			cb(h)
+		}
+	}
+}
+
+// opTimeout bounds one read or write. A healthy store answers in
+// milliseconds; twice the retry period lets a slow fsync through while
+// leaving room for another attempt before the renew deadline.
+func (e *Elector) opTimeout() time.Duration { return 2 * e.cfg.RetryPeriod }
+
+// readBackoff doubles the pause after each failed read, up to maxReadBackoff.
+func (e *Elector) readBackoff(failures int) time.Duration {
+	d := e.cfg.RetryPeriod
+	for i := 1; i < failures && d < maxReadBackoff; i++ {
+		d *= 2
+	}
+	return min(d, maxReadBackoff)
+}
+
+func nonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b[:])
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

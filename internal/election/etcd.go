@@ -1,0 +1,310 @@
+package election
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// DefaultEtcdKey is where the VIP lock record lives.
+const DefaultEtcdKey = "/vigil/leader"
+
+// votersRefresh is how old the cached voter list may get before an operation
+// that succeeded refreshes it. Membership changes are rare and deliberate; the
+// list only sizes the majority in StoreLeaderless.
+const votersRefresh = 5 * time.Second
+
+// EtcdConfig configures an EtcdLock.
+type EtcdConfig struct {
+	Endpoints []string
+	TLS       *tls.Config // nil for plain http endpoints
+	Key       string      // DefaultEtcdKey when empty
+}
+
+// EtcdLock keeps the lock record in one etcd key. It holds one client per
+// member so that every operation is sent through every member at once and the
+// first answer wins: a dead or cut-off member never delays an operation, and a
+// renewal reaches the raft leader through any member that can still reach it.
+type EtcdLock struct {
+	key     string
+	members []*memberClient
+	log     *slog.Logger
+
+	mu       sync.Mutex // guards voters and votersAt
+	voters   map[uint64]string
+	votersAt time.Time
+}
+
+type memberClient struct {
+	endpoint string
+	cli      *clientv3.Client
+	maint    pb.MaintenanceClient
+}
+
+var (
+	_ Lock   = (*EtcdLock)(nil)
+	_ Prober = (*EtcdLock)(nil)
+)
+
+// NewEtcdLock connects (lazily) to each endpoint. It fails only on bad
+// configuration; an unreachable etcd shows up as errors from Get and Write.
+func NewEtcdLock(cfg EtcdConfig, log *slog.Logger) (*EtcdLock, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, fmt.Errorf("%w: no etcd endpoints", ErrInvalidConfig)
+	}
+	key := cfg.Key
+	if key == "" {
+		key = DefaultEtcdKey
+	}
+	l := &EtcdLock{key: key, log: log}
+	for _, ep := range cfg.Endpoints {
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints:            []string{ep},
+			TLS:                  cfg.TLS,
+			DialTimeout:          2 * time.Second,
+			DialKeepAliveTime:    2 * time.Second,
+			DialKeepAliveTimeout: time.Second,
+			Logger:               zap.NewNop(),
+		})
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("etcd client for %s: %w", ep, err)
+		}
+		l.members = append(l.members, &memberClient{endpoint: ep, cli: cli, maint: pb.NewMaintenanceClient(cli.ActiveConnection())})
+	}
+	return l, nil
+}
+
+// Close closes every client. It is safe to call twice.
+func (l *EtcdLock) Close() {
+	for _, m := range l.members {
+		_ = m.cli.Close() // closing an already closed client returns an error we do not care about
+	}
+}
+
+// Describe implements Lock.
+func (l *EtcdLock) Describe() string { return "etcd:" + l.key }
+
+// Get implements Lock.
+func (l *EtcdLock) Get(ctx context.Context) (Observation, error) {
+	obs, err := fanOut(ctx, l.members, func(ctx context.Context, m *memberClient) (Observation, error) {
+		resp, err := m.cli.Get(ctx, l.key)
+		if err != nil {
+			return Observation{}, fmt.Errorf("get %s via %s: %w", l.key, m.endpoint, err)
+		}
+		obs, err := decode(resp.Kvs)
+		obs.Term = resp.Header.RaftTerm
+		return obs, err
+	})
+	if err == nil {
+		l.maybeRefreshVoters(ctx)
+	}
+	return obs, err
+}
+
+// Write implements Lock.
+func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observation, error) {
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return Observation{}, fmt.Errorf("encode lock record: %w", err)
+	}
+	cmp := clientv3.Compare(clientv3.ModRevision(l.key), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)
+	}
+	obs, err := fanOut(ctx, l.members, func(ctx context.Context, m *memberClient) (Observation, error) {
+		resp, err := m.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(l.key, string(val))).Else(clientv3.OpGet(l.key)).Commit()
+		if err != nil {
+			return Observation{}, fmt.Errorf("write %s via %s: %w", l.key, m.endpoint, err)
+		}
+		if resp.Succeeded {
+			r := rec
+			return Observation{Record: &r, Revision: resp.Header.Revision, Term: resp.Header.RaftTerm}, nil
+		}
+		obs, err := decode(resp.Responses[0].GetResponseRange().Kvs)
+		obs.Term = resp.Header.RaftTerm
+		if err != nil {
+			return obs, err
+		}
+		if obs.Record != nil && obs.Record.Nonce == rec.Nonce {
+			return obs, nil // the same write, landed through another member
+		}
+		return obs, ErrConflict
+	})
+	if err == nil {
+		l.maybeRefreshVoters(ctx)
+	}
+	return obs, err
+}
+
+func decode(kvs []*mvccpb.KeyValue) (Observation, error) {
+	if len(kvs) == 0 {
+		return Observation{}, nil
+	}
+	var r Record
+	if err := json.Unmarshal(kvs[0].Value, &r); err != nil {
+		return Observation{}, fmt.Errorf("decode lock record at %s: %w", kvs[0].Key, err)
+	}
+	return Observation{Record: &r, Revision: kvs[0].ModRevision}, nil
+}
+
+// StoreLeaderless implements Prober: it asks every member for its status and
+// reports true when a majority of the voters answered and none of them
+// follows a leader that also answered.
+func (l *EtcdLock) StoreLeaderless(ctx context.Context) (bool, error) {
+	l.mu.Lock()
+	voters := l.voters
+	l.mu.Unlock()
+	if len(voters) == 0 {
+		return false, errors.New("election: voter list not known yet")
+	}
+	answers := l.statusAll(ctx)
+	leaders := map[uint64]uint64{} // answering voter -> leader it follows
+	for _, a := range answers {
+		if _, ok := voters[a.id]; ok {
+			leaders[a.id] = a.leader
+		}
+	}
+	if len(leaders) <= len(voters)/2 {
+		return false, nil
+	}
+	for _, lead := range leaders {
+		if _, ok := leaders[lead]; ok {
+			return false, nil // a leader that answered us is working
+		}
+	}
+	return true, nil
+}
+
+type memberStatus struct {
+	endpoint  string
+	id        uint64
+	leader    uint64
+	raftIndex uint64
+	learner   bool
+	m         *memberClient
+}
+
+// statusAll asks every member for its status in parallel and returns the
+// answers that arrived before ctx ended.
+func (l *EtcdLock) statusAll(ctx context.Context) []memberStatus {
+	ch := make(chan memberStatus, len(l.members))
+	var wg sync.WaitGroup
+	for _, m := range l.members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := m.maint.Status(ctx, &pb.StatusRequest{})
+			if err != nil {
+				return
+			}
+			ch <- memberStatus{endpoint: m.endpoint, id: resp.Header.MemberId, leader: resp.Leader, raftIndex: resp.RaftIndex, learner: resp.IsLearner, m: m}
+		}()
+	}
+	wg.Wait()
+	close(ch)
+	var out []memberStatus
+	for s := range ch {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (l *EtcdLock) maybeRefreshVoters(ctx context.Context) {
+	l.mu.Lock()
+	fresh := time.Since(l.votersAt) < votersRefresh
+	l.mu.Unlock()
+	if fresh {
+		return
+	}
+	resp, err := fanOut(ctx, l.members, func(ctx context.Context, m *memberClient) (*clientv3.MemberListResponse, error) {
+		return m.cli.MemberList(ctx, clientv3.WithSerializable())
+	})
+	if err != nil {
+		return // keep the old list; a later operation tries again
+	}
+	voters := map[uint64]string{}
+	for _, mem := range resp.Members {
+		if !mem.IsLearner {
+			voters[mem.ID] = mem.Name
+		}
+	}
+	l.mu.Lock()
+	l.voters, l.votersAt = voters, time.Now()
+	l.mu.Unlock()
+}
+
+// ShedRaftLeadership moves etcd raft leadership away from the member called
+// name, if it leads, to the most caught-up other voter. The VIP holder calls
+// it so that losing the holder's machine does not also cost an etcd leader
+// election. It reports the member leadership moved to, or "".
+func (l *EtcdLock) ShedRaftLeadership(ctx context.Context, name string) (string, error) {
+	l.mu.Lock()
+	voters := l.voters
+	l.mu.Unlock()
+	answers := l.statusAll(ctx)
+	var leader *memberStatus
+	for i := range answers {
+		if answers[i].id == answers[i].leader {
+			leader = &answers[i]
+		}
+	}
+	if leader == nil || voters[leader.id] != name {
+		return "", nil
+	}
+	var cands []memberStatus
+	for _, a := range answers {
+		if _, voter := voters[a.id]; voter && a.id != leader.id && !a.learner && a.leader == leader.id {
+			cands = append(cands, a)
+		}
+	}
+	if len(cands) == 0 {
+		return "", nil
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].raftIndex > cands[j].raftIndex })
+	to := cands[0]
+	if _, err := leader.m.cli.MoveLeader(ctx, to.id); err != nil {
+		return "", fmt.Errorf("move etcd leadership from %s to %s: %w", name, voters[to.id], err)
+	}
+	return voters[to.id], nil
+}
+
+// fanOut runs op through every member at once and returns the first success.
+// ErrConflict is as final as a success. When every member fails it returns
+// their errors joined.
+func fanOut[T any](ctx context.Context, members []*memberClient, op func(context.Context, *memberClient) (T, error)) (T, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the slower members; their goroutines then finish
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, len(members))
+	for _, m := range members {
+		go func() {
+			v, err := op(ctx, m)
+			ch <- result{v, err}
+		}()
+	}
+	var errs []error
+	for range members {
+		r := <-ch
+		if r.err == nil || errors.Is(r.err, ErrConflict) {
+			return r.v, r.err
+		}
+		errs = append(errs, r.err)
+	}
+	var zero T
+	return zero, fmt.Errorf("no etcd member answered: %w", errors.Join(errs...))
+}

@@ -1,0 +1,76 @@
+package election
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Record is the lock record stored in the quorum store.
+type Record struct {
+	// Holder is the identity of the leader; empty after a release.
+	Holder string `json:"holder"`
+	// LeaseDurationMillis is the holder's lease duration. Candidates wait this
+	// long, on their own clock, before they treat an unchanged record as expired.
+	LeaseDurationMillis int64 `json:"leaseDurationMillis"`
+	// AcquireTime and RenewTime are the holder's wall clock, for humans only;
+	// no decision is based on them.
+	AcquireTime time.Time `json:"acquireTime"`
+	RenewTime   time.Time `json:"renewTime"`
+	// Transitions counts changes of holder.
+	Transitions int `json:"transitions"`
+	// Nonce is unique per write attempt, so a leader that sends one renewal
+	// through several members can recognise its own write.
+	Nonce string `json:"nonce"`
+}
+
+// LeaseDuration returns the record's lease duration.
+func (r Record) LeaseDuration() time.Duration {
+	return time.Duration(r.LeaseDurationMillis) * time.Millisecond
+}
+
+// Observation is the result of one read or write of the lock.
+type Observation struct {
+	// Record is nil when the key does not exist.
+	Record *Record
+	// Revision is the key's modification revision, 0 when absent. Writes
+	// compare against it.
+	Revision int64
+	// Term is the raft term reported by the member that answered; a change
+	// means the store elected a new leader.
+	Term uint64
+}
+
+// Holder returns the current holder, or "" when none.
+func (o Observation) Holder() string {
+	if o.Record == nil {
+		return ""
+	}
+	return o.Record.Holder
+}
+
+// Lock is a record in a quorum store changed only by compare-and-swap.
+type Lock interface {
+	// Get reads the record linearizably.
+	Get(ctx context.Context) (Observation, error)
+	// Write stores rec if the key's revision is still rev (0: the key must
+	// not exist). When another write came first it returns ErrConflict and
+	// the current observation.
+	Write(ctx context.Context, rec Record, rev int64) (Observation, error)
+	// Describe names the lock for logs.
+	Describe() string
+}
+
+// Prober tells whether the store is, at this moment, unable to commit any
+// write: a majority of its voting members answer and none of them follows a
+// leader that also answered. See the package documentation.
+type Prober interface {
+	StoreLeaderless(ctx context.Context) (bool, error)
+}
+
+// ErrConflict is returned by Lock.Write when the record changed since the
+// revision the write was based on.
+var ErrConflict = errors.New("election: lock record changed concurrently")
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("election: invalid configuration")

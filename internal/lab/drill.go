@@ -1,0 +1,500 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Drill kinds.
+const (
+	DrillKillLeader      = "kill-leader"       // cut the holder's port, SIGKILL its processes
+	DrillGraceful        = "graceful"          // SIGTERM the holder's daemon
+	DrillPartitionLeader = "partition-leader"  // cut the holder's port, leave it running
+	DrillKillEtcdLeader  = "kill-etcd-leader"  // SIGKILL the etcd raft leader (not the holder)
+	probeInterval        = 10 * time.Millisecond
+	// settle is how long one node must have answered without a gap before
+	// the lab calls the VIP recovered.
+	settle = time.Second
+	// recoverTimeout bounds the wait for a new holder; far above any
+	// failover a working system shows.
+	recoverTimeout = 30 * time.Second
+)
+
+// Drills lists the drill kinds.
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader}
+
+// Result is one drill's outcome.
+type Result struct {
+	Drill string `json:"drill"`
+	Impl  string `json:"impl"`
+	Run   int    `json:"run"`
+	// Target is the node the fault hit.
+	Target string `json:"target"`
+	// Before and After are the nodes that answered on the VIP before the
+	// fault and once it recovered.
+	Before string `json:"before"`
+	After  string `json:"after"`
+	// OutageMillis is the longest gap between two answers from the VIP,
+	// from the last answer before the fault to recovery (probes every 10 ms,
+	// so a drill without outage shows about 10).
+	OutageMillis float64 `json:"outageMillis"`
+	// HealOutageMillis is the longest gap while the failed node came back.
+	HealOutageMillis float64 `json:"healOutageMillis"`
+	// SplitBrain is set when two live nodes had the VIP at once, or two
+	// nodes answered on it in turn within a second.
+	SplitBrain       bool     `json:"splitBrain"`
+	SplitDetail      string   `json:"splitDetail,omitempty"`
+	HoldersAfterHeal []string `json:"holdersAfterHeal"`
+	Error            string   `json:"error,omitempty"`
+}
+
+// OK reports whether the drill ended well: no error, no split brain, one
+// holder after the heal.
+func (r Result) OK() bool {
+	return r.Error == "" && !r.SplitBrain && len(r.HoldersAfterHeal) == 1
+}
+
+func (r Result) String() string {
+	s := fmt.Sprintf("%-17s #%-3d outage %7.0fms  %s -> %s  heal-outage %5.0fms  split-brain: %-3s holder after heal: %s",
+		r.Drill, r.Run, r.OutageMillis, orDash(r.Before), orDash(r.After), r.HealOutageMillis, yesNo(r.SplitBrain), strings.Join(r.HoldersAfterHeal, ","))
+	if r.SplitDetail != "" {
+		s += "  (" + r.SplitDetail + ")"
+	}
+	if r.Error != "" {
+		s += "  ERROR: " + r.Error
+	}
+	return s
+}
+
+// drillRun is the state of one drill in progress.
+type drillRun struct {
+	l      *Lab
+	mu     sync.Mutex // guards dead
+	dead   map[string]bool
+	w      *vipWatch
+	target *Node
+}
+
+// live returns the nodes whose processes run (a partitioned node is live).
+func (d *drillRun) live() []*Node {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []*Node
+	for _, n := range d.l.st.Nodes {
+		if !d.dead[n.Name] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (d *drillRun) setDead(name string, dead bool) {
+	d.mu.Lock()
+	d.dead[name] = dead
+	d.mu.Unlock()
+}
+
+// Drill runs one drill of the given kind and heals the lab afterwards.
+func (l *Lab) Drill(ctx context.Context, kind string, run int) Result {
+	r := Result{Drill: kind, Impl: l.st.Settings.Impl, Run: run}
+	if err := l.drill(ctx, kind, &r); err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
+	if !slices.Contains(Drills, kind) {
+		return fmt.Errorf("unknown drill %q (one of %s)", kind, strings.Join(Drills, ", "))
+	}
+	if kind == DrillKillEtcdLeader && l.st.Settings.Impl != ImplVigil {
+		return fmt.Errorf("drill %s needs etcd, which the %s lab does not run", kind, l.st.Settings.Impl)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	if d.target, err = l.node(holder); err != nil {
+		return err
+	}
+	if kind == DrillKillEtcdLeader {
+		if d.target, err = l.etcdLeaderNotHolding(ctx, holder); err != nil {
+			return err
+		}
+	}
+	r.Target = d.target.Name
+
+	pr, err := startProber(probeInterval)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	mon := startMonitor(w, d.live, probeInterval)
+	defer mon.close()
+	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
+		return ctx.Err()
+	}
+
+	fault := time.Now()
+	if err := d.inject(ctx, kind); err != nil {
+		return fmt.Errorf("inject %s: %w", kind, err)
+	}
+	avoid := d.target.Name
+	if kind == DrillKillEtcdLeader {
+		avoid = ""
+	}
+	recovered, err := waitAnswering(ctx, pr, avoid, fault)
+	if err != nil {
+		r.Before = lastBefore(pr.snapshot(), fault)
+		r.SplitBrain, r.SplitDetail = judgeSplit(mon.close(), pr.snapshot(), fault)
+		herr := d.heal(ctx, kind)
+		return errors.Join(err, herr)
+	}
+	healStart := time.Now()
+	if err := d.heal(ctx, kind); err != nil {
+		return fmt.Errorf("heal after %s: %w", kind, err)
+	}
+	after, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("no single holder after healing: %w", err)
+	}
+	if !sleepCtx(ctx, settle) { // watch a little longer for a late second holder
+		return ctx.Err()
+	}
+	doubles := mon.close()
+	replies := pr.close()
+	r.Before = lastBefore(replies, fault)
+	r.After = nodeAt(replies, recovered)
+	r.OutageMillis = millis(longestGap(replies, fault, recovered))
+	r.HealOutageMillis = millis(longestGap(replies, healStart, time.Now()))
+	r.SplitBrain, r.SplitDetail = judgeSplit(doubles, replies, fault)
+	final, err := w.holders(d.live())
+	if err != nil {
+		return err
+	}
+	r.HoldersAfterHeal = final
+	if len(final) != 1 || final[0] != after {
+		return fmt.Errorf("after the heal the VIP is on %v", final)
+	}
+	return nil
+}
+
+// inject breaks the lab.
+func (d *drillRun) inject(ctx context.Context, kind string) error {
+	l, t := d.l, d.target
+	switch kind {
+	case DrillKillLeader:
+		if err := setPort(ctx, t.Name, false); err != nil {
+			return err
+		}
+		t.Cut = true
+		d.setDead(t.Name, true)
+		return l.killNode(ctx, t)
+	case DrillGraceful:
+		return l.signal(ctx, t, l.daemonRole(), syscall.SIGTERM, 10*time.Second)
+	case DrillPartitionLeader:
+		if err := setPort(ctx, t.Name, false); err != nil {
+			return err
+		}
+		t.Cut = true
+		return l.save()
+	case DrillKillEtcdLeader:
+		return l.signal(ctx, t, roleEtcd, syscall.SIGKILL, 5*time.Second)
+	}
+	return fmt.Errorf("unknown drill %q", kind)
+}
+
+// heal undoes inject.
+func (d *drillRun) heal(ctx context.Context, kind string) error {
+	l, t := d.l, d.target
+	switch kind {
+	case DrillKillLeader:
+		// A power cut ends with a reboot: the VIP is gone from the
+		// interface, the link comes back, then the services start.
+		if err := d.w.flushVIP(t.Name); err != nil {
+			return err
+		}
+		if err := setPort(ctx, t.Name, true); err != nil {
+			return err
+		}
+		t.Cut = false
+		if err := l.startNode(t); err != nil {
+			return err
+		}
+		d.setDead(t.Name, false)
+	case DrillGraceful:
+		if l.st.Settings.Impl == ImplVigil {
+			return l.startVigil(t)
+		}
+		return l.startKeepalived(t)
+	case DrillPartitionLeader:
+		if err := setPort(ctx, t.Name, true); err != nil {
+			return err
+		}
+		t.Cut = false
+		return l.save()
+	case DrillKillEtcdLeader:
+		if err := l.startEtcd(t); err != nil {
+			return err
+		}
+	}
+	if l.st.Settings.Impl == ImplVigil {
+		return l.waitEtcdHealthy(ctx, recoverTimeout)
+	}
+	return nil
+}
+
+func (l *Lab) daemonRole() string {
+	if l.st.Settings.Impl == ImplVigil {
+		return roleVigil
+	}
+	return roleKeepalived
+}
+
+// etcdLeaderNotHolding returns the node whose etcd member leads raft. If
+// that is the VIP holder (vigil moves leadership away, so this is rare), the
+// drill moves leadership itself first: the drill is about the other case.
+func (l *Lab) etcdLeaderNotHolding(ctx context.Context, holder string) (*Node, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := l.etcdStatus(ctx)
+		if err == nil && st.Leader != "" && st.Leader != holder {
+			return l.node(st.Leader)
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+	}
+	return nil, fmt.Errorf("etcd raft leadership stayed on the VIP holder %s", holder)
+}
+
+// waitStable waits until exactly one live, connected node has the VIP and it
+// answers on the VIP, three times in a row.
+func (l *Lab) waitStable(ctx context.Context, d time.Duration) (string, error) {
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return "", err
+	}
+	defer w.close()
+	deadline := time.Now().Add(d)
+	streak, last := 0, ""
+	var why string
+	for time.Now().Before(deadline) {
+		h, err := w.holders(l.st.Nodes)
+		switch {
+		case err != nil:
+			why = err.Error()
+			streak = 0
+		case len(h) != 1:
+			why = fmt.Sprintf("VIP on %d nodes %v", len(h), h)
+			streak = 0
+		default:
+			ans, err := probeOnce(ctx, 200*time.Millisecond)
+			if err != nil || ans != h[0] {
+				why = fmt.Sprintf("VIP on %s but answered by %q (%v)", h[0], ans, err)
+				streak = 0
+				break
+			}
+			if h[0] != last {
+				streak = 0
+			}
+			last = h[0]
+			streak++
+			if streak >= 3 {
+				return last, nil
+			}
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return "", ctx.Err()
+		}
+	}
+	return "", fmt.Errorf("not stable after %v: %s", d, why)
+}
+
+// waitAnswering waits until one node other than avoid has answered on the
+// VIP for `settle` without a gap over 100 ms, and returns when that run of
+// answers began.
+func waitAnswering(ctx context.Context, p *prober, avoid string, since time.Time) (time.Time, error) {
+	deadline := since.Add(recoverTimeout)
+	for time.Now().Before(deadline) {
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return time.Time{}, ctx.Err()
+		}
+		rs := p.snapshot()
+		if len(rs) == 0 {
+			continue
+		}
+		end := rs[len(rs)-1]
+		if end.node == avoid || time.Since(end.at) > 100*time.Millisecond {
+			continue
+		}
+		start := end.at
+		for i := len(rs) - 2; i >= 0; i-- {
+			if rs[i].node != end.node || rs[i+1].at.Sub(rs[i].at) > 100*time.Millisecond || rs[i].at.Before(since) {
+				break
+			}
+			start = rs[i].at
+		}
+		if end.at.Sub(start) >= settle {
+			return start, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("no node answered on the VIP steadily within %v", recoverTimeout)
+}
+
+// longestGap is the longest time between consecutive answers, counted from
+// the last answer before from, up to to.
+func longestGap(rs []reply, from, to time.Time) time.Duration {
+	var prev time.Time
+	var gap time.Duration
+	for _, r := range rs {
+		if r.at.Before(from) {
+			prev = r.at
+			continue
+		}
+		if r.at.After(to) {
+			break
+		}
+		if !prev.IsZero() {
+			gap = max(gap, r.at.Sub(prev))
+		}
+		prev = r.at
+	}
+	if !prev.IsZero() && to.Sub(prev) > gap {
+		gap = max(gap, to.Sub(prev))
+	}
+	return gap
+}
+
+// judgeSplit looks for two holders at once, and for answers that alternate
+// between nodes (two switches within a second).
+func judgeSplit(doubles []doubleHold, rs []reply, since time.Time) (bool, string) {
+	var details []string
+	if len(doubles) > 0 {
+		first, last := doubles[0], doubles[len(doubles)-1]
+		details = append(details, fmt.Sprintf("VIP on %s at once in %d samples, %+.0fms to %+.0fms after the fault",
+			strings.Join(first.holders, "+"), len(doubles), millis(first.at.Sub(since)), millis(last.at.Sub(since))))
+	}
+	var switches []time.Time
+	for i := 1; i < len(rs); i++ {
+		if rs[i].at.After(since) && rs[i].node != rs[i-1].node {
+			switches = append(switches, rs[i].at)
+		}
+	}
+	for i := 1; i < len(switches); i++ {
+		if switches[i].Sub(switches[i-1]) < time.Second {
+			details = append(details, fmt.Sprintf("answers flapped between nodes %+.0fms after the fault", millis(switches[i-1].Sub(since))))
+			break
+		}
+	}
+	return len(details) > 0, strings.Join(details, "; ")
+}
+
+func lastBefore(rs []reply, t time.Time) string {
+	s := ""
+	for _, r := range rs {
+		if r.at.After(t) {
+			break
+		}
+		s = r.node
+	}
+	return s
+}
+
+func nodeAt(rs []reply, t time.Time) string {
+	for _, r := range rs {
+		if !r.at.Before(t) {
+			return r.node
+		}
+	}
+	return ""
+}
+
+// Summary aggregates results of one drill kind.
+type Summary struct {
+	Drill        string  `json:"drill"`
+	Impl         string  `json:"impl"`
+	Runs         int     `json:"runs"`
+	Failed       int     `json:"failed"`
+	SplitBrains  int     `json:"splitBrains"`
+	MinMillis    float64 `json:"minMillis"`
+	MedianMillis float64 `json:"medianMillis"`
+	MaxMillis    float64 `json:"maxMillis"`
+}
+
+// Summarize groups results by drill, in first-seen order.
+func Summarize(rs []Result) []Summary {
+	var order []string
+	by := map[string][]Result{}
+	for _, r := range rs {
+		if _, ok := by[r.Drill]; !ok {
+			order = append(order, r.Drill)
+		}
+		by[r.Drill] = append(by[r.Drill], r)
+	}
+	var out []Summary
+	for _, k := range order {
+		s := Summary{Drill: k, Impl: by[k][0].Impl, Runs: len(by[k])}
+		var o []float64
+		for _, r := range by[k] {
+			if !r.OK() {
+				s.Failed++
+			}
+			if r.SplitBrain {
+				s.SplitBrains++
+			}
+			if r.Error == "" {
+				o = append(o, r.OutageMillis)
+			}
+		}
+		if len(o) > 0 {
+			sort.Float64s(o)
+			s.MinMillis, s.MaxMillis = o[0], o[len(o)-1]
+			s.MedianMillis = median(o)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func median(sorted []float64) float64 {
+	n := len(sorted)
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
+
+func (s Summary) String() string {
+	return fmt.Sprintf("%-17s %-16s runs %3d  outage min %6.0fms  median %6.0fms  max %6.0fms  split-brain %d  failed %d",
+		s.Drill, s.Impl, s.Runs, s.MinMillis, s.MedianMillis, s.MaxMillis, s.SplitBrains, s.Failed)
+}
+
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func yesNo(b bool) string {
+	if b {
+		return "YES"
+	}
+	return "no"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,276 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Implementations the lab can run on its nodes.
+const (
+	ImplVigil           = "vigil"
+	ImplKeepalived      = "keepalived"       // kubeadm's documented HA recipe
+	ImplKeepalivedTuned = "keepalived-tuned" // VRRPv3 with 0.1 s adverts
+)
+
+// ErrNotUp is returned when no lab state exists.
+var ErrNotUp = errors.New("lab: no lab is up (run vigil-lab up)")
+
+// ErrNotRoot is returned when the lab is used without root.
+var ErrNotRoot = errors.New("lab: network namespaces need root")
+
+// DefaultDir holds the lab's state, data and logs.
+const DefaultDir = "/run/vigil-lab"
+
+// Settings describe the lab that `up` builds; they are saved with it.
+type Settings struct {
+	Nodes int    `json:"nodes"`
+	Impl  string `json:"impl"`
+	// Vigil timings; zero means vigil's defaults.
+	LeaseDuration time.Duration `json:"leaseDuration,omitempty"`
+	RenewDeadline time.Duration `json:"renewDeadline,omitempty"`
+	RetryPeriod   time.Duration `json:"retryPeriod,omitempty"`
+}
+
+// Validate checks the settings.
+func (s Settings) Validate() error {
+	if s.Nodes < 1 || s.Nodes > 9 {
+		return fmt.Errorf("lab: --nodes %d: use 1 to 9", s.Nodes)
+	}
+	switch s.Impl {
+	case ImplVigil, ImplKeepalived, ImplKeepalivedTuned:
+	default:
+		return fmt.Errorf("lab: unknown --impl %q (vigil, keepalived or keepalived-tuned)", s.Impl)
+	}
+	return nil
+}
+
+// Node is one control-plane node of the lab.
+type Node struct {
+	Name  string         `json:"name"`
+	Index int            `json:"index"`
+	IP    netip.Addr     `json:"ip"`
+	PIDs  map[string]int `json:"pids"`
+	// Cut is true while the node's switch port is down.
+	Cut bool `json:"cut"`
+}
+
+type state struct {
+	Settings Settings `json:"settings"`
+	Nodes    []*Node  `json:"nodes"`
+}
+
+// Config locates the lab's files and binaries.
+type Config struct {
+	Dir      string // DefaultDir when empty
+	VigilBin string // the vigil binary run on each node
+	SelfBin  string // the vigil-lab binary, re-run as etcd and responder
+}
+
+// Lab is a handle on the lab; it is not safe for concurrent use.
+type Lab struct {
+	dir      string
+	vigilBin string
+	selfBin  string
+	st       state
+	log      *slog.Logger
+}
+
+// New returns a handle; it touches nothing.
+func New(cfg Config, log *slog.Logger) (*Lab, error) {
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return nil, errors.New("lab: the ip command (iproute2) is not installed")
+	}
+	if cfg.Dir == "" {
+		cfg.Dir = DefaultDir
+	}
+	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, selfBin: cfg.SelfBin, log: log}, nil
+}
+
+// Open loads the state of a lab that is up.
+func (l *Lab) Open() error { return l.load() }
+
+// Up builds the lab and waits until it has a VIP holder. On failure it tears
+// down whatever it built.
+func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if l.st.Settings.Impl == ImplVigil || s.Impl == ImplVigil {
+		if _, err := os.Stat(l.vigilBin); err != nil {
+			return fmt.Errorf("lab: vigil binary: %w (pass --vigil-bin)", err)
+		}
+	}
+	if s.Impl != ImplVigil {
+		if _, err := exec.LookPath("keepalived"); err != nil {
+			return errors.New("lab: keepalived is not installed (apt-get install keepalived)")
+		}
+	}
+	if nss, err := labNamespaces(ctx); err != nil {
+		return err
+	} else if len(nss) > 0 {
+		return fmt.Errorf("lab: a lab is already up (namespaces %s); run vigil-lab down first", strings.Join(nss, " "))
+	}
+	defer func() {
+		if err != nil {
+			l.log.Warn("lab up failed; tearing down", "err", err)
+			if derr := l.Down(context.Background()); derr != nil {
+				l.log.Error("teardown failed", "err", derr)
+			}
+		}
+	}()
+	if err := os.MkdirAll(l.dir, 0o755); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	l.st = state{Settings: s}
+	if err := createSwitch(ctx); err != nil {
+		return err
+	}
+	if err := createHost(ctx, "cl", clientIP); err != nil {
+		return err
+	}
+	for i := 1; i <= s.Nodes; i++ {
+		n := &Node{Name: "n" + itoa(i), Index: i, IP: nodeIP(i), PIDs: map[string]int{}}
+		if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
+			return fmt.Errorf("lab: %w", err)
+		}
+		if err := createHost(ctx, n.Name, n.IP); err != nil {
+			return err
+		}
+		l.st.Nodes = append(l.st.Nodes, n)
+	}
+	if err := l.save(); err != nil {
+		return err
+	}
+	for _, n := range l.st.Nodes {
+		if err := l.startNode(n); err != nil {
+			return err
+		}
+	}
+	if s.Impl == ImplVigil {
+		if err := l.waitEtcdHealthy(ctx, 30*time.Second); err != nil {
+			return err
+		}
+	}
+	if _, err := l.waitStable(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Down removes everything the lab created, whether or not its state file
+// survived.
+func (l *Lab) Down(ctx context.Context) error {
+	err := destroyAll(ctx)
+	if rerr := os.RemoveAll(l.dir); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return err
+}
+
+// Nodes returns the lab's nodes.
+func (l *Lab) Nodes() []*Node { return l.st.Nodes }
+
+// Settings returns the settings the lab was built with.
+func (l *Lab) Settings() Settings { return l.st.Settings }
+
+func (l *Lab) node(name string) (*Node, error) {
+	for _, n := range l.st.Nodes {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("lab: no node %q", name)
+}
+
+// startNode starts every process a node runs.
+func (l *Lab) startNode(n *Node) error {
+	if err := l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort)); err != nil {
+		return err
+	}
+	if l.st.Settings.Impl != ImplVigil {
+		return l.startKeepalived(n)
+	}
+	if err := l.startEtcd(n); err != nil {
+		return err
+	}
+	return l.startVigil(n)
+}
+
+func (l *Lab) etcdEndpoints() []string {
+	var eps []string
+	for _, n := range l.st.Nodes {
+		eps = append(eps, fmt.Sprintf("http://%s:2379", n.IP))
+	}
+	return eps
+}
+
+func (l *Lab) startEtcd(n *Node) error {
+	var cluster []string
+	for _, m := range l.st.Nodes {
+		cluster = append(cluster, fmt.Sprintf("%s=http://%s:2380", m.Name, m.IP))
+	}
+	return l.start(n, roleEtcd, l.selfBin, "etcd",
+		"--name", n.Name,
+		"--data-dir", l.nodeDir(n)+"/etcd",
+		"--listen-client-urls", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", n.IP),
+		"--advertise-client-urls", fmt.Sprintf("http://%s:2379", n.IP),
+		"--listen-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
+		"--initial-advertise-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
+		"--initial-cluster", strings.Join(cluster, ","),
+		"--initial-cluster-state", "new",
+		"--initial-cluster-token", "vigil-lab",
+		"--log-level", "warn",
+	)
+}
+
+func (l *Lab) startVigil(n *Node) error {
+	s := l.st.Settings
+	args := []string{"run",
+		"--vip", VIP.String(), "--interface", nodeIface, "--node-name", n.Name,
+		"--election", "etcd", "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
+	}
+	if s.LeaseDuration > 0 {
+		args = append(args, "--lease-duration", s.LeaseDuration.String())
+	}
+	if s.RenewDeadline > 0 {
+		args = append(args, "--renew-deadline", s.RenewDeadline.String())
+	}
+	if s.RetryPeriod > 0 {
+		args = append(args, "--retry-period", s.RetryPeriod.String())
+	}
+	return l.start(n, roleVigil, l.vigilBin, args...)
+}
+
+// waitEtcdHealthy waits until every member answers and all follow one leader.
+func (l *Lab) waitEtcdHealthy(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		st, err := l.etcdStatus(ctx)
+		if err == nil {
+			ok := len(st.Members) == len(l.st.Nodes) && st.Leader != ""
+			for _, m := range st.Members {
+				ok = ok && m.Reachable && m.Leader == st.Leader
+			}
+			if ok {
+				return nil
+			}
+			err = fmt.Errorf("etcd not settled: %+v", st)
+		}
+		last = err
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: etcd did not become healthy in %v: %w", d, last)
+}

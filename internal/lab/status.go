@@ -1,0 +1,185 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// EtcdMember is one member as the lab sees it.
+type EtcdMember struct {
+	Name      string `json:"name"`
+	Reachable bool   `json:"reachable"`
+	Leader    string `json:"leader,omitempty"` // the leader this member follows
+}
+
+// EtcdStatus is the lab's view of its etcd cluster.
+type EtcdStatus struct {
+	Leader  string       `json:"leader"`
+	Members []EtcdMember `json:"members"`
+}
+
+// etcdStatus asks every member for its status from the client namespace.
+func (l *Lab) etcdStatus(ctx context.Context) (EtcdStatus, error) {
+	cli, err := etcdClient(l.etcdEndpoints())
+	if err != nil {
+		return EtcdStatus{}, err
+	}
+	defer cli.Close()
+	mctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ml, err := cli.MemberList(mctx)
+	if err != nil {
+		return EtcdStatus{}, fmt.Errorf("etcd member list: %w", err)
+	}
+	names := map[uint64]string{}
+	for _, m := range ml.Members {
+		names[m.ID] = m.Name
+	}
+	var st EtcdStatus
+	for _, n := range l.st.Nodes {
+		sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		resp, err := cli.Status(sctx, fmt.Sprintf("http://%s:2379", n.IP))
+		cancel()
+		m := EtcdMember{Name: n.Name}
+		if err == nil {
+			m.Reachable = true
+			m.Leader = names[resp.Leader]
+			if resp.Leader == resp.Header.MemberId {
+				st.Leader = n.Name
+			}
+		}
+		st.Members = append(st.Members, m)
+	}
+	return st, nil
+}
+
+// vipWatch reads, through netlink inside each node's namespace, which nodes
+// have the VIP on their interface.
+type vipWatch struct {
+	handles map[string]*netlink.Handle
+}
+
+func newVIPWatch(nodes []*Node) (*vipWatch, error) {
+	w := &vipWatch{handles: map[string]*netlink.Handle{}}
+	for _, n := range nodes {
+		ns, err := netns.GetFromName(nodeNS(n.Name))
+		if err != nil {
+			w.close()
+			return nil, fmt.Errorf("open netns of %s: %w", n.Name, err)
+		}
+		h, err := netlink.NewHandleAt(ns)
+		ns.Close()
+		if err != nil {
+			w.close()
+			return nil, fmt.Errorf("netlink in %s: %w", n.Name, err)
+		}
+		w.handles[n.Name] = h
+	}
+	return w, nil
+}
+
+func (w *vipWatch) close() {
+	for _, h := range w.handles {
+		h.Close()
+	}
+}
+
+// has reports whether node has the VIP.
+func (w *vipWatch) has(node string) (bool, error) {
+	h := w.handles[node]
+	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return false, err
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == VIP.Addr() {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// holders lists, sorted, the nodes that have the VIP, among those given.
+func (w *vipWatch) holders(nodes []*Node) ([]string, error) {
+	var out []string
+	for _, n := range nodes {
+		ok, err := w.has(n.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, n.Name)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// flushVIP removes the VIP from a node, as a reboot would.
+func (w *vipWatch) flushVIP(node string) error {
+	h := w.handles[node]
+	lk, err := h.LinkByName(nodeIface)
+	if err != nil {
+		return err
+	}
+	ok, err := w.has(node)
+	if err != nil || !ok {
+		return err
+	}
+	a, err := netlink.ParseAddr(VIP.String())
+	if err != nil {
+		return err
+	}
+	return h.AddrDel(lk, a)
+}
+
+// Report is what `vigil-lab status` prints.
+type Report struct {
+	Impl       string      `json:"impl"`
+	VIP        string      `json:"vip"`
+	Holders    []string    `json:"vipHolders"`
+	Answering  string      `json:"answering"`
+	Etcd       *EtcdStatus `json:"etcd,omitempty"`
+	NodeStates []NodeState `json:"nodes"`
+}
+
+// NodeState summarises one node.
+type NodeState struct {
+	Name    string          `json:"name"`
+	IP      string          `json:"ip"`
+	Cut     bool            `json:"cut"`
+	Running map[string]bool `json:"running"`
+}
+
+// Status reports the lab's state.
+func (l *Lab) Status(ctx context.Context) (Report, error) {
+	r := Report{Impl: l.st.Settings.Impl, VIP: VIP.String()}
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return r, err
+	}
+	defer w.close()
+	if r.Holders, err = w.holders(l.st.Nodes); err != nil {
+		return r, err
+	}
+	r.Answering, _ = probeOnce(ctx, 300*time.Millisecond) // "" when nobody answers
+	if l.st.Settings.Impl == ImplVigil {
+		if st, err := l.etcdStatus(ctx); err == nil {
+			r.Etcd = &st
+		}
+	}
+	for _, n := range l.st.Nodes {
+		ns := NodeState{Name: n.Name, IP: n.IP.String(), Cut: n.Cut, Running: map[string]bool{}}
+		for role, pid := range n.PIDs {
+			ns.Running[role] = alive(pid)
+		}
+		r.NodeStates = append(r.NodeStates, ns)
+	}
+	return r, nil
+}

@@ -1,0 +1,165 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+)
+
+// Names and addresses of the lab. The subnet exists only inside namespaces
+// the lab creates.
+const (
+	Prefix    = "vlab-"
+	switchNS  = Prefix + "sw"
+	clientNS  = Prefix + "cl"
+	bridge    = "br0"
+	nodeIface = "eth0"
+	// ResponderPort is where every node's UDP responder listens.
+	ResponderPort = 7946
+)
+
+var (
+	subnetBits = 24
+	clientIP   = netip.MustParseAddr("10.250.0.2")
+	// VIP is the lab's virtual IP.
+	VIP = netip.MustParsePrefix("10.250.0.100/24")
+)
+
+// nodeIP returns the address of node i (1-based): 10.250.0.10+i.
+func nodeIP(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 250, 0, byte(10 + i)})
+}
+
+// nodeNS is the namespace of a node.
+func nodeNS(name string) string { return Prefix + name }
+
+// ip runs iproute2 and returns its error output as part of the error.
+func ip(ctx context.Context, args ...string) error {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// ipOut runs iproute2 and returns its output.
+func ipOut(ctx context.Context, args ...string) (string, error) {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
+// createSwitch makes the switch namespace and its bridge.
+func createSwitch(ctx context.Context) error {
+	steps := [][]string{
+		{"netns", "add", switchNS},
+		{"-n", switchNS, "link", "set", "lo", "up"},
+		{"-n", switchNS, "link", "add", bridge, "type", "bridge", "forward_delay", "0", "stp_state", "0"},
+		{"-n", switchNS, "link", "set", bridge, "up"},
+	}
+	for _, s := range steps {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// createHost makes a namespace for a host, plugs it into the bridge through
+// a veth pair (port name = host name on the switch side, eth0 inside) and
+// gives it addr.
+func createHost(ctx context.Context, name string, addr netip.Addr) error {
+	ns := Prefix + name
+	steps := [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", switchNS, "link", "add", name, "type", "veth", "peer", "name", nodeIface, "netns", ns},
+		{"-n", switchNS, "link", "set", name, "master", bridge, "up"},
+		{"-n", ns, "addr", "add", fmt.Sprintf("%s/%d", addr, subnetBits), "dev", nodeIface},
+		{"-n", ns, "link", "set", nodeIface, "up"},
+	}
+	for _, s := range steps {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setPort brings a host's switch port up (plugged in) or down (cut).
+func setPort(ctx context.Context, host string, up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	return ip(ctx, "-n", switchNS, "link", "set", host, state)
+}
+
+// labNamespaces lists every namespace whose name starts with Prefix.
+func labNamespaces(ctx context.Context) ([]string, error) {
+	out, err := ipOut(ctx, "netns", "list")
+	if err != nil {
+		return nil, err
+	}
+	var ns []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.HasPrefix(f[0], Prefix) {
+			ns = append(ns, f[0])
+		}
+	}
+	return ns, nil
+}
+
+// nsPIDs lists the processes inside a namespace.
+func nsPIDs(ctx context.Context, ns string) ([]int, error) {
+	out, err := ipOut(ctx, "netns", "pids", ns)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(out) {
+		var p int
+		if _, err := fmt.Sscanf(f, "%d", &p); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
+// destroyAll kills every process in every lab namespace and deletes the
+// namespaces (which deletes their veths and the bridge with them).
+func destroyAll(ctx context.Context) error {
+	nss, err := labNamespaces(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ns := range nss {
+		pids, err := nsPIDs(ctx, ns)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for _, p := range pids {
+			killPID(p)
+		}
+	}
+	for _, ns := range nss {
+		waitNSEmpty(ctx, ns)
+		if err := ip(ctx, "netns", "del", ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,85 @@
+// Package vip adds and removes the virtual IP on a network interface. Every
+// operation is idempotent, so a step-down can always call Remove and a new
+// leader can always call Add, whatever state a crash left behind.
+package vip
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+)
+
+// ErrNoInterface is returned by New when the interface does not exist.
+var ErrNoInterface = errors.New("vip: interface not found")
+
+// Config names the address and where it lives.
+type Config struct {
+	// Address is the VIP with its prefix length, e.g. 10.250.0.100/24. A /32
+	// (or /128) adds no route; a wider prefix adds the subnet route as a
+	// secondary address would.
+	Address   netip.Prefix
+	Interface string
+}
+
+// link is the OS side: netlink on Linux.
+type link interface {
+	add(p netip.Prefix) (added bool, err error)
+	remove(p netip.Prefix) (removed bool, err error)
+	has(p netip.Prefix) (bool, error)
+}
+
+// Manager owns the VIP on one interface.
+type Manager struct {
+	cfg  Config
+	link link
+	log  *slog.Logger
+}
+
+// New checks that the interface exists and that the address is valid.
+func New(cfg Config, log *slog.Logger) (*Manager, error) {
+	if !cfg.Address.IsValid() {
+		return nil, errors.New("vip: no address")
+	}
+	if cfg.Address.Addr().IsUnspecified() || cfg.Address.Addr().IsLoopback() || cfg.Address.Addr().IsMulticast() {
+		return nil, fmt.Errorf("vip: %s cannot be a virtual IP (unspecified, loopback or multicast)", cfg.Address)
+	}
+	l, err := openLink(cfg.Interface)
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{cfg: cfg, link: l, log: log.With("vip", cfg.Address.String(), "interface", cfg.Interface)}, nil
+}
+
+// Address returns the managed address.
+func (m *Manager) Address() netip.Prefix { return m.cfg.Address }
+
+// Interface returns the interface name.
+func (m *Manager) Interface() string { return m.cfg.Interface }
+
+// Add puts the VIP on the interface; present already is fine.
+func (m *Manager) Add() error {
+	added, err := m.link.add(m.cfg.Address)
+	if err != nil {
+		return fmt.Errorf("add vip %s to %s: %w", m.cfg.Address, m.cfg.Interface, err)
+	}
+	if added {
+		m.log.Info("VIP added")
+	}
+	return nil
+}
+
+// Remove takes the VIP off the interface; absent already is fine.
+func (m *Manager) Remove(reason string) error {
+	removed, err := m.link.remove(m.cfg.Address)
+	if err != nil {
+		return fmt.Errorf("remove vip %s from %s: %w", m.cfg.Address, m.cfg.Interface, err)
+	}
+	if removed {
+		m.log.Info("VIP removed", "reason", reason)
+	}
+	return nil
+}
+
+// Present reports whether the VIP is on the interface.
+func (m *Manager) Present() (bool, error) { return m.link.has(m.cfg.Address) }
