@@ -122,7 +122,7 @@ func newDrillCmd(g *globals) *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "drill " + strings.Join(lab.Drills, "|"),
+		Use:   "drill " + strings.Join(lab.Drills, "|") + "|mixed",
 		Short: "Break the running lab, measure the outage, heal it",
 		Long: `Run a drill against the lab that "vigil-lab up" built.
 
@@ -132,6 +132,7 @@ func newDrillCmd(g *globals) *cobra.Command {
   partition-leader   cut the holder's link, leave it running; then reconnect it
   kill-etcd-leader   SIGKILL the etcd member leading raft (not on the VIP
                      holder); then restart it
+  mixed              all of the above in turn, --count drills in all
 
 The client namespace probes the VIP every 10 ms. Each drill prints the longest
 gap between answers (the outage), which node answered before and after, and
@@ -149,9 +150,13 @@ Exits non-zero if any drill failed or saw a split brain.`,
 			if err := l.Open(); err != nil {
 				return err
 			}
+			kinds := []string{args[0]}
+			if args[0] == "mixed" {
+				kinds = lab.DrillsFor(l.Settings().Impl)
+			}
 			var rs []lab.Result
 			for i := 1; i <= count; i++ {
-				r := l.Drill(cmd.Context(), args[0], i)
+				r := l.Drill(cmd.Context(), kinds[(i-1)%len(kinds)], i)
 				rs = append(rs, r)
 				if !asJSON {
 					fmt.Fprintln(cmd.OutOrStdout(), r)
@@ -206,10 +211,7 @@ func newDemoCmd(g *globals) *cobra.Command {
 				}
 			}
 			var rs []lab.Result
-			for _, kind := range lab.Drills {
-				if kind == lab.DrillKillEtcdLeader && s.Impl != lab.ImplVigil {
-					continue
-				}
+			for _, kind := range lab.DrillsFor(s.Impl) {
 				for i := 1; i <= count; i++ {
 					r := l.Drill(cmd.Context(), kind, i)
 					rs = append(rs, r)
@@ -302,4 +304,3 @@ func dash(s string) string {
 	}
 	return s
 }
-

@@ -36,6 +36,8 @@ type Config struct {
 // sender sends one announcement; the Linux implementation uses raw sockets.
 type sender interface {
 	send(ifi *net.Interface, ip netip.Addr) error
+	prepare(ifi *net.Interface, ip netip.Addr) error
+	close()
 }
 
 // Announcer sends announcements while its Run context lives.
@@ -53,8 +55,21 @@ func New(cfg Config, log *slog.Logger) (*Announcer, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
-	return &Announcer{cfg: cfg, send: osSender{}, log: log.With("vip", cfg.Address.String(), "interface", cfg.Interface)}, nil
+	return &Announcer{cfg: cfg, send: newSender(), log: log.With("vip", cfg.Address.String(), "interface", cfg.Interface)}, nil
 }
+
+// Prepare opens the sockets announcements need, so that the first one after
+// a failover does not pay for it. Errors are reported again by Once.
+func (a *Announcer) Prepare() error {
+	ifi, err := net.InterfaceByName(a.cfg.Interface)
+	if err != nil {
+		return fmt.Errorf("announce %s: %w", a.cfg.Address, err)
+	}
+	return a.send.prepare(ifi, a.cfg.Address)
+}
+
+// Close releases the sockets. Call it after the last Run has returned.
+func (a *Announcer) Close() { a.send.close() }
 
 // Once sends one announcement now.
 func (a *Announcer) Once() error {

@@ -39,6 +39,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	defer ann.Close()
+	if err := ann.Prepare(); err != nil {
+		log.Warn("cannot prepare announcements; will retry when leading", "err", err)
+	}
 	// A VIP left behind by a crash of this node must go before anything
 	// else: this process does not lead yet.
 	if err := vm.Remove("stale address from an earlier run; this node does not lead"); err != nil {

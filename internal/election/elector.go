@@ -230,6 +230,10 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 
 // renewLoop renews until it must stop and returns why.
 func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
+	var (
+		failingSince time.Time // first failure of the current run of failed renewals
+		keptLogged   bool      // whether this run of failures was logged as a store outage
+	)
 	timer := time.NewTimer(e.cfg.RetryPeriod)
 	defer timer.Stop()
 	for {
@@ -256,6 +260,10 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
 			case err == nil:
 				l.renewed(got.Revision, now, e.cfg.RenewDeadline)
 				*rec = next
+				if !failingSince.IsZero() {
+					e.log.Info("renewal succeeded again", "after", time.Since(failingSince).Round(time.Millisecond))
+					failingSince, keptLogged = time.Time{}, false
+				}
 			case ctx.Err() != nil:
 				return "shutting down"
 			case errors.Is(err, ErrConflict):
@@ -268,8 +276,16 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
 				}
 				return fmt.Sprintf("lock taken by %q", got.Holder())
 			default:
-				e.log.Warn("renewal failed", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
-				e.probe(ctx, l)
+				if failingSince.IsZero() {
+					failingSince = now
+					e.log.Warn("renewal failed", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
+				} else {
+					e.log.Debug("renewal failed again", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
+				}
+				if e.probe(ctx, l) && !keptLogged {
+					keptLogged = true
+					e.log.Info("store has no working leader, so nobody can take the lock; keeping it")
+				}
 			}
 			break
 		}
@@ -278,9 +294,9 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
 
 // probe asks the store whether it can commit at all and, if it cannot,
 // extends the deadline (see the package documentation).
-func (e *Elector) probe(ctx context.Context, l *lease) {
+func (e *Elector) probe(ctx context.Context, l *lease) bool {
 	if e.cfg.Prober == nil {
-		return
+		return false
 	}
 	start := time.Now()
 	pctx, cancel := context.WithDeadline(ctx, minTime(l.deadline, start.Add(e.cfg.RetryPeriod)))
@@ -288,11 +304,9 @@ func (e *Elector) probe(ctx context.Context, l *lease) {
 	leaderless, err := e.cfg.Prober.StoreLeaderless(pctx)
 	if err != nil {
 		e.log.Debug("store probe failed", "err", err)
-		return
+		return false
 	}
-	if leaderless && l.storeLeaderless(start, e.cfg.RenewDeadline) {
-		e.log.Info("store has no working leader; nobody can take the lock, keeping it", "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
-	}
+	return leaderless && l.storeLeaderless(start, e.cfg.RenewDeadline)
 }
 
 // release marks the lock free so a candidate takes it without waiting.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -306,5 +307,18 @@ func fanOut[T any](ctx context.Context, members []*memberClient, op func(context
 		errs = append(errs, r.err)
 	}
 	var zero T
-	return zero, fmt.Errorf("no etcd member answered: %w", errors.Join(errs...))
+	return zero, fmt.Errorf("no etcd member answered: %w", memberErrors(errs))
 }
+
+// memberErrors is the failure of every member, printed on one line.
+type memberErrors []error
+
+func (m memberErrors) Error() string {
+	s := make([]string, len(m))
+	for i, e := range m {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (m memberErrors) Unwrap() []error { return m }

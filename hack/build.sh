@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds vigil and vigil-lab into bin/. The etcd server module asks for a newer
+# Go patch release than some machines have; GOTOOLCHAIN=local keeps the build
+# on the installed toolchain instead of downloading another.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN=local
+mkdir -p bin
+go build -o bin/ ./cmd/vigil ./cmd/vigil-lab

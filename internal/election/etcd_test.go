@@ -1,0 +1,332 @@
+package election
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// tracker records leadership of every candidate and fails the test if two
+// ever lead at once.
+type tracker struct {
+	t       *testing.T
+	mu      sync.Mutex
+	leading map[string]time.Time // candidate -> since
+	starts  map[string][]time.Time
+	stops   map[string][]time.Time
+	reasons map[string][]string
+	overlap atomic.Bool
+}
+
+func newTracker(t *testing.T) *tracker {
+	return &tracker{t: t, leading: map[string]time.Time{}, starts: map[string][]time.Time{}, stops: map[string][]time.Time{}, reasons: map[string][]string{}}
+}
+
+func (tr *tracker) callbacks(name string) Callbacks {
+	return Callbacks{
+		OnStartedLeading: func(context.Context) {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			if len(tr.leading) > 0 {
+				tr.overlap.Store(true)
+				tr.t.Errorf("%s started leading while %v lead", name, tr.leading)
+			}
+			now := time.Now()
+			tr.leading[name] = now
+			tr.starts[name] = append(tr.starts[name], now)
+		},
+		OnStoppedLeading: func(reason string) {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			delete(tr.leading, name)
+			tr.stops[name] = append(tr.stops[name], time.Now())
+			tr.reasons[name] = append(tr.reasons[name], reason)
+		},
+	}
+}
+
+func (tr *tracker) leader() string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for n := range tr.leading {
+		return n
+	}
+	return ""
+}
+
+func (tr *tracker) waitLeader(t *testing.T, d time.Duration, not string) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if l := tr.leader(); l != "" && l != not {
+			return l
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no leader (other than %q) within %v", not, d)
+	return ""
+}
+
+// cuttable wraps a lock; while cut, every call hangs until its context ends,
+// as over a black-holed link.
+type cuttable struct {
+	*EtcdLock
+	cut atomic.Bool
+}
+
+func (c *cuttable) Get(ctx context.Context) (Observation, error) {
+	if c.cut.Load() {
+		<-ctx.Done()
+		return Observation{}, ctx.Err()
+	}
+	return c.EtcdLock.Get(ctx)
+}
+
+func (c *cuttable) Write(ctx context.Context, r Record, rev int64) (Observation, error) {
+	if c.cut.Load() {
+		<-ctx.Done()
+		return Observation{}, ctx.Err()
+	}
+	return c.EtcdLock.Write(ctx, r, rev)
+}
+
+func (c *cuttable) StoreLeaderless(ctx context.Context) (bool, error) {
+	if c.cut.Load() {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return c.EtcdLock.StoreLeaderless(ctx)
+}
+
+type candidate struct {
+	name   string
+	lock   *cuttable
+	el     *Elector
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startCandidate(t *testing.T, name string, endpoints []string, tr *tracker, lease, renew, retry time.Duration) *candidate {
+	t.Helper()
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: endpoints, Key: "/test/leader"}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &candidate{name: name, lock: &cuttable{EtcdLock: l}, done: make(chan struct{})}
+	c.el, err = New(Config{
+		Identity: name, Lock: c.lock, Prober: c.lock,
+		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry,
+		ReleaseOnCancel: true, Callbacks: tr.callbacks(name),
+	}, testLogger(t).With("node", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		if err := c.el.Run(ctx); err != nil {
+			t.Errorf("%s: Run: %v", name, err)
+		}
+	}()
+	t.Cleanup(c.stop)
+	return c
+}
+
+// stop cancels the candidate and waits for Run to return. Safe to call twice.
+func (c *candidate) stop() {
+	c.cancel()
+	<-c.done
+	c.lock.Close()
+}
+
+func readRecord(t *testing.T, endpoints []string) Record {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/test/leader")
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("read lock record: %v (%d keys)", err, len(resp.Kvs))
+	}
+	var r Record
+	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+const (
+	tLease = DefaultLeaseDuration
+	tRenew = DefaultRenewDeadline
+	tRetry = DefaultRetryPeriod
+)
+
+func TestAcquireRenewRelease(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	tr := newTracker(t)
+	a := startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry)
+	tr.waitLeader(t, 10*time.Second, "")
+	first := readRecord(t, c.Endpoints)
+	if first.Holder != "a" {
+		t.Fatalf("holder = %q, want a", first.Holder)
+	}
+	// Renewals keep changing the record while the holder stays.
+	deadline := time.Now().Add(5 * time.Second)
+	for readRecord(t, c.Endpoints).Nonce == first.Nonce {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader never renewed")
+		}
+		time.Sleep(tRetry)
+	}
+	a.stop()
+	if r := readRecord(t, c.Endpoints); r.Holder != "" {
+		t.Fatalf("after a clean stop the holder is %q, want the lock released", r.Holder)
+	}
+	if n := len(tr.stops["a"]); n != 1 {
+		t.Fatalf("OnStoppedLeading ran %d times, want 1", n)
+	}
+}
+
+func TestReleaseHandsOverWithoutWaitingForTheLease(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	tr := newTracker(t)
+	long := 10 * time.Second // so a takeover by expiry would be obvious
+	cands := map[string]*candidate{
+		"a": startCandidate(t, "a", c.Endpoints, tr, long, long-time.Second, tRetry),
+		"b": startCandidate(t, "b", c.Endpoints, tr, long, long-time.Second, tRetry),
+	}
+	first := tr.waitLeader(t, 15*time.Second, "")
+	stopped := time.Now()
+	cands[first].stop()
+	second := tr.waitLeader(t, 15*time.Second, first)
+	if took := time.Since(stopped); took > long/2 {
+		t.Fatalf("%s took over %v after %s released; the release did not work", second, took, first)
+	}
+}
+
+// The holder loses etcd. Its peer must not take over before the holder
+// has stepped down.
+func TestCutOffHolderStepsDownBeforeTakeover(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	tr := newTracker(t)
+	cands := map[string]*candidate{
+		"a": startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry),
+		"b": startCandidate(t, "b", c.Endpoints, tr, tLease, tRenew, tRetry),
+	}
+	for round := 0; round < 3; round++ {
+		holder := tr.waitLeader(t, 15*time.Second, "")
+		cut := time.Now()
+		cands[holder].lock.cut.Store(true)
+		next := tr.waitLeader(t, 15*time.Second, holder)
+		tr.mu.Lock()
+		stops, starts := tr.stops[holder], tr.starts[next]
+		tr.mu.Unlock()
+		stopAt, startAt := stops[len(stops)-1], starts[len(starts)-1]
+		if !stopAt.Before(startAt) {
+			t.Fatalf("round %d: %s started leading at %v, before %s stepped down at %v", round, next, startAt.Sub(cut), holder, stopAt.Sub(cut))
+		}
+		if d := stopAt.Sub(cut); d > tRenew+tLease {
+			t.Fatalf("round %d: %s stepped down %v after losing etcd; renew deadline is %v", round, holder, d, tRenew)
+		}
+		t.Logf("round %d: %s cut at 0, stepped down at %v, %s took over at %v", round, holder, stopAt.Sub(cut), next, startAt.Sub(cut))
+		cands[holder].lock.cut.Store(false)
+	}
+	if tr.overlap.Load() {
+		t.Fatal("two candidates led at once")
+	}
+}
+
+// etcd loses its raft leader. Nobody can write until a new one is elected,
+// so the holder keeps the lock and its peer does not take it.
+func TestHolderKeepsLockThroughEtcdLeaderElection(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	tr := newTracker(t)
+	startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry)
+	holder := tr.waitLeader(t, 15*time.Second, "")
+	startCandidate(t, "b", c.Endpoints, tr, tLease, tRenew, tRetry)
+	time.Sleep(time.Second) // b watches the record and the voter list is cached
+	raftLeader := c.WaitLeader(5 * time.Second)
+	t.Logf("killing etcd raft leader %s", c.Names[raftLeader])
+	c.Kill(raftLeader)
+	newLeader := c.WaitLeader(15 * time.Second)
+	t.Logf("etcd elected %s", c.Names[newLeader])
+	time.Sleep(2 * tLease) // the holder must renew through the new raft leader
+	if got := tr.leader(); got != holder {
+		t.Fatalf("leader is %q after the etcd election, want %q to have kept it (stops: %v)", got, holder, tr.reasons)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if len(tr.stops[holder]) != 0 {
+		t.Fatalf("%s stepped down during the etcd election: %v", holder, tr.reasons[holder])
+	}
+}
+
+func TestForeignWriteMakesLeaderStepDown(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	tr := newTracker(t)
+	startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry)
+	tr.waitLeader(t, 10*time.Second, "")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	b, _ := json.Marshal(Record{Holder: "intruder", LeaseDurationMillis: time.Hour.Milliseconds(), Nonce: "x"})
+	if _, err := cli.Put(context.Background(), "/test/leader", string(b)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for tr.leader() != "" {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader kept leading after somebody else took the lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if want := `lock taken by "intruder"`; tr.reasons["a"][0] != want {
+		t.Fatalf("reason = %q, want %q", tr.reasons["a"][0], want)
+	}
+}
+
+// During kubeadm init etcd starts after vigil: the candidate waits, never
+// leads meanwhile, and leads once etcd is up.
+func TestEtcdStartsLater(t *testing.T) {
+	cp, pp := etcdtest.FreePort(t), etcdtest.FreePort(t)
+	ep := fmt.Sprintf("http://127.0.0.1:%d", cp)
+	tr := newTracker(t)
+	startCandidate(t, "a", []string{ep}, tr, tLease, tRenew, tRetry)
+	time.Sleep(2 * time.Second)
+	if l := tr.leader(); l != "" {
+		t.Fatalf("%s leads without etcd", l)
+	}
+	cfg := etcdtest.Config(t, "late", cp, pp, fmt.Sprintf("late=http://127.0.0.1:%d", pp))
+	e, err := startEmbedded(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tr.waitLeader(t, 15*time.Second, "")
+}
