@@ -30,7 +30,7 @@ func TestAcquirable(t *testing.T) {
 		{"expired", Observation{Record: rec("other", lease), Revision: 7}, seen, t0.Add(lease), true, 0},
 		{"window for another revision", Observation{Record: rec("other", lease), Revision: 8}, seen, t0.Add(time.Hour), false, lease},
 		{"no window yet", Observation{Record: rec("other", lease), Revision: 7}, window{}, t0.Add(time.Hour), false, lease},
-		{"record's own lease counts", Observation{Record: rec("other", 2 * time.Second), Revision: 7}, seen, t0.Add(lease), false, 2*time.Second - lease},
+		{"record's own lease counts", Observation{Record: rec("other", 2*time.Second), Revision: 7}, seen, t0.Add(lease), false, 2*time.Second - lease},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

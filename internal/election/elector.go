@@ -309,19 +309,34 @@ func (e *Elector) probe(ctx context.Context, l *lease) bool {
 	return leaderless && l.storeLeaderless(start, e.cfg.RenewDeadline)
 }
 
-// release marks the lock free so a candidate takes it without waiting.
+// release marks the lock free so a candidate takes it without waiting. A
+// renewal cut short by the shutdown may still have landed; release then
+// retries against the revision that renewal produced, as long as the record
+// is still ours.
 func (e *Elector) release(l lease, rec Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
 	rec.Holder = ""
 	rec.LeaseDurationMillis = 1
-	rec.RenewTime = time.Now().UTC()
-	rec.Nonce = nonce()
-	if _, err := e.cfg.Lock.Write(ctx, rec, l.rev); err != nil {
-		e.log.Warn("could not release the lock; peers take over when the lease expires", "err", err)
-		return
+	rev := l.rev
+	for {
+		rec.RenewTime = time.Now().UTC()
+		rec.Nonce = nonce()
+		got, err := e.cfg.Lock.Write(ctx, rec, rev)
+		switch {
+		case err == nil:
+			e.log.Info("released the lock")
+			return
+		case errors.Is(err, ErrConflict) && got.Holder() == e.cfg.Identity:
+			rev = got.Revision
+			continue
+		case errors.Is(err, ErrConflict):
+			return // somebody else holds it already; nothing to release
+		default:
+			e.log.Warn("could not release the lock; peers take over when the lease expires", "err", err)
+			return
+		}
 	}
-	e.log.Info("released the lock")
 }
 
 // record builds the record a candidate writes to take the lock.

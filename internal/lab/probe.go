@@ -8,6 +8,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/netns"
 )
 
 // Respond runs the node-side UDP responder: every datagram is answered with
@@ -56,13 +58,7 @@ type prober struct {
 }
 
 func listenInClient() (*net.UDPConn, error) {
-	var conn *net.UDPConn
-	err := inNS(clientNS, func() error {
-		var err error
-		conn, err = net.ListenUDP("udp4", &net.UDPAddr{})
-		return err
-	})
-	return conn, err
+	return netns.ListenUDP(clientNS, &net.UDPAddr{IP: net.IPv4zero})
 }
 
 func startProber(interval time.Duration) (*prober, error) {

@@ -1,0 +1,76 @@
+//go:build linux
+
+package vip
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/vigil-ha/vigil/internal/netns"
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+func TestUnknownInterface(t *testing.T) {
+	_, err := New(Config{Address: netip.MustParsePrefix("192.0.2.100/24"), Interface: "nosuchif0"}, slog.New(slog.DiscardHandler))
+	if !errors.Is(err, ErrNoInterface) {
+		t.Fatalf("err = %v, want ErrNoInterface", err)
+	}
+}
+
+func TestRejectsUnusableAddresses(t *testing.T) {
+	for _, a := range []string{"0.0.0.0/32", "127.0.0.5/8", "224.0.0.1/32", "::1/128"} {
+		if _, err := New(Config{Address: netip.MustParsePrefix(a), Interface: "lo"}, slog.New(slog.DiscardHandler)); err == nil {
+			t.Errorf("%s accepted as a VIP", a)
+		}
+	}
+}
+
+// TestAddRemove adds and removes IPv4 and IPv6 VIPs on a veth in a fresh
+// namespace, twice each, and checks with iproute2 what the kernel has.
+func TestAddRemove(t *testing.T) {
+	p := nstest.NewPair(t)
+	for _, vip := range []string{"192.0.2.100/24", "192.0.2.101/32", "fd00:192::100/64"} {
+		t.Run(vip, func(t *testing.T) {
+			addr := netip.MustParsePrefix(vip)
+			err := netns.Do(p.A, func() error {
+				m, err := New(Config{Address: addr, Interface: "a0"}, slog.New(slog.DiscardHandler))
+				if err != nil {
+					return err
+				}
+				for i := 0; i < 2; i++ { // idempotent
+					if err := m.Add(); err != nil {
+						return err
+					}
+				}
+				if ok, err := m.Present(); err != nil || !ok {
+					t.Errorf("Present after Add = %v, %v", ok, err)
+				}
+				if !strings.Contains(nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"), " "+vip+" ") {
+					t.Errorf("kernel does not list %s on a0", vip)
+				}
+				for i := 0; i < 2; i++ {
+					if err := m.Remove("test"); err != nil {
+						return err
+					}
+				}
+				if ok, err := m.Present(); err != nil || ok {
+					t.Errorf("Present after Remove = %v, %v", ok, err)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"), " "+vip+" ") {
+				t.Fatalf("%s still on a0", vip)
+			}
+			// The node's own addresses are untouched.
+			if !strings.Contains(nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"), " 192.0.2.1/24 ") {
+				t.Fatal("removing the VIP removed the node's own address")
+			}
+		})
+	}
+}
