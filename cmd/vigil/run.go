@@ -1,11 +1,14 @@
 package main
 
 import (
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/vip"
 )
 
 func newRunCmd() *cobra.Command {
@@ -58,7 +61,8 @@ VIP meanwhile.`,
 	f := cmd.Flags()
 	f.StringVar(&vipFlag, "vip", "", "virtual IP with prefix length, e.g. 10.250.0.100/24 (a bare address means /32 or /128)")
 	f.StringVar(&cfg.Interface, "interface", "", "interface that carries the VIP, e.g. eth0")
-	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name in the election; unique per control-plane node")
+	host, _ := os.Hostname() // "" if unknown; Validate then asks for --node-name
+	f.StringVar(&cfg.NodeName, "node-name", host, "this node's name in the election; unique per control-plane node")
 	f.StringVar(&cfg.Election, "election", "etcd", "election backend: etcd")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "comma-separated etcd client URLs")
 	f.StringVar(&cfg.EtcdCACert, "etcd-cacert", "", "CA bundle that signed the etcd server certificates")
@@ -71,6 +75,7 @@ VIP meanwhile.`,
 	f.DurationVar(&cfg.RenewDeadline, "renew-deadline", election.DefaultRenewDeadline, "the leader removes the VIP when no renewal succeeded for this long; must be at least 100ms below --lease-duration")
 	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads")
 	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
+	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP, refreshed every second by the holder: if vigil is killed outright the kernel drops the VIP after this; 0 disables")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

@@ -84,9 +84,8 @@ func (a *Announcer) Once() error {
 }
 
 // Run sends the initial burst, then one announcement per interval, until ctx
-// is done. before runs ahead of every periodic announcement (the daemon uses
-// it to make sure the VIP is still on the interface).
-func (a *Announcer) Run(ctx context.Context, before func()) {
+// is done.
+func (a *Announcer) Run(ctx context.Context) {
 	start := time.Now()
 	for i, d := range burst {
 		if !waitUntil(ctx, start.Add(d)) {
@@ -106,9 +105,6 @@ func (a *Announcer) Run(ctx context.Context, before func()) {
 			return
 		case <-t.C:
 		}
-		if before != nil {
-			before()
-		}
 		if err := a.Once(); err != nil {
 			a.log.Warn("announcement failed", "err", err)
 		}
@@ -121,14 +117,14 @@ type Group struct {
 	wg     sync.WaitGroup
 }
 
-// Start runs a.Run(ctx, before) in a goroutine.
-func Start(ctx context.Context, a *Announcer, before func()) *Group {
+// Start runs a.Run(ctx) in a goroutine.
+func Start(ctx context.Context, a *Announcer) *Group {
 	ctx, cancel := context.WithCancel(ctx)
 	g := &Group{cancel: cancel}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		a.Run(ctx, before)
+		a.Run(ctx)
 	}()
 	return g
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/vip"
 )
 
 // ErrConfig wraps every configuration error.
@@ -48,6 +49,9 @@ type Config struct {
 	RetryPeriod   time.Duration
 
 	AnnounceInterval time.Duration
+	// VIPLifetime is the kernel lifetime of the VIP (see vip.DefaultLifetime);
+	// zero keeps it until removed.
+	VIPLifetime time.Duration
 }
 
 // ParseVIP accepts "10.0.0.10/24", "10.0.0.10" (taken as /32) and IPv6
@@ -113,7 +117,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := election.ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return err // wraps election.ErrInvalidConfig and says which flag
+	}
+	if c.VIPLifetime != 0 && c.VIPLifetime < 2*vip.RefreshInterval {
+		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or at least %v, twice the refresh interval", ErrConfig, c.VIPLifetime, 2*vip.RefreshInterval)
 	}
 	if c.LockKey == "" {
 		c.LockKey = election.DefaultEtcdKey

@@ -31,7 +31,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	log = log.With("node", cfg.NodeName)
-	vm, err := vip.New(vip.Config{Address: cfg.VIP, Interface: cfg.Interface}, log)
+	vm, err := vip.New(vip.Config{Address: cfg.VIP, Interface: cfg.Interface, Lifetime: cfg.VIPLifetime}, log)
 	if err != nil {
 		return err
 	}
@@ -79,8 +79,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return err
 }
 
-// holder is what a leader holds: the VIP, its announcer and the raft
-// leadership shedder.
+// holder is what a leader holds: the VIP (with its lifetime refresher), its
+// announcer and the raft leadership shedder.
 type holder struct {
 	vip  *vip.Manager
 	ann  *announce.Announcer
@@ -91,29 +91,28 @@ type holder struct {
 	mu     sync.Mutex // guards group and cancel
 	group  *announce.Group
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the refresher and the shedder
 }
 
 // start runs on becoming leader: VIP first, announcement at once.
 func (h *holder) start(ctx context.Context) {
 	if err := h.vip.Add(); err != nil {
-		h.log.Error("cannot add the VIP; will retry at the next announcement", "err", err)
-	}
-	ensure := func() {
-		if err := h.vip.Add(); err != nil {
-			h.log.Error("cannot add the VIP", "err", err)
-		}
+		h.log.Error("cannot add the VIP; retrying every second", "err", err)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.group = announce.Start(ctx, h.ann, ensure)
+	ctx, h.cancel = context.WithCancel(ctx)
+	h.group = announce.Start(ctx, h.ann)
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.keep(ctx)
+	}()
 	if h.cfg.ShedRaftLeadership {
-		sctx, cancel := context.WithCancel(ctx)
-		h.cancel = cancel
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			h.shed(sctx)
+			h.shed(ctx)
 		}()
 	}
 }
@@ -121,18 +120,35 @@ func (h *holder) start(ctx context.Context) {
 // stop runs on losing leadership; it returns only once the VIP is gone.
 func (h *holder) stop(reason string) {
 	h.mu.Lock()
-	h.group.Stop()
-	h.group = nil
 	if h.cancel != nil {
 		h.cancel()
 		h.cancel = nil
 	}
+	h.group.Stop()
+	h.group = nil
 	h.mu.Unlock()
 	h.wg.Wait()
 	if err := h.vip.Remove(reason); err != nil {
-		// Nothing else can be done; say it loudly. Another node may take
-		// the VIP while this one still has it.
+		// Nothing else can be done; say it loudly. The kernel drops the
+		// address when its lifetime runs out.
 		h.log.Error("cannot remove the VIP", "err", err)
+	}
+}
+
+// keep re-adds the VIP every vip.RefreshInterval, which also renews its
+// kernel lifetime, and puts it back if something removed it.
+func (h *holder) keep(ctx context.Context) {
+	t := time.NewTicker(vip.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := h.vip.Add(); err != nil && ctx.Err() == nil {
+			h.log.Error("cannot refresh the VIP", "err", err)
+		}
 	}
 }
 

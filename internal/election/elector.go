@@ -141,6 +141,8 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		failures int
 		failedAt time.Time
 	)
+	changes, stopWatch := e.watch(ctx)
+	defer stopWatch()
 	for {
 		if err := ctx.Err(); err != nil {
 			return lease{}, Observation{}, err
@@ -173,7 +175,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		w.observe(obs, done)
 		ok, wait := acquirable(obs, w, e.cfg.Identity, time.Now())
 		if !ok {
-			if !sleep(ctx, min(wait, e.cfg.RetryPeriod)) {
+			if !e.waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs.Revision) {
 				return lease{}, Observation{}, ctx.Err()
 			}
 			continue
@@ -195,6 +197,49 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			e.log.Debug("acquire failed", "err", err)
 			if !sleep(ctx, e.cfg.RetryPeriod) {
 				return lease{}, Observation{}, ctx.Err()
+			}
+		}
+	}
+}
+
+// watch streams changes of the record while a candidate campaigns, when the
+// lock supports it. stop ends the stream and waits for it.
+func (e *Elector) watch(ctx context.Context) (<-chan Observation, func()) {
+	wl, ok := e.cfg.Lock.(Watcher)
+	if !ok {
+		return nil, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	ch := make(chan Observation, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wl.Watch(ctx, ch)
+	}()
+	return ch, func() { cancel(); <-done }
+}
+
+// waitForChange waits up to d before the next read. A watched change that is
+// newer than rev starts the lease window at its arrival (it was committed
+// before); a release or deletion ends the wait at once. It reports whether
+// ctx is still live.
+func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, rev int64) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case o := <-changes:
+			if o.Revision <= rev {
+				continue // an older or repeated event (one watch per member)
+			}
+			rev = o.Revision
+			w.observe(o, time.Now())
+			if o.Holder() == "" {
+				return true // released: read and take it now
 			}
 		}
 	}

@@ -54,8 +54,9 @@ type memberClient struct {
 }
 
 var (
-	_ Lock   = (*EtcdLock)(nil)
-	_ Prober = (*EtcdLock)(nil)
+	_ Lock    = (*EtcdLock)(nil)
+	_ Prober  = (*EtcdLock)(nil)
+	_ Watcher = (*EtcdLock)(nil)
 )
 
 // NewEtcdLock connects (lazily) to each endpoint. It fails only on bad
@@ -147,6 +148,49 @@ func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observatio
 		l.maybeRefreshVoters(ctx)
 	}
 	return obs, err
+}
+
+// Watch implements Watcher with one watch per member, so a dead member does
+// not hide changes. Events from members that lost their raft leader are
+// refused by the member (WithRequireLeader), and the watch restarted.
+func (l *EtcdLock) Watch(ctx context.Context, out chan<- Observation) {
+	var wg sync.WaitGroup
+	for _, m := range l.members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.watchMember(ctx, m, out)
+		}()
+	}
+	wg.Wait()
+}
+
+func (l *EtcdLock) watchMember(ctx context.Context, m *memberClient, out chan<- Observation) {
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for resp := range m.cli.Watch(wctx, l.key) {
+			if resp.Err() != nil {
+				break
+			}
+			for _, ev := range resp.Events {
+				obs, err := decode([]*mvccpb.KeyValue{ev.Kv})
+				if err != nil || ev.Type == clientv3.EventTypeDelete {
+					obs = Observation{}
+				}
+				obs.Revision = ev.Kv.ModRevision
+				obs.Term = resp.Header.RaftTerm
+				select {
+				case out <- obs:
+				case <-ctx.Done():
+				}
+			}
+		}
+		cancel()
+		select { // a member that cannot serve watches is retried, not hammered
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func decode(kvs []*mvccpb.KeyValue) (Observation, error) {

@@ -68,6 +68,15 @@ type Prober interface {
 	StoreLeaderless(ctx context.Context) (bool, error)
 }
 
+// Watcher is optionally implemented by a Lock. Watch sends an observation to
+// out for every committed change of the record, until ctx is done, and then
+// returns. Candidates use it to start their lease window at the moment a
+// renewal lands, and to take a released lock at once, instead of at their
+// next read.
+type Watcher interface {
+	Watch(ctx context.Context, out chan<- Observation)
+}
+
 // ErrConflict is returned by Lock.Write when the record changed since the
 // revision the write was based on.
 var ErrConflict = errors.New("election: lock record changed concurrently")

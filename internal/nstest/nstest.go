@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -74,4 +75,22 @@ func NewPair(t testing.TB) *Pair {
 		IP(t, s...)
 	}
 	return p
+}
+
+// Binary returns the path of one of this module's commands ("vigil" or
+// "vigil-lab"): $VIGIL_BIN or $VIGIL_LAB_BIN when set (hack/test.sh builds
+// them), otherwise a fresh build in a temporary directory.
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	env := map[string]string{"vigil": "VIGIL_BIN", "vigil-lab": "VIGIL_LAB_BIN"}[name]
+	if p := os.Getenv(env); p != "" {
+		return p
+	}
+	out := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-o", out, "github.com/vigil-ha/vigil/cmd/"+name)
+	cmd.Env = append(os.Environ(), "GOTOOLCHAIN=local")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, b)
+	}
+	return out
 }

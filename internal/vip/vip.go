@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"time"
 )
 
 // ErrNoInterface is returned by New when the interface does not exist.
@@ -20,11 +21,27 @@ type Config struct {
 	// secondary address would.
 	Address   netip.Prefix
 	Interface string
+	// Lifetime, when positive, is the address's valid lifetime in the
+	// kernel (rounded up to whole seconds). The holder refreshes it by calling
+	// Add; if the holder dies without removing the address, the kernel removes
+	// it when the lifetime runs out. Zero keeps the address until removed.
+	Lifetime time.Duration
 }
+
+// DefaultLifetime is the kernel lifetime the daemon gives the VIP, refreshed
+// every RefreshInterval. If vigil is killed outright (SIGKILL, OOM) while
+// its machine stays up, nothing in the process can remove the VIP; the kernel
+// then removes it within this time (plus up to a second, the kernel's check
+// granularity) instead of keeping it until vigil restarts. It is four refresh
+// intervals, so a holder that is merely slow never loses it.
+const (
+	DefaultLifetime = 4 * time.Second
+	RefreshInterval = time.Second
+)
 
 // link is the OS side: netlink on Linux.
 type link interface {
-	add(p netip.Prefix) (added bool, err error)
+	add(p netip.Prefix, lifetime time.Duration) (added bool, err error)
 	remove(p netip.Prefix) (removed bool, err error)
 	has(p netip.Prefix) (bool, error)
 }
@@ -57,9 +74,10 @@ func (m *Manager) Address() netip.Prefix { return m.cfg.Address }
 // Interface returns the interface name.
 func (m *Manager) Interface() string { return m.cfg.Interface }
 
-// Add puts the VIP on the interface; present already is fine.
+// Add puts the VIP on the interface, or refreshes its lifetime if it is
+// there already.
 func (m *Manager) Add() error {
-	added, err := m.link.add(m.cfg.Address)
+	added, err := m.link.add(m.cfg.Address, m.cfg.Lifetime)
 	if err != nil {
 		return fmt.Errorf("add vip %s to %s: %w", m.cfg.Address, m.cfg.Interface, err)
 	}

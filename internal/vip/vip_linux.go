@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -46,18 +47,25 @@ func (l *netlinkLink) get() (netlink.Link, error) {
 	return lk, nil
 }
 
-func (l *netlinkLink) add(p netip.Prefix) (bool, error) {
+func (l *netlinkLink) add(p netip.Prefix, lifetime time.Duration) (bool, error) {
 	lk, err := l.get()
 	if err != nil {
 		return false, err
 	}
-	if err := netlink.AddrAdd(lk, addr(p)); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return false, nil
-		}
+	present, err := l.has(p)
+	if err != nil {
 		return false, err
 	}
-	return true, nil
+	a := addr(p)
+	if lifetime > 0 {
+		secs := int((lifetime + time.Second - 1) / time.Second)
+		a.ValidLft, a.PreferedLft = secs, secs
+	}
+	// Replace adds the address, or resets the lifetime of the one there.
+	if err := netlink.AddrReplace(lk, a); err != nil {
+		return false, err
+	}
+	return !present, nil
 }
 
 func (l *netlinkLink) remove(p netip.Prefix) (bool, error) {

@@ -1,0 +1,101 @@
+package daemon
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/election"
+)
+
+func TestParseVIP(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string
+		ok   bool
+	}{
+		{"10.250.0.100/24", "10.250.0.100/24", true},
+		{"10.250.0.100", "10.250.0.100/32", true},
+		{"fd00::10", "fd00::10/128", true},
+		{"fd00::10/64", "fd00::10/64", true},
+		{"", "", false},
+		{"10.250.0.300/24", "", false},
+		{"10.250.0.1/33", "", false},
+		{"eth0", "", false},
+		{"fe80::1%eth0/64", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseVIP(tc.in)
+			if (err == nil) != tc.ok {
+				t.Fatalf("ParseVIP(%q) error = %v, want ok=%v", tc.in, err, tc.ok)
+			}
+			if tc.ok && got.String() != tc.want {
+				t.Fatalf("ParseVIP(%q) = %s, want %s", tc.in, got, tc.want)
+			}
+			if !tc.ok && !errors.Is(err, ErrConfig) {
+				t.Fatalf("error %v does not wrap ErrConfig", err)
+			}
+		})
+	}
+}
+
+func validConfig() Config {
+	return Config{
+		VIP:           netip.MustParsePrefix("10.250.0.100/24"),
+		Interface:     "eth0",
+		NodeName:      "cp1",
+		Election:      "etcd",
+		EtcdEndpoints: []string{"http://10.250.0.11:2379"},
+		LeaseDuration: election.DefaultLeaseDuration,
+		RenewDeadline: election.DefaultRenewDeadline,
+		RetryPeriod:   election.DefaultRetryPeriod,
+	}
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	exists := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(exists, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr error
+	}{
+		{"valid", func(*Config) {}, nil},
+		{"no vip", func(c *Config) { c.VIP = netip.Prefix{} }, ErrConfig},
+		{"no interface", func(c *Config) { c.Interface = "" }, ErrConfig},
+		{"no node name", func(c *Config) { c.NodeName = "" }, ErrConfig},
+		{"unknown backend", func(c *Config) { c.Election = "raft" }, ErrConfig},
+		{"no endpoints", func(c *Config) { c.EtcdEndpoints = nil }, ErrConfig},
+		{"endpoint without scheme", func(c *Config) { c.EtcdEndpoints = []string{"10.0.0.1:2379"} }, ErrConfig},
+		{"cert without key", func(c *Config) { c.EtcdCert = exists }, ErrConfig},
+		{"missing ca file", func(c *Config) { c.EtcdCACert = filepath.Join(dir, "nope.crt") }, ErrConfig},
+		{"renew deadline not below lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, election.ErrInvalidConfig},
+		{"margin below 100ms", func(c *Config) { c.RenewDeadline = c.LeaseDuration - 50*time.Millisecond }, election.ErrInvalidConfig},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.mutate(&c)
+			err := c.Validate()
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				if c.EtcdMemberName != c.NodeName || c.LockKey != election.DefaultEtcdKey {
+					t.Fatalf("defaults not filled in: %+v", c)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("Validate() = %v, want an error wrapping %v", err, tc.wantErr)
+			}
+		})
+	}
+}

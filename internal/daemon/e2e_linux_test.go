@@ -1,0 +1,218 @@
+//go:build linux
+
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/vigil-ha/vigil/internal/netns"
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+const testVIP = "192.0.2.100"
+
+func hasVIP(t *testing.T, ns string) bool {
+	return strings.Contains(nstest.IP(t, "-n", ns, "addr", "show", "dev", "a0"), " "+testVIP+"/")
+}
+
+// Bad input: one clear error line, exit status 1, nothing configured. A VIP
+// already on the interface stays untouched too, because vigil refuses before
+// it changes anything.
+func TestBadInputLeavesNothingConfigured(t *testing.T) {
+	p := nstest.NewPair(t)
+	vigil := nstest.Binary(t, "vigil")
+	dir := t.TempDir()
+	good := []string{"run", "--vip", testVIP + "/24", "--interface", "a0", "--node-name", "n1", "--election", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379"}
+	with := func(flag, value string) []string {
+		out := append([]string(nil), good...)
+		for i := range out {
+			if out[i] == flag {
+				out[i+1] = value
+				return out
+			}
+		}
+		return append(out, flag, value)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown interface", with("--interface", "nosuch0"), "interface not found"},
+		{"malformed vip", with("--vip", "192.0.2.300/24"), "is not an IP address"},
+		{"renew deadline not below lease", with("--renew-deadline", "2s"), "must be shorter than the lease duration"},
+		{"missing cert files", append(with("--etcd-cert", filepath.Join(dir, "nope.crt")), "--etcd-key", filepath.Join(dir, "nope.key")), "no such file"},
+		{"unknown backend", with("--election", "zookeeper"), "unknown --election backend"},
+		{"unknown flag", append(good, "--frobnicate"), "unknown flag"},
+		{"bad endpoint", with("--etcd-endpoints", "127.0.0.1:2379"), "must look like http://"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			cmd := exec.Command("ip", append([]string{"netns", "exec", p.A, vigil}, tc.args...)...)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+				t.Fatalf("exit = %v, want status 1; stderr: %s", err, stderr.String())
+			}
+			msg := strings.TrimSpace(stderr.String())
+			if strings.Count(msg, "\n") != 0 || !strings.Contains(msg, tc.want) {
+				t.Fatalf("stderr = %q, want one line containing %q", msg, tc.want)
+			}
+			if hasVIP(t, p.A) {
+				t.Fatal("the VIP was added despite the error")
+			}
+		})
+	}
+}
+
+// startIn runs a command inside ns and kills it when the test ends.
+func startIn(t *testing.T, ns, logName string, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	f, err := os.Create(filepath.Join(t.TempDir(), logName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			b, _ := os.ReadFile(f.Name())
+			t.Logf("%s:\n%s", logName, b)
+		}
+	})
+	return cmd
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A VIP left by a crash is removed at start, and never added while etcd is
+// unreachable.
+func TestStaleVIPRemovedWhileEtcdUnreachable(t *testing.T) {
+	p := nstest.NewPair(t)
+	nstest.IP(t, "-n", p.A, "addr", "add", testVIP+"/24", "dev", "a0")
+	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:1")
+	waitFor(t, 10*time.Second, "the stale VIP to go", func() bool { return !hasVIP(t, p.A) })
+	time.Sleep(2 * time.Second)
+	if hasVIP(t, p.A) {
+		t.Fatal("VIP added without etcd")
+	}
+}
+
+// With a real etcd process beside it, vigil takes the VIP, a peer learns
+// where it is from the gratuitous ARP, and SIGTERM removes the VIP and
+// releases the lock.
+func TestLeadAnnounceAndGracefulStop(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	// B believes the VIP lives elsewhere.
+	nstest.IP(t, "-n", p.B, "neigh", "replace", testVIP, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
+	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	mac := strings.Fields(nstest.IP(t, "-n", p.A, "-br", "link", "show", "a0"))[2]
+	waitFor(t, 5*time.Second, "B to learn the VIP's MAC", func() bool {
+		return strings.Contains(nstest.IP(t, "-n", p.B, "neigh", "show", testVIP), mac)
+	})
+
+	if err := vigil.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "vigil to exit", func() bool { return !alive(vigil.Process.Pid) })
+	if hasVIP(t, p.A) {
+		t.Fatal("VIP still on a0 after SIGTERM")
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(p.A))},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/vigil/leader")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("read lock: %v", err)
+	}
+	var rec struct{ Holder string }
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Holder != "" {
+		t.Fatalf("lock holder after SIGTERM = %q, want released", rec.Holder)
+	}
+}
+
+// startEtcdIn runs a one-member etcd on 127.0.0.1:2379 inside ns.
+func startEtcdIn(t *testing.T, ns string) {
+	dir := t.TempDir()
+	startIn(t, ns, "etcd.log", nstest.Binary(t, "vigil-lab"), "etcd", "--name", "e1", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+		"--initial-cluster", "e1=http://127.0.0.1:2380", "--log-level", "error")
+}
+
+// vigil killed outright cannot remove the VIP; the kernel must, when the
+// lifetime the holder kept refreshing runs out.
+func TestKilledHolderVIPExpires(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "2s")
+	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	if out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"); !strings.Contains(out, "valid_lft 2sec") && !strings.Contains(out, "valid_lft 1sec") {
+		t.Fatalf("VIP has no 2 s lifetime:\n%s", out)
+	}
+	time.Sleep(3 * time.Second) // several refreshes: the VIP must stay while vigil lives
+	if !hasVIP(t, p.A) {
+		t.Fatal("the VIP expired while its holder was alive")
+	}
+	killed := time.Now()
+	if err := vigil.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the kernel to drop the VIP", func() bool { return !hasVIP(t, p.A) })
+	t.Logf("VIP gone %v after SIGKILL", time.Since(killed).Round(10*time.Millisecond))
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}

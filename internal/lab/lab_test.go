@@ -1,0 +1,114 @@
+package lab
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// TestDrills builds the real lab (etcd processes, vigil processes) and runs
+// each drill once. Outage bounds here are generous: timing claims live in
+// bench/failover, this test is about correctness.
+func TestDrills(t *testing.T) {
+	nstest.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("builds a 3-node lab; skipped with -short")
+	}
+	ctx := context.Background()
+	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
+		t.Skipf("a lab is already up (%v); not touching it", nss)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	l, err := New(Config{Dir: t.TempDir() + "/lab", VigilBin: nstest.Binary(t, "vigil"), SelfBin: nstest.Binary(t, "vigil-lab")}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("down: %v", err)
+		}
+		if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
+			t.Errorf("namespaces left after down: %v", nss)
+		}
+	})
+	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil}); err == nil {
+		t.Fatal("a second up succeeded while the lab was up")
+	}
+	for _, kind := range Drills {
+		t.Run(kind, func(t *testing.T) {
+			r := l.Drill(ctx, kind, 1)
+			t.Log(r)
+			if !r.OK() {
+				t.Fatalf("drill failed: %s", r)
+			}
+			if r.OutageMillis > float64((5 * time.Second).Milliseconds()) {
+				t.Fatalf("outage %.0fms; vigil's design gives about one lease duration", r.OutageMillis)
+			}
+			switch kind {
+			case DrillKillEtcdLeader:
+				if r.After != r.Before {
+					t.Fatalf("the VIP moved from %s to %s when only an etcd member died", r.Before, r.After)
+				}
+			default:
+				if r.After == r.Target {
+					t.Fatalf("%s still answers after the drill hit it", r.Target)
+				}
+			}
+		})
+	}
+}
+
+func TestSettingsValidate(t *testing.T) {
+	for _, s := range []Settings{{Nodes: 0, Impl: ImplVigil}, {Nodes: 10, Impl: ImplVigil}, {Nodes: 3, Impl: "haproxy"}} {
+		if err := s.Validate(); err == nil {
+			t.Errorf("%+v accepted", s)
+		}
+	}
+	if err := (Settings{Nodes: 3, Impl: ImplKeepalived}).Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestJudgeSplit(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	at := func(ms int, node string) reply {
+		return reply{at: t0.Add(time.Duration(ms) * time.Millisecond), node: node}
+	}
+	clean := []reply{at(-10, "n1"), at(0, "n1"), at(800, "n2"), at(810, "n2")}
+	if split, d := judgeSplit(nil, clean, t0); split {
+		t.Fatalf("a single switch judged split: %s", d)
+	}
+	flap := []reply{at(0, "n1"), at(800, "n2"), at(810, "n1"), at(820, "n2")}
+	if split, _ := judgeSplit(nil, flap, t0); !split {
+		t.Fatal("alternating answers not judged split")
+	}
+	if split, _ := judgeSplit([]doubleHold{{at: t0, holders: []string{"n1", "n2"}}}, clean, t0); !split {
+		t.Fatal("two holders not judged split")
+	}
+	failback := []reply{at(0, "n1"), at(800, "n2"), at(5000, "n1")}
+	if split, d := judgeSplit(nil, failback, t0); split {
+		t.Fatalf("a failback seconds later judged split: %s", d)
+	}
+}
+
+func TestLongestGap(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	rs := []reply{{at: ms(-20)}, {at: ms(-10)}, {at: ms(700)}, {at: ms(710)}, {at: ms(720)}}
+	if g := longestGap(rs, ms(0), ms(720)); g != 710*time.Millisecond {
+		t.Fatalf("gap = %v, want 710ms (from the last answer before the fault)", g)
+	}
+	if g := longestGap(rs[:2], ms(0), ms(1000)); g != 1010*time.Millisecond {
+		t.Fatalf("gap with no answer after the fault = %v, want up to the end", g)
+	}
+}
