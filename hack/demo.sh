@@ -4,7 +4,7 @@
 # outage each one caused and a summary, and removes the lab. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh
+source hack/deps.sh ip
 hack/build.sh
 bin/vigil-lab down >/dev/null 2>&1 || true
 exec bin/vigil-lab demo "$@"

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Installs what vigil's lab, tests and benchmarks need on Debian: iproute2
-# (namespaces), keepalived (the comparison baseline) and jq (bench summaries).
-# Go itself must already be installed (go.mod names the version).
+# Sourced by the other scripts: installs from Debian what they need. The lab
+# and the tests need iproute2 (the ip command); callers name the commands they need, e.g.
+#   source hack/deps.sh ip keepalived jq
+# Go itself must already be installed (go.mod names the version); it is
+# looked for in /usr/local/go/bin when not on PATH.
 set -euo pipefail
 need=()
-command -v ip >/dev/null || need+=(iproute2)
-command -v keepalived >/dev/null || need+=(keepalived)
-command -v jq >/dev/null || need+=(jq)
+for cmd in "$@"; do
+  command -v "$cmd" >/dev/null && continue
+  case $cmd in
+    ip) need+=(iproute2) ;;
+    *) need+=("$cmd") ;;
+  esac
+done
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
-    echo "hack/deps.sh: need root to install ${need[*]}" >&2
+    echo "hack/deps.sh: run as root to install ${need[*]}" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
@@ -17,6 +23,8 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 if ! command -v go >/dev/null; then
-  for d in /usr/local/go/bin /usr/lib/go/bin; do [ -x "$d/go" ] && export PATH="$d:$PATH" && break; done
+  for d in /usr/local/go/bin /usr/lib/go/bin; do
+    if [ -x "$d/go" ]; then export PATH="$d:$PATH"; break; fi
+  done
 fi
-command -v go >/dev/null || { echo "hack/deps.sh: Go is not installed (see go.mod for the version)" >&2; exit 1; }
+command -v go >/dev/null || { echo "hack/deps.sh: Go is not installed (go.mod names the version)" >&2; exit 1; }

@@ -5,7 +5,7 @@
 # a message otherwise. Leaves no namespace behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh
+source hack/deps.sh ip
 export GOTOOLCHAIN=local
 hack/build.sh
 # The lab test drives the binaries just built.

@@ -6,10 +6,10 @@
 #   keepalived-tuned  VRRPv3 with 0.1 s adverts
 # COUNT runs of each drill, then MIXED consecutive mixed drills on vigil.
 # Every run is kept as JSON in results/<timestamp>/, with summary.md.
-# Usage: sudo bench/failover/run.sh   (COUNT=10 MIXED=50 by default)
+# Usage, as root: bash bench/failover/run.sh   (COUNT=10 MIXED=50 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source hack/deps.sh
+source hack/deps.sh ip keepalived jq
 hack/build.sh
 COUNT=${COUNT:-10}
 MIXED=${MIXED:-50}
@@ -43,27 +43,15 @@ for set in $SETS; do
     $lab drill mixed --count "$MIXED" --json > "$out/$set-mixed.json" || true
     jq -r '"  mixed: \(.results | length) drills, split-brain \([.results[] | select(.splitBrain)] | length), no holder after \([.results[] | select((.holdersAfterHeal | length) != 1)] | length), failed \([.summary[].failed] | add)"' "$out/$set-mixed.json"
   fi
+  # Keep the nodes' logs of a set in which any drill failed.
+  if jq -s -e '[.[].summary[].failed] | add > 0' "$out/$set"-*.json >/dev/null 2>&1; then
+    mkdir -p "$out/logs-$set"
+    for d in /run/vigil-lab/n*; do
+      for f in "$d"/*.log; do cp "$f" "$out/logs-$set/$(basename "$d")-$(basename "$f")"; done
+    done
+  fi
   $lab down
 done
 
-{
-  echo "# Failover benchmark $(basename "$out")"
-  echo
-  echo "Command: \`sudo COUNT=$COUNT MIXED=$MIXED SETS=\"$SETS\" bench/failover/run.sh\`"
-  echo
-  echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, kernel $(uname -r), $(go version | cut -d' ' -f3)."
-  echo "Outage = longest gap between answers on the VIP, probed every 10 ms from a client namespace."
-  echo
-  echo "| set | drill | runs | median ms | min ms | max ms | split brain | failed |"
-  echo "|---|---|---|---|---|---|---|---|"
-  for set in $SETS; do
-    for d in kill-leader graceful partition-leader kill-etcd-leader mixed; do
-      f="$out/$set-$d.json"
-      [ -s "$f" ] || continue
-      jq -r --arg set "$set" '.summary[] | "| \($set) | \(.drill) | \(.runs) | \(.medianMillis) | \(.minMillis) | \(.maxMillis) | \(.splitBrains) | \(.failed) |"' "$f"
-    done
-  done
-  echo
-  echo "Every run: the JSON files beside this one."
-} > "$out/summary.md"
-cat "$out/summary.md"
+echo "COUNT=$COUNT MIXED=$MIXED SETS=\"$SETS\" bash bench/failover/run.sh" > "$out/command"
+bench/failover/summarize.sh "$out"

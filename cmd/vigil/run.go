@@ -1,7 +1,11 @@
 package main
 
 import (
+	"fmt"
+	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -17,6 +21,7 @@ func newRunCmd() *cobra.Command {
 		vipFlag   string
 		logLevel  string
 		logFormat string
+		guard     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -55,6 +60,11 @@ VIP meanwhile.`,
 			if cfg.VIP, err = daemon.ParseVIP(vipFlag); err != nil {
 				return err
 			}
+			if guard {
+				if cfg.GuardBinary, err = os.Executable(); err != nil {
+					return fmt.Errorf("find own executable for the VIP guard: %w", err)
+				}
+			}
 			return daemon.Run(cmd.Context(), cfg, log)
 		},
 	}
@@ -76,7 +86,28 @@ VIP meanwhile.`,
 	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads")
 	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP, refreshed every second by the holder: if vigil is killed outright the kernel drops the VIP after this; 0 disables")
+	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies, even by SIGKILL")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	return cmd
+}
+
+func newGuardCmd() *cobra.Command {
+	var cfg daemon.GuardConfig
+	cmd := &cobra.Command{
+		Use:    "guard",
+		Short:  "Remove the VIP when standard input closes (started by vigil run)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(_ *cobra.Command, _ []string) error {
+			// Only the death of vigil run, which closes our stdin, may end
+			// the guard; a signal meant for the whole group must not.
+			signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "guard")
+			return daemon.Guard(cfg, os.Stdin, log)
+		},
+	}
+	cmd.Flags().StringVar(&cfg.VIP, "vip", "", "VIP to remove")
+	cmd.Flags().StringVar(&cfg.Interface, "interface", "", "interface that carries it")
 	return cmd
 }

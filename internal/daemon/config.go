@@ -52,6 +52,9 @@ type Config struct {
 	// VIPLifetime is the kernel lifetime of the VIP (see vip.DefaultLifetime);
 	// zero keeps it until removed.
 	VIPLifetime time.Duration
+	// GuardBinary, when set, is the vigil executable run as `guard` to
+	// remove the VIP if this process dies (see guard.go).
+	GuardBinary string
 }
 
 // ParseVIP accepts "10.0.0.10/24", "10.0.0.10" (taken as /32) and IPv6

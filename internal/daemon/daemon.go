@@ -48,6 +48,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := vm.Remove("stale address from an earlier run; this node does not lead"); err != nil {
 		return err
 	}
+	if cfg.GuardBinary != "" {
+		// Its own context: the guard must outlive the VIP's removal at
+		// shutdown, and is stopped only after it.
+		gctx, stopGuard := context.WithCancel(context.Background())
+		g, err := startGuard(gctx, cfg.GuardBinary, cfg, log)
+		if err != nil {
+			stopGuard()
+			return err
+		}
+		defer func() { stopGuard(); g.Close() }()
+	}
 	lock, err := election.NewEtcdLock(election.EtcdConfig{Endpoints: cfg.EtcdEndpoints, TLS: tc, Key: cfg.LockKey}, log)
 	if err != nil {
 		return err

@@ -152,6 +152,7 @@ func TestLeadAnnounceAndGracefulStop(t *testing.T) {
 	if hasVIP(t, p.A) {
 		t.Fatal("VIP still on a0 after SIGTERM")
 	}
+	waitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second,
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(p.A))},
@@ -190,7 +191,7 @@ func TestKilledHolderVIPExpires(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "2s")
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "2s", "--guard=false")
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"); !strings.Contains(out, "valid_lft 2sec") && !strings.Contains(out, "valid_lft 1sec") {
 		t.Fatalf("VIP has no 2 s lifetime:\n%s", out)
@@ -205,6 +206,32 @@ func TestKilledHolderVIPExpires(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the kernel to drop the VIP", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGKILL", time.Since(killed).Round(10*time.Millisecond))
+}
+
+// vigil killed outright: its guard process removes the VIP at once. With no
+// address lifetime, nothing else could.
+func TestGuardRemovesVIPWhenVigilIsKilled(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "0")
+	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	if err := vigil.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the guard to remove the VIP", func() bool { return !hasVIP(t, p.A) })
+	waitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
+}
+
+// guardRunning reports whether a `vigil guard` process runs in ns.
+func guardRunning(t *testing.T, ns string) bool {
+	for _, pid := range strings.Fields(nstest.IP(t, "netns", "pids", ns)) {
+		b, _ := os.ReadFile("/proc/" + pid + "/cmdline")
+		if strings.Contains(string(b), "\x00guard\x00") {
+			return true
+		}
+	}
+	return false
 }
 
 func alive(pid int) bool {

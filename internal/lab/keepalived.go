@@ -47,6 +47,13 @@ func (l *Lab) startKeepalived(n *Node) error {
 	if err := os.WriteFile(conf, []byte(keepalivedConf(n, l.st.Settings.Impl == ImplKeepalivedTuned)), 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", conf, err)
 	}
+	// A reboot empties /run; a killed keepalived leaves its pid files, and
+	// a new one refuses to start if another process now has that pid.
+	for _, f := range []string{"keepalived.pid", "vrrp.pid"} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("remove stale %s: %w", f, err)
+		}
+	}
 	return l.start(n, roleKeepalived, "keepalived",
 		"--dont-fork", "--log-console", "--log-detail", "--vrrp", "--no-syslog",
 		"--use-file", conf,
