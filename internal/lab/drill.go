@@ -367,4 +367,3 @@ func waitAnswering(ctx context.Context, p *prober, avoid string, since time.Time
 	}
 	return time.Time{}, fmt.Errorf("no node answered on the VIP steadily within %v", recoverTimeout)
 }
-
