@@ -33,7 +33,7 @@ for set in $SETS; do
   echo "== $set: $(up_args "$set")"
   # shellcheck disable=SC2046
   $lab up --nodes 3 $(up_args "$set") >/dev/null
-  drills="kill-leader graceful partition-leader"
+  drills="kill-leader graceful partition-leader kill-daemon"
   case $set in vigil*) drills="$drills kill-etcd-leader" ;; esac
   for d in $drills; do
     $lab drill "$d" --count "$COUNT" --json > "$out/$set-$d.json" || true

@@ -132,6 +132,8 @@ func newDrillCmd(g *globals) *cobra.Command {
   partition-leader   cut the holder's link, leave it running; then reconnect it
   kill-etcd-leader   SIGKILL the etcd member leading raft (not on the VIP
                      holder); then restart it
+  kill-daemon        SIGKILL the holder's vigil (or keepalived) only; the node
+                     and its link stay up; then restart it
   mixed              all of the above in turn, --count drills in all
 
 The client namespace probes the VIP every 10 ms. Each drill prints the longest

@@ -43,7 +43,9 @@ etcd itself is electing a raft leader nobody can take the lock, so the holder
 keeps the VIP through etcd elections.
 
 On SIGTERM or SIGINT the VIP is removed first, then the lock is released so a
-peer takes over at once. etcd being unreachable at start is not an error (with
+peer takes over at once. If vigil is killed outright, a guard child process
+removes the VIP at once (--guard), and the kernel drops it when its refreshed
+lifetime runs out (--vip-lifetime). etcd being unreachable at start is not an error (with
 kubeadm it starts after vigil): vigil retries with backoff and never holds the
 VIP meanwhile.`,
 		Example: `  vigil run --vip 10.250.0.100/24 --interface eth0 --node-name cp1 \

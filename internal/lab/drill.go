@@ -17,6 +17,7 @@ const (
 	DrillGraceful        = "graceful"         // SIGTERM the holder's daemon
 	DrillPartitionLeader = "partition-leader" // cut the holder's port, leave it running
 	DrillKillEtcdLeader  = "kill-etcd-leader" // SIGKILL the etcd raft leader (not the holder)
+	DrillKillDaemon      = "kill-daemon"      // SIGKILL the holder's vigil or keepalived; the node stays up
 	probeInterval        = 10 * time.Millisecond
 	// settle is how long one node must have answered without a gap before
 	// the lab calls the VIP recovered.
@@ -31,7 +32,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
 
 // DrillsFor lists the drills that apply to an implementation: without etcd
 // there is no etcd leader to kill.
@@ -39,7 +40,7 @@ func DrillsFor(impl string) []string {
 	if impl == ImplVigil {
 		return Drills
 	}
-	return []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader}
+	return []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon}
 }
 
 // Result is one drill's outcome.
@@ -226,6 +227,12 @@ func (d *drillRun) inject(ctx context.Context, kind string) error {
 		return l.save()
 	case DrillKillEtcdLeader:
 		return l.signal(ctx, t, roleEtcd, syscall.SIGKILL, 5*time.Second)
+	case DrillKillDaemon:
+		if l.st.Settings.Impl == ImplVigil {
+			// Only vigil run: its guard process is what this drill tests.
+			return l.signal(ctx, t, roleVigil, syscall.SIGKILL, 5*time.Second)
+		}
+		return l.killComm(ctx, t, "keepalived") // parent and VRRP child
 	}
 	return fmt.Errorf("unknown drill %q", kind)
 }
@@ -248,7 +255,7 @@ func (d *drillRun) heal(ctx context.Context, kind string) error {
 			return err
 		}
 		d.setDead(t.Name, false)
-	case DrillGraceful:
+	case DrillGraceful, DrillKillDaemon:
 		if l.st.Settings.Impl == ImplVigil {
 			return l.startVigil(t)
 		}

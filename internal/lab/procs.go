@@ -124,6 +124,31 @@ func (l *Lab) killNode(ctx context.Context, n *Node) error {
 	return errors.Join(errs...)
 }
 
+// killComm SIGKILLs every process of the node's namespace whose command name
+// is comm, and waits for them to exit.
+func (l *Lab) killComm(ctx context.Context, n *Node, comm string) error {
+	pids, err := nsPIDs(ctx, nodeNS(n.Name))
+	if err != nil {
+		return err
+	}
+	var killed []int
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p))
+		if err == nil && strings.TrimSpace(string(b)) == comm {
+			killPID(p)
+			killed = append(killed, p)
+		}
+	}
+	if len(killed) == 0 {
+		return fmt.Errorf("no %s process on %s", comm, n.Name)
+	}
+	var errs []error
+	for _, p := range killed {
+		errs = append(errs, waitGone(ctx, p, 5*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
 func (l *Lab) nodeDir(n *Node) string { return filepath.Join(l.dir, n.Name) }
 
 func (l *Lab) statePath() string { return filepath.Join(l.dir, "state.json") }
