@@ -18,7 +18,9 @@ cmd=$(cat "$out/command" 2>/dev/null || echo "bash bench/failover/run.sh")
     for d in kill-leader graceful partition-leader kill-etcd-leader kill-daemon mixed; do
       f="$out/$set-$d.json"
       [ -s "$f" ] || continue
-      jq -r --arg set "$set" '.summary[] | "| \($set) | \(.drill) | \(.runs) | \(.medianMillis | round) | \(.minMillis | round) | \(.maxMillis | round) | \(.splitBrains) | \(.failed) |"' "$f"
+      label=$set
+      [ "$d" = mixed ] && label="$set (mixed run)"
+      jq -r --arg set "$label" '.summary[] | "| \($set) | \(.drill) | \(.runs) | \(.medianMillis | round) | \(.minMillis | round) | \(.maxMillis | round) | \(.splitBrains) | \(.failed) |"' "$f"
     done
   done
   echo
