@@ -29,5 +29,6 @@ func TestMain(m *testing.M) {
 		// Peer requests the hard-stopped member was serving when it died
 		// (vigil runs no HTTP server).
 		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
+		goleak.IgnoreTopFunction("net/http.(*connReader).backgroundRead"),
 	)
 }
