@@ -76,6 +76,7 @@ func TestValidate(t *testing.T) {
 		{"endpoint without scheme", func(c *Config) { c.EtcdEndpoints = []string{"10.0.0.1:2379"} }, ErrConfig},
 		{"cert without key", func(c *Config) { c.EtcdCert = exists }, ErrConfig},
 		{"missing ca file", func(c *Config) { c.EtcdCACert = filepath.Join(dir, "nope.crt") }, ErrConfig},
+		{"vip lifetime too short to refresh", func(c *Config) { c.VIPLifetime = 500 * time.Millisecond }, ErrConfig},
 		{"renew deadline not below lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, election.ErrInvalidConfig},
 		{"margin below 100ms", func(c *Config) { c.RenewDeadline = c.LeaseDuration - 50*time.Millisecond }, election.ErrInvalidConfig},
 	}

@@ -5,6 +5,7 @@ package etcdtest
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -39,10 +40,10 @@ func Config(t testing.TB, name string, clientPort, peerPort int, cluster string)
 	cfg := embed.NewConfig()
 	cfg.Name = name
 	cfg.Dir = t.TempDir()
-	cu := mustURL(fmt.Sprintf("http://127.0.0.1:%d", clientPort))
-	pu := mustURL(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []urlT{cu}, []urlT{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []urlT{pu}, []urlT{pu}
+	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
+	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
 	cfg.InitialCluster = cluster
 	cfg.InitialClusterToken = "etcdtest"
 	cfg.LogLevel = "error"
