@@ -37,14 +37,21 @@ type EtcdConfig struct {
 // member so that every operation is sent through every member at once and the
 // first answer wins: a dead or cut-off member never delays an operation, and a
 // renewal reaches the raft leader through any member that can still reach it.
+//
+// The endpoints given are only a seed: every votersRefresh the lock reads the
+// member list and from then on talks to the client URLs the members
+// advertise, so members added or replaced later are reached without a
+// restart or a flag change.
 type EtcdLock struct {
-	key     string
-	members []*memberClient
-	log     *slog.Logger
+	key string
+	tls *tls.Config
+	log *slog.Logger
 
-	mu       sync.Mutex // guards voters and votersAt
+	mu       sync.Mutex // guards the fields below
+	members  []*memberClient
 	voters   map[uint64]string
 	votersAt time.Time
+	closed   bool
 }
 
 type memberClient struct {
@@ -69,30 +76,59 @@ func NewEtcdLock(cfg EtcdConfig, log *slog.Logger) (*EtcdLock, error) {
 	if key == "" {
 		key = DefaultEtcdKey
 	}
-	l := &EtcdLock{key: key, log: log}
+	l := &EtcdLock{key: key, tls: cfg.TLS, log: log}
 	for _, ep := range cfg.Endpoints {
-		cli, err := clientv3.New(clientv3.Config{
-			Endpoints:            []string{ep},
-			TLS:                  cfg.TLS,
-			DialTimeout:          2 * time.Second,
-			DialKeepAliveTime:    2 * time.Second,
-			DialKeepAliveTimeout: time.Second,
-			Logger:               zap.NewNop(),
-		})
+		m, err := l.dial(ep)
 		if err != nil {
 			l.Close()
-			return nil, fmt.Errorf("etcd client for %s: %w", ep, err)
+			return nil, err
 		}
-		l.members = append(l.members, &memberClient{endpoint: ep, cli: cli, maint: pb.NewMaintenanceClient(cli.ActiveConnection())})
+		l.members = append(l.members, m)
 	}
 	return l, nil
 }
 
+func (l *EtcdLock) dial(ep string) (*memberClient, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            []string{ep},
+		TLS:                  l.tls,
+		DialTimeout:          2 * time.Second,
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %s: %w", ep, err)
+	}
+	return &memberClient{endpoint: ep, cli: cli, maint: pb.NewMaintenanceClient(cli.ActiveConnection())}, nil
+}
+
 // Close closes every client. It is safe to call twice.
 func (l *EtcdLock) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
 	for _, m := range l.members {
 		_ = m.cli.Close() // closing an already closed client returns an error we do not care about
 	}
+	l.members = nil
+}
+
+// snapshot returns the current member clients.
+func (l *EtcdLock) snapshot() []*memberClient {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.members
+}
+
+// Endpoints returns the endpoints the lock currently talks to.
+func (l *EtcdLock) Endpoints() []string {
+	var eps []string
+	for _, m := range l.snapshot() {
+		eps = append(eps, m.endpoint)
+	}
+	sort.Strings(eps)
+	return eps
 }
 
 // Describe implements Lock.
@@ -100,7 +136,7 @@ func (l *EtcdLock) Describe() string { return "etcd:" + l.key }
 
 // Get implements Lock.
 func (l *EtcdLock) Get(ctx context.Context) (Observation, error) {
-	obs, err := fanOut(ctx, l.members, func(ctx context.Context, m *memberClient) (Observation, error) {
+	obs, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (Observation, error) {
 		resp, err := m.cli.Get(ctx, l.key)
 		if err != nil {
 			return Observation{}, fmt.Errorf("get %s via %s: %w", l.key, m.endpoint, err)
@@ -125,7 +161,7 @@ func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observatio
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)
 	}
-	obs, err := fanOut(ctx, l.members, func(ctx context.Context, m *memberClient) (Observation, error) {
+	obs, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (Observation, error) {
 		resp, err := m.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(l.key, string(val))).Else(clientv3.OpGet(l.key)).Commit()
 		if err != nil {
 			return Observation{}, fmt.Errorf("write %s via %s: %w", l.key, m.endpoint, err)
@@ -155,7 +191,7 @@ func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observatio
 // refused by the member (WithRequireLeader), and the watch restarted.
 func (l *EtcdLock) Watch(ctx context.Context, out chan<- Observation) {
 	var wg sync.WaitGroup
-	for _, m := range l.members {
+	for _, m := range l.snapshot() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -244,9 +280,10 @@ type memberStatus struct {
 // statusAll asks every member for its status in parallel and returns the
 // answers that arrived before ctx ended.
 func (l *EtcdLock) statusAll(ctx context.Context) []memberStatus {
-	ch := make(chan memberStatus, len(l.members))
+	members := l.snapshot()
+	ch := make(chan memberStatus, len(members))
 	var wg sync.WaitGroup
-	for _, m := range l.members {
+	for _, m := range members {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -273,21 +310,67 @@ func (l *EtcdLock) maybeRefreshVoters(ctx context.Context) {
 	if fresh {
 		return
 	}
-	resp, err := fanOut(ctx, l.members, func(ctx context.Context, m *memberClient) (*clientv3.MemberListResponse, error) {
+	resp, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.MemberListResponse, error) {
 		return m.cli.MemberList(ctx, clientv3.WithSerializable())
 	})
 	if err != nil {
 		return // keep the old list; a later operation tries again
 	}
 	voters := map[uint64]string{}
+	var urls []string
 	for _, mem := range resp.Members {
 		if !mem.IsLearner {
 			voters[mem.ID] = mem.Name
 		}
+		urls = append(urls, mem.ClientURLs...) // a member not started yet has none
 	}
 	l.mu.Lock()
 	l.voters, l.votersAt = voters, time.Now()
 	l.mu.Unlock()
+	if len(urls) > 0 {
+		l.follow(urls)
+	}
+}
+
+// follow makes the member clients match the client URLs the cluster
+// advertises: clients for new URLs are dialled, clients for URLs no member
+// advertises any more are closed.
+func (l *EtcdLock) follow(urls []string) {
+	want := map[string]bool{}
+	for _, u := range urls {
+		want[u] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	var keep []*memberClient
+	have := map[string]bool{}
+	for _, m := range l.members {
+		if want[m.endpoint] {
+			keep = append(keep, m)
+			have[m.endpoint] = true
+			continue
+		}
+		l.log.Info("etcd endpoint no longer advertised by any member; dropping it", "endpoint", m.endpoint)
+		_ = m.cli.Close() // an operation still using it fails like a dead member
+	}
+	for u := range want {
+		if have[u] {
+			continue
+		}
+		m, err := l.dial(u)
+		if err != nil {
+			l.log.Warn("cannot use etcd endpoint advertised by a member", "endpoint", u, "err", err)
+			continue
+		}
+		l.log.Info("new etcd endpoint advertised by a member", "endpoint", u)
+		keep = append(keep, m)
+	}
+	if len(keep) > 0 {
+		l.members = keep
+	}
 }
 
 // ShedRaftLeadership moves etcd raft leadership away from the member called

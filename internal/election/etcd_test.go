@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -329,4 +331,60 @@ func TestEtcdStartsLater(t *testing.T) {
 	}
 	defer e.Close()
 	tr.waitLeader(t, 15*time.Second, "")
+}
+
+// The endpoints given are a seed: the lock finds every member from one, and
+// drops a member that was removed.
+func TestEndpointsFollowMembership(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints[:1], Key: "/test/leader"}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]string(nil), c.Endpoints...)
+	sort.Strings(want)
+	if got := l.Endpoints(); !slices.Equal(got, want) {
+		t.Fatalf("endpoints from a one-member seed = %v, want every member %v", got, want)
+	}
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints[:1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	id := uint64(c.Members[2].Server.MemberID())
+	// etcd refuses removals until its members have been connected for a
+	// few seconds ("unhealthy cluster"); retry until it accepts.
+	waitFor(t, 20*time.Second, "etcd to accept the member removal", func() bool {
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		_, err := cli.MemberRemove(rctx, id)
+		return err == nil
+	})
+	l.mu.Lock()
+	l.votersAt = time.Time{} // do not wait for the next refresh
+	l.mu.Unlock()
+	if _, err := l.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Endpoints(); slices.Contains(got, c.Endpoints[2]) || len(got) != 2 {
+		t.Fatalf("endpoints after removing %s = %v", c.Endpoints[2], got)
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

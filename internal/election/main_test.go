@@ -22,13 +22,14 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 		goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
 		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		// Idle keep-alive connections of embedded etcd's peer transport to a
-		// member killed with HardStop; they belong to etcd, not to us.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		// Keep-alive connections of embedded etcd's peer transport to a
+		// member killed with HardStop or removed; they belong to etcd (vigil
+		// speaks no HTTP).
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 		// Peer requests the hard-stopped member was serving when it died
 		// (vigil runs no HTTP server).
 		goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-		goleak.IgnoreTopFunction("net/http.(*connReader).backgroundRead"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 	)
 }
