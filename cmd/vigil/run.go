@@ -76,7 +76,7 @@ VIP meanwhile.`,
 	host, _ := os.Hostname() // "" if unknown; Validate then asks for --node-name
 	f.StringVar(&cfg.NodeName, "node-name", host, "this node's name in the election; unique per control-plane node")
 	f.StringVar(&cfg.Election, "election", "etcd", "election backend: etcd")
-	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "comma-separated etcd client URLs")
+	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "comma-separated etcd client URLs to start from; vigil then follows the client URLs the members advertise")
 	f.StringVar(&cfg.EtcdCACert, "etcd-cacert", "", "CA bundle that signed the etcd server certificates")
 	f.StringVar(&cfg.EtcdCert, "etcd-cert", "", "etcd client certificate")
 	f.StringVar(&cfg.EtcdKey, "etcd-key", "", "etcd client key")
