@@ -1,0 +1,343 @@
+package health
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrInvalidConfig wraps every configuration error of this package.
+var ErrInvalidConfig = errors.New("health: invalid configuration")
+
+// Defaults. They bound how long a backend that stops answering keeps getting
+// new connections:
+//
+//   - refused (process dead, node up): the next check fails at once and the
+//     data path marks it dead on its first refused connection anyway, so
+//     within one interval plus fall-1 intervals: ≤ 0.8 s;
+//   - silent (node powered off, process hung): each check waits Timeout, so
+//     ≤ Interval + Fall*Timeout = 1.6 s.
+//
+// HAProxy's kubeadm recipe takes ~6 s, kube-vip's /version call every 5 s
+// up to 10 s. /readyz of a live API server answers in milliseconds; 600 ms
+// leaves room for a loaded one, and Fall 2 keeps a single lost check from
+// ejecting a backend.
+const (
+	DefaultPath     = "/readyz"
+	DefaultInterval = 400 * time.Millisecond
+	DefaultTimeout  = 600 * time.Millisecond
+	DefaultRise     = 2
+	DefaultFall     = 2
+)
+
+// Config configures a Checker.
+type Config struct {
+	// Path is requested with GET over HTTPS; 200 means healthy.
+	Path string
+	// Port overrides the backend's port for checks; 0 checks the port
+	// traffic goes to.
+	Port     int
+	Interval time.Duration
+	Timeout  time.Duration
+	Rise     int
+	Fall     int
+	// TLS verifies the backends' serving certificates (RootCAs), or skips
+	// verification (InsecureSkipVerify) in labs.
+	TLS *tls.Config
+	// OnChange is called on every change of a backend's State or Cause, one
+	// call at a time, in the order the changes happened. It must not call
+	// MarkDead.
+	OnChange func(Status)
+	// Metrics receives the checker's metrics; nil keeps them private.
+	Metrics prometheus.Registerer
+}
+
+// WithDefaults fills zero fields with the defaults.
+func (c Config) WithDefaults() Config {
+	if c.Path == "" {
+		c.Path = DefaultPath
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Rise == 0 {
+		c.Rise = DefaultRise
+	}
+	if c.Fall == 0 {
+		c.Fall = DefaultFall
+	}
+	return c
+}
+
+// Validate checks a config after WithDefaults.
+func (c Config) Validate() error {
+	if err := ValidatePath(c.Path); err != nil {
+		return err
+	}
+	switch {
+	case c.Port < 0 || c.Port > 65535:
+		return fmt.Errorf("%w: health check port %d is out of range 1-65535", ErrInvalidConfig, c.Port)
+	case c.Interval <= 0:
+		return fmt.Errorf("%w: health check interval %v must be positive", ErrInvalidConfig, c.Interval)
+	case c.Timeout <= 0:
+		return fmt.Errorf("%w: health check timeout %v must be positive", ErrInvalidConfig, c.Timeout)
+	case c.Rise < 1 || c.Fall < 1:
+		return fmt.Errorf("%w: health check rise %d and fall %d must be at least 1", ErrInvalidConfig, c.Rise, c.Fall)
+	}
+	return nil
+}
+
+// ValidatePath accepts an absolute URL path with an optional query, such as
+// /readyz or /readyz?exclude=etcd.
+func ValidatePath(p string) error {
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, " \t\r\n#") {
+		return fmt.Errorf("%w: health check path %q must be an absolute path such as /readyz", ErrInvalidConfig, p)
+	}
+	u, err := url.ParseRequestURI(p)
+	if err != nil || u.Host != "" || u.Scheme != "" {
+		return fmt.Errorf("%w: health check path %q must be an absolute path such as /readyz", ErrInvalidConfig, p)
+	}
+	return nil
+}
+
+// Checker health-checks a changing set of backends, one goroutine each.
+type Checker struct {
+	cfg    Config
+	log    *slog.Logger
+	client *http.Client
+	ctx    context.Context // parent of every probe; cancelled by Close
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+
+	notifyMu sync.Mutex // held across a state change and its OnChange call
+
+	mu     sync.Mutex // guards probes and each probe's tracker
+	probes map[string]*probe
+
+	checks *prometheus.CounterVec
+}
+
+type probe struct {
+	t      tracker
+	cancel context.CancelFunc
+}
+
+// New returns a checker with no backends.
+func New(cfg Config, log *slog.Logger) (*Checker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tc := cfg.TLS
+	if tc == nil {
+		tc = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	tr := &http.Transport{
+		// A fresh connection per check, as HAProxy does: a check must
+		// prove that the backend accepts connections now.
+		DisableKeepAlives:   true,
+		TLSClientConfig:     tc,
+		TLSHandshakeTimeout: cfg.Timeout,
+		Proxy:               nil, // never through an HTTP proxy from the environment
+		DialContext:         (&net.Dialer{Timeout: cfg.Timeout}).DialContext,
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	c := &Checker{
+		cfg:    cfg,
+		log:    log,
+		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		ctx:    ctx,
+		stop:   stop,
+		probes: map[string]*probe{},
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vigil_health_checks_total",
+			Help: "Health checks of API server backends, by result (ok, draining, dead).",
+		}, []string{"backend", "result"}),
+	}
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.Register(c.checks); err != nil {
+			stop()
+			return nil, fmt.Errorf("register health metrics: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Set makes the checked backends exactly backends (host:port each): new ones
+// are checked at once, removed ones are forgotten.
+func (c *Checker) Set(backends []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx.Err() != nil {
+		return
+	}
+	want := map[string]bool{}
+	for _, b := range backends {
+		want[b] = true
+		if _, ok := c.probes[b]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(c.ctx)
+		p := &probe{t: tracker{rise: c.cfg.Rise, fall: c.cfg.Fall, st: Status{Backend: b, Since: time.Now()}}, cancel: cancel}
+		c.probes[b] = p
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.loop(ctx, b)
+		}()
+	}
+	for b, p := range c.probes {
+		if !want[b] {
+			p.cancel()
+			delete(c.probes, b)
+			for _, r := range []string{"ok", "draining", "dead"} {
+				c.checks.DeleteLabelValues(b, r)
+			}
+		}
+	}
+}
+
+// MarkDead takes a backend down at once; the data path calls it when a
+// connection to the backend was refused or timed out.
+func (c *Checker) MarkDead(backend string, err error) {
+	c.change(backend, func(t *tracker, now time.Time) bool { return t.markDead(err.Error(), now) })
+}
+
+// Status returns the status of one backend.
+func (c *Checker) Status(backend string) (Status, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.probes[backend]
+	if !ok {
+		return Status{}, false
+	}
+	return p.t.st, true
+}
+
+// Statuses returns every backend's status, sorted by backend.
+func (c *Checker) Statuses() []Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Status, 0, len(c.probes))
+	for _, p := range c.probes {
+		out = append(out, p.t.st)
+	}
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Backend, b.Backend) })
+	return out
+}
+
+// Close stops every check and waits for them. It is safe to call twice.
+func (c *Checker) Close() {
+	c.stop()
+	c.wg.Wait()
+}
+
+func (c *Checker) loop(ctx context.Context, backend string) {
+	next := time.NewTimer(0)
+	defer next.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-next.C:
+		}
+		start := time.Now()
+		r := c.check(ctx, backend)
+		if ctx.Err() != nil {
+			return
+		}
+		c.checks.WithLabelValues(backend, resultLabel(r.cause)).Inc()
+		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })
+		// The next check starts one interval after this one started, or at
+		// once if this one took longer (a timed-out check).
+		next.Reset(max(0, c.cfg.Interval-time.Since(start)))
+	}
+}
+
+// change applies f to a backend's tracker and reports a change to OnChange.
+func (c *Checker) change(backend string, f func(*tracker, time.Time) bool) {
+	c.notifyMu.Lock()
+	defer c.notifyMu.Unlock()
+	c.mu.Lock()
+	p, ok := c.probes[backend]
+	if !ok {
+		c.mu.Unlock()
+		return // removed meanwhile
+	}
+	changed := f(&p.t, time.Now())
+	st := p.t.st
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	if st.State == Down {
+		c.log.Warn("backend down", "backend", backend, "cause", st.Cause.String(), "err", st.LastError)
+	} else {
+		c.log.Info("backend "+st.State.String(), "backend", backend)
+	}
+	if c.cfg.OnChange != nil {
+		c.cfg.OnChange(st)
+	}
+}
+
+// check runs one health check.
+func (c *Checker) check(ctx context.Context, backend string) result {
+	host, port, err := net.SplitHostPort(backend)
+	if err != nil {
+		return result{cause: Dead, err: err.Error()}
+	}
+	if c.cfg.Port != 0 {
+		port = strconv.Itoa(c.cfg.Port)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(host, port)+c.cfg.Path, nil)
+	if err != nil {
+		return result{cause: Dead, err: err.Error()}
+	}
+	req.Header.Set("User-Agent", "vigil-health")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is the backend; logs say so already
+		}
+		return result{cause: Dead, err: err.Error()}
+	}
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if err != nil {
+		return result{cause: Dead, err: "read " + c.cfg.Path + ": " + err.Error()}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return result{cause: Draining, err: fmt.Sprintf("GET %s: HTTP %d", c.cfg.Path, resp.StatusCode)}
+	}
+	return result{}
+}
+
+func resultLabel(c Cause) string {
+	switch c {
+	case Draining:
+		return "draining"
+	case Dead:
+		return "dead"
+	default:
+		return "ok"
+	}
+}

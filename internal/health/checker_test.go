@@ -1,0 +1,204 @@
+package health
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// apiserver is a stand-in /readyz server whose answer a test switches.
+type apiserver struct {
+	srv  *httptest.Server
+	mode atomic.Value // "ok", "503", "hang"
+	hang chan struct{}
+}
+
+func newAPIServer(t *testing.T) *apiserver {
+	a := &apiserver{hang: make(chan struct{})}
+	a.mode.Store("ok")
+	a.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		switch a.mode.Load().(string) {
+		case "503":
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		case "hang":
+			select {
+			case <-a.hang:
+			case <-r.Context().Done():
+			}
+		default:
+			_, _ = w.Write([]byte("ok"))
+		}
+	}))
+	t.Cleanup(func() {
+		close(a.hang)
+		a.srv.Close()
+	})
+	return a
+}
+
+func (a *apiserver) backend() string { return strings.TrimPrefix(a.srv.URL, "https://") }
+
+func (a *apiserver) tls() *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(a.srv.Certificate())
+	return &tls.Config{RootCAs: pool}
+}
+
+// changes records OnChange calls.
+type changes struct {
+	mu  sync.Mutex
+	all []Status
+}
+
+func (c *changes) add(s Status) {
+	c.mu.Lock()
+	c.all = append(c.all, s)
+	c.mu.Unlock()
+}
+
+func (c *changes) last(backend string) (Status, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.all) - 1; i >= 0; i-- {
+		if c.all[i].Backend == backend {
+			return c.all[i], true
+		}
+	}
+	return Status{}, false
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < d {
+		if cond() {
+			return time.Since(start)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %v waiting for %s", d, what)
+	return 0
+}
+
+func newChecker(t *testing.T, cfg Config) (*Checker, *changes) {
+	t.Helper()
+	ch := &changes{}
+	cfg.OnChange = ch.add
+	c, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, ch
+}
+
+func TestCheckerFollowsBackendHealth(t *testing.T) {
+	a := newAPIServer(t)
+	b := a.backend()
+	c, ch := newChecker(t, Config{TLS: a.tls()})
+	c.Set([]string{b})
+	state := func(s State, cause Cause) func() bool {
+		return func() bool { st, ok := ch.last(b); return ok && st.State == s && st.Cause == cause }
+	}
+	waitFor(t, 2*time.Second, "up", state(Up, NoCause))
+
+	a.mode.Store("503")
+	waitFor(t, 3*time.Second, "draining", state(Down, Draining))
+	if st, _ := c.Status(b); !strings.Contains(st.LastError, "503") {
+		t.Errorf("LastError = %q, want the HTTP status", st.LastError)
+	}
+	a.mode.Store("ok")
+	waitFor(t, 3*time.Second, "up again", state(Up, NoCause))
+
+	// A hung server is dead: no answer within the timeout. Generous bound;
+	// the defaults give at most interval + fall*timeout = 1.6 s.
+	a.mode.Store("hang")
+	took := waitFor(t, 5*time.Second, "dead after hanging", state(Down, Dead))
+	t.Logf("hung backend ejected after %v", took)
+	a.mode.Store("ok")
+	waitFor(t, 3*time.Second, "up after hang", state(Up, NoCause))
+
+	// A closed server (refused connections) is dead.
+	a.srv.Close()
+	took = waitFor(t, 5*time.Second, "dead after close", state(Down, Dead))
+	t.Logf("closed backend ejected after %v", took)
+}
+
+func TestCheckerWrongCAIsDead(t *testing.T) {
+	a := newAPIServer(t)
+	c, ch := newChecker(t, Config{TLS: &tls.Config{RootCAs: x509.NewCertPool()}}) // trusts no CA
+	c.Set([]string{a.backend()})
+	waitFor(t, 3*time.Second, "dead", func() bool { st, ok := ch.last(a.backend()); return ok && st.Cause == Dead })
+	st, _ := c.Status(a.backend())
+	if !strings.Contains(st.LastError, "certificate") {
+		t.Errorf("LastError = %q, want a certificate error", st.LastError)
+	}
+}
+
+func TestCheckerHealthPortAndInsecure(t *testing.T) {
+	a := newAPIServer(t)
+	p := a.srv.Listener.Addr().(*net.TCPAddr).Port
+	// Traffic goes to port 1 (nothing there); checks go to the server.
+	c, ch := newChecker(t, Config{Port: p, TLS: &tls.Config{InsecureSkipVerify: true}})
+	c.Set([]string{"127.0.0.1:1"})
+	waitFor(t, 3*time.Second, "up via the health port", func() bool { st, ok := ch.last("127.0.0.1:1"); return ok && st.State == Up })
+}
+
+func TestCheckerMarkDeadAndSet(t *testing.T) {
+	a, b := newAPIServer(t), newAPIServer(t)
+	c, ch := newChecker(t, Config{TLS: &tls.Config{InsecureSkipVerify: true}, Interval: time.Hour}) // only the first check runs
+	c.Set([]string{a.backend(), b.backend()})
+	waitFor(t, 3*time.Second, "both up", func() bool {
+		s1, ok1 := ch.last(a.backend())
+		s2, ok2 := ch.last(b.backend())
+		return ok1 && ok2 && s1.State == Up && s2.State == Up
+	})
+	c.MarkDead(a.backend(), errors.New("connection refused"))
+	if st, _ := ch.last(a.backend()); st.State != Down || st.Cause != Dead {
+		t.Fatalf("after MarkDead: %v", st)
+	}
+	c.Set([]string{b.backend()})
+	if _, ok := c.Status(a.backend()); ok {
+		t.Fatal("removed backend still has a status")
+	}
+	c.MarkDead(a.backend(), errors.New("late")) // no effect, no panic
+	if got := c.Statuses(); len(got) != 1 || got[0].Backend != b.backend() {
+		t.Fatalf("Statuses = %v", got)
+	}
+	c.Close()
+	c.Close() // twice is fine
+	c.Set([]string{a.backend()})
+	if len(c.Statuses()) != 1 {
+		t.Fatal("Set after Close started a probe")
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Path: "readyz"},
+		{Port: 70000},
+		{Interval: -1},
+		{Rise: -1},
+	} {
+		if _, err := New(cfg, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package health
+
+import (
+	"testing"
+	"time"
+)
+
+func TestTracker(t *testing.T) {
+	ok := result{}
+	dead := result{cause: Dead, err: "connection refused"}
+	drain := result{cause: Draining, err: "HTTP 503"}
+	type step struct {
+		r         result
+		markDead  bool
+		want      State
+		wantCause Cause
+		changed   bool
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"first success is enough", []step{{r: ok, want: Up, changed: true}}},
+		{"first failure takes an unknown backend down", []step{{r: dead, want: Down, wantCause: Dead, changed: true}}},
+		{"up needs fall failures", []step{
+			{r: ok, want: Up, changed: true},
+			{r: dead, want: Up},
+			{r: dead, want: Down, wantCause: Dead, changed: true},
+		}},
+		{"a success in between resets the fall count", []step{
+			{r: ok, want: Up, changed: true},
+			{r: dead, want: Up},
+			{r: ok, want: Up},
+			{r: dead, want: Up},
+			{r: ok, want: Up},
+		}},
+		{"down needs rise successes", []step{
+			{r: dead, want: Down, wantCause: Dead, changed: true},
+			{r: ok, want: Down, wantCause: Dead},
+			{r: ok, want: Up, changed: true},
+		}},
+		{"draining then dead changes the cause", []step{
+			{r: ok, want: Up, changed: true},
+			{r: drain, want: Up},
+			{r: drain, want: Down, wantCause: Draining, changed: true},
+			{r: drain, want: Down, wantCause: Draining},
+			{r: dead, want: Down, wantCause: Dead, changed: true},
+		}},
+		{"mark dead is immediate", []step{
+			{r: ok, want: Up, changed: true},
+			{markDead: true, want: Down, wantCause: Dead, changed: true},
+			{markDead: true, want: Down, wantCause: Dead},
+			{r: ok, want: Down, wantCause: Dead},
+			{r: ok, want: Up, changed: true},
+		}},
+		{"mark dead turns draining into dead", []step{
+			{r: drain, want: Down, wantCause: Draining, changed: true},
+			{markDead: true, want: Down, wantCause: Dead, changed: true},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := tracker{rise: 2, fall: 2, st: Status{Backend: "b"}}
+			now := time.Unix(1000, 0)
+			for i, s := range tc.steps {
+				now = now.Add(time.Second)
+				var changed bool
+				if s.markDead {
+					changed = tr.markDead("refused", now)
+				} else {
+					changed = tr.observe(s.r, now)
+				}
+				if tr.st.State != s.want || tr.st.Cause != s.wantCause || changed != s.changed {
+					t.Fatalf("step %d: state %v cause %v changed %v, want %v %v %v", i, tr.st.State, tr.st.Cause, changed, s.want, s.wantCause, s.changed)
+				}
+			}
+		})
+	}
+}
+
+func TestTrackerFailingSince(t *testing.T) {
+	tr := tracker{rise: 2, fall: 2}
+	t0 := time.Unix(1000, 0)
+	tr.observe(result{}, t0)
+	if !tr.st.FailingSince.IsZero() {
+		t.Fatal("FailingSince set after a success")
+	}
+	tr.observe(result{cause: Dead}, t0.Add(time.Second))
+	tr.observe(result{cause: Dead}, t0.Add(2*time.Second))
+	if got := tr.st.FailingSince; !got.Equal(t0.Add(time.Second)) {
+		t.Fatalf("FailingSince = %v, want the first failure", got)
+	}
+	tr.observe(result{}, t0.Add(3*time.Second))
+	if !tr.st.FailingSince.IsZero() {
+		t.Fatal("FailingSince kept after a success")
+	}
+}
+
+func TestValidatePath(t *testing.T) {
+	for _, p := range []string{"/readyz", "/readyz?exclude=etcd", "/livez", "/"} {
+		if err := ValidatePath(p); err != nil {
+			t.Errorf("ValidatePath(%q) = %v", p, err)
+		}
+	}
+	for _, p := range []string{"", "readyz", "//evil/readyz", "/ready z", "http://x/readyz", "/readyz#frag", "/a\nb"} {
+		if err := ValidatePath(p); err == nil {
+			t.Errorf("ValidatePath(%q) accepted", p)
+		}
+	}
+}

@@ -1,0 +1,417 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vigil-ha/vigil/internal/health"
+)
+
+// Errors.
+var (
+	ErrInvalidConfig = errors.New("lb: invalid configuration")
+	// ErrPortInUse: something else listens on the VIP's port already; with
+	// kubeadm that is a kube-apiserver bound to 0.0.0.0.
+	ErrPortInUse = errors.New("lb: port in use")
+)
+
+// Defaults.
+const (
+	// DefaultDialTimeout bounds a connection attempt to one backend. A live
+	// API server on the same L2 segment answers a SYN in well under a
+	// millisecond; a second leaves room for a busy one, and a silent backend
+	// (powered off) costs one second before the next one is tried.
+	DefaultDialTimeout = time.Second
+	// DefaultAttempts is how many backends one client connection may try.
+	DefaultAttempts = 3
+	// DefaultDrainTimeout bounds how long connections to a draining backend
+	// (answering, but failing /readyz) are left to finish. kube-apiserver's
+	// --shutdown-delay-duration is typically up to 70 s in managed clusters,
+	// and the server closes its connections itself when it exits.
+	DefaultDrainTimeout = 90 * time.Second
+)
+
+// Config configures a Balancer.
+type Config struct {
+	// Listen is the address the balancer accepts on, VIP:port.
+	Listen string
+	Policy Policy
+	// FreeBind lets the listener bind the VIP while this node does not hold
+	// it (IP_FREEBIND), so it is open, and any port conflict found, before
+	// the node ever leads.
+	FreeBind     bool
+	DialTimeout  time.Duration
+	Attempts     int
+	DrainTimeout time.Duration
+	// Dial connects to a backend; nil uses net.Dialer.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// OnDialError is told about every failed connection attempt to a
+	// backend (passive health checking: the checker marks it dead).
+	OnDialError func(backend string, err error)
+	// Metrics receives the balancer's metrics; nil keeps them private.
+	Metrics prometheus.Registerer
+}
+
+// Balancer forwards TCP connections to usable backends. TLS passes through
+// untouched: clients verify the API server's own certificate, whose SANs must
+// include the VIP (kubeadm: controlPlaneEndpoint or apiServer.certSANs).
+type Balancer struct {
+	cfg Config
+	log *slog.Logger
+	ln  net.Listener
+	m   *metrics
+
+	mu      sync.Mutex // guards pool, drains, closed and noBackendLogged
+	pool    *pool
+	drains  map[string]*time.Timer
+	closed  bool
+	lastNoB time.Time
+
+	wg sync.WaitGroup // connection goroutines
+}
+
+// proxyConn is one client connection and its backend connection.
+type proxyConn struct {
+	client, server net.Conn
+	once           sync.Once
+}
+
+func (c *proxyConn) close() {
+	c.once.Do(func() {
+		c.client.Close()
+		c.server.Close()
+	})
+}
+
+// New validates cfg and opens the listener; the balancer forwards nothing
+// until Run is called and a backend is usable.
+func New(cfg Config, log *slog.Logger) (*Balancer, error) {
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.Attempts == 0 {
+		cfg.Attempts = DefaultAttempts
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = (&net.Dialer{}).DialContext
+	}
+	if cfg.DialTimeout < 0 || cfg.Attempts < 1 || cfg.DrainTimeout < 0 {
+		return nil, fmt.Errorf("%w: dial timeout, attempts and drain timeout must be positive", ErrInvalidConfig)
+	}
+	host, port, err := net.SplitHostPort(cfg.Listen)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", ErrInvalidConfig, cfg.Listen)
+	}
+	ln, err := listen(cfg.Listen, cfg.FreeBind)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("%w: cannot listen on %s: something already listens on port %s of all or this address. "+
+				"If it is kube-apiserver bound to 0.0.0.0, start it with --bind-address set to the node's own IP, "+
+				"or give vigil another --lb-port (such as 8443) and use that in controlPlaneEndpoint", ErrPortInUse, cfg.Listen, port)
+		}
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	b := &Balancer{
+		cfg:    cfg,
+		log:    log.With("listen", cfg.Listen),
+		ln:     ln,
+		pool:   newPool(cfg.Policy),
+		drains: map[string]*time.Timer{},
+		m:      newMetrics(),
+	}
+	if cfg.Metrics != nil {
+		if err := b.m.register(cfg.Metrics); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// Addr is the listener's address.
+func (b *Balancer) Addr() net.Addr { return b.ln.Addr() }
+
+// Run accepts and forwards connections until ctx is cancelled, then closes
+// the listener and every connection and waits for them.
+func (b *Balancer) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { b.ln.Close() })
+	defer stop()
+	b.log.Info("load balancer listening", "policy", b.cfg.Policy.String())
+	var backoff time.Duration
+	for {
+		c, err := b.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				break
+			}
+			// Out of file descriptors and the like: slow down, go on.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			b.log.Warn("accept failed", "err", err, "retry_in", backoff)
+			if !sleep(ctx, backoff) {
+				break
+			}
+			continue
+		}
+		backoff = 0
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			b.serve(ctx, c)
+		}()
+	}
+	b.mu.Lock()
+	b.closed = true
+	for _, t := range b.drains {
+		t.Stop()
+	}
+	b.mu.Unlock()
+	b.CloseAll("load balancer stopping")
+	b.wg.Wait()
+	return nil
+}
+
+// SetBackends makes the backend set exactly addrs (host:port each). New
+// backends take traffic once Update reports them up; connections to removed
+// ones are closed at once so their clients reconnect to a member that is
+// still in the cluster.
+func (b *Balancer) SetBackends(addrs []string) {
+	b.mu.Lock()
+	removed := b.pool.set(addrs)
+	var conns []*proxyConn
+	for _, be := range removed {
+		for c := range be.conns {
+			conns = append(conns, c)
+		}
+		if t := b.drains[be.addr]; t != nil {
+			t.Stop()
+			delete(b.drains, be.addr)
+		}
+		b.m.forget(be.addr)
+		b.log.Info("backend removed", "backend", be.addr, "closing", len(be.conns))
+	}
+	b.m.usable.Set(float64(b.pool.usableCount()))
+	b.m.known.Set(float64(len(b.pool.m)))
+	b.mu.Unlock()
+	closeAll(conns)
+}
+
+// Update applies a health change of one backend: up takes new connections;
+// down takes none; dead also closes its connections at once, draining
+// closes them only after the drain timeout.
+func (b *Balancer) Update(st health.Status) {
+	b.mu.Lock()
+	be, ok := b.pool.m[st.Backend]
+	if !ok || b.closed {
+		b.mu.Unlock()
+		return
+	}
+	be.usable = st.State == health.Up
+	b.m.backendUp.WithLabelValues(be.addr).Set(boolFloat(be.usable))
+	b.m.usable.Set(float64(b.pool.usableCount()))
+	if t := b.drains[be.addr]; t != nil && (be.usable || st.Cause == health.Dead) {
+		t.Stop()
+		delete(b.drains, be.addr)
+	}
+	var conns []*proxyConn
+	switch {
+	case st.State == health.Down && st.Cause == health.Dead:
+		for c := range be.conns {
+			conns = append(conns, c)
+		}
+	case st.State == health.Down && st.Cause == health.Draining && len(be.conns) > 0 && b.drains[be.addr] == nil:
+		addr := be.addr
+		b.drains[addr] = time.AfterFunc(b.cfg.DrainTimeout, func() { b.closeBackend(addr, "drain timeout") })
+		b.log.Info("backend draining; its connections may finish", "backend", addr, "connections", len(be.conns), "timeout", b.cfg.DrainTimeout)
+	}
+	b.mu.Unlock()
+	if len(conns) > 0 {
+		b.log.Info("closing connections to a dead backend", "backend", st.Backend, "connections", len(conns))
+		b.m.closed.WithLabelValues("backend_dead").Add(float64(len(conns)))
+		closeAll(conns)
+	}
+}
+
+// CloseAll closes every established connection. The daemon calls it when the
+// node loses the VIP: its clients' packets now reach another node, and the
+// connections here would only linger.
+func (b *Balancer) CloseAll(reason string) {
+	b.mu.Lock()
+	var conns []*proxyConn
+	for _, be := range b.pool.m {
+		for c := range be.conns {
+			conns = append(conns, c)
+		}
+	}
+	b.mu.Unlock()
+	if len(conns) > 0 {
+		b.log.Info("closing all proxied connections", "reason", reason, "connections", len(conns))
+	}
+	closeAll(conns)
+}
+
+// BackendInfo describes one backend for status output.
+type BackendInfo struct {
+	Address     string `json:"address"`
+	Usable      bool   `json:"usable"`
+	Connections int    `json:"connections"`
+}
+
+// Backends returns the current backends in round-robin order.
+func (b *Balancer) Backends() []BackendInfo {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]BackendInfo, 0, len(b.pool.order))
+	for _, a := range b.pool.order {
+		be := b.pool.m[a]
+		out = append(out, BackendInfo{Address: a, Usable: be.usable, Connections: len(be.conns)})
+	}
+	return out
+}
+
+func (b *Balancer) closeBackend(addr, reason string) {
+	b.mu.Lock()
+	delete(b.drains, addr)
+	be, ok := b.pool.m[addr]
+	var conns []*proxyConn
+	if ok && !be.usable {
+		for c := range be.conns {
+			conns = append(conns, c)
+		}
+	}
+	b.mu.Unlock()
+	if len(conns) > 0 {
+		b.log.Info("closing connections to a backend", "backend", addr, "reason", reason, "connections", len(conns))
+	}
+	closeAll(conns)
+}
+
+// serve forwards one client connection, trying up to Attempts backends.
+func (b *Balancer) serve(ctx context.Context, client net.Conn) {
+	tried := map[string]bool{}
+	for range b.cfg.Attempts {
+		b.mu.Lock()
+		be := b.pool.pick(tried)
+		b.mu.Unlock()
+		if be == nil {
+			break
+		}
+		tried[be.addr] = true
+		dctx, cancel := context.WithTimeout(ctx, b.cfg.DialTimeout)
+		server, err := b.cfg.Dial(dctx, "tcp", be.addr)
+		cancel()
+		if err != nil {
+			b.mu.Lock()
+			b.pool.done(be)
+			b.mu.Unlock()
+			if ctx.Err() != nil {
+				break
+			}
+			b.m.dialErrors.WithLabelValues(be.addr).Inc()
+			b.log.Debug("backend refused a connection; trying another", "backend", be.addr, "err", err)
+			if b.cfg.OnDialError != nil {
+				b.cfg.OnDialError(be.addr, err)
+			}
+			continue
+		}
+		b.proxy(be, &proxyConn{client: client, server: server})
+		return
+	}
+	b.m.rejected.Inc()
+	b.mu.Lock()
+	logIt := time.Since(b.lastNoB) > 5*time.Second
+	if logIt {
+		b.lastNoB = time.Now()
+	}
+	n := len(b.pool.m)
+	b.mu.Unlock()
+	if logIt && ctx.Err() == nil {
+		b.log.Warn("no usable backend; closing client connections (logged every 5s)", "backends_known", n, "client", client.RemoteAddr().String())
+	}
+	client.Close()
+}
+
+// proxy copies both ways until both sides are done or the pair is closed.
+func (b *Balancer) proxy(be *backend, pc *proxyConn) {
+	b.mu.Lock()
+	// The backend may have gone down or been removed while we dialled.
+	if b.closed || b.pool.m[be.addr] != be || !be.usable {
+		b.pool.done(be)
+		b.mu.Unlock()
+		pc.close()
+		return
+	}
+	be.conns[pc] = struct{}{}
+	b.m.active.WithLabelValues(be.addr).Inc()
+	b.m.accepted.WithLabelValues(be.addr).Inc()
+	b.mu.Unlock()
+
+	done := make(chan int64, 1)
+	go func() { done <- pipe(pc.server, pc.client, pc) }()
+	down := pipe(pc.client, pc.server, pc)
+	up := <-done
+	pc.close()
+	b.m.bytes.WithLabelValues("to_backend").Add(float64(up))
+	b.m.bytes.WithLabelValues("to_client").Add(float64(down))
+
+	b.mu.Lock()
+	delete(be.conns, pc)
+	b.pool.done(be)
+	b.m.active.WithLabelValues(be.addr).Dec()
+	b.mu.Unlock()
+}
+
+// pipe copies src to dst. On a clean end of src it half-closes dst, so the
+// other direction can finish (a client that shut down writing still reads
+// the answer); on an error it closes the pair, or the other direction could
+// wait forever on a peer that is gone. io.Copy between two *net.TCPConn
+// uses splice(2) on Linux: the bytes never enter user space.
+func pipe(dst, src net.Conn, pc *proxyConn) int64 {
+	n, err := io.Copy(dst, src)
+	if err != nil {
+		pc.close()
+		return n
+	}
+	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+		if cw.CloseWrite() == nil {
+			return n
+		}
+	}
+	pc.close()
+	return n
+}
+
+func closeAll(conns []*proxyConn) {
+	for _, c := range conns {
+		c.close()
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,370 @@
+package lb
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/vigil-ha/vigil/internal/health"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// tcpBackend greets each connection with its name and a newline, then echoes
+// (or, when hung, reads and never answers).
+type tcpBackend struct {
+	name string
+	ln   net.Listener
+	hang bool
+
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newBackend(t *testing.T, name string, hang bool) *tcpBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &tcpBackend{name: name, ln: ln, hang: hang}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.conns = append(b.conns, c)
+			b.mu.Unlock()
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				if b.hang {
+					_, _ = io.Copy(io.Discard, c)
+					return
+				}
+				if _, err := io.WriteString(c, b.name+"\n"); err != nil {
+					return
+				}
+				_, _ = io.Copy(c, c)
+				_ = c.(*net.TCPConn).CloseWrite()
+			}()
+		}
+	}()
+	t.Cleanup(b.kill)
+	return b
+}
+
+func (b *tcpBackend) addr() string { return b.ln.Addr().String() }
+
+// kill closes the listener and resets every connection, as a killed process.
+func (b *tcpBackend) kill() {
+	b.ln.Close()
+	b.mu.Lock()
+	for _, c := range b.conns {
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+type dialErrs struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (d *dialErrs) add(b string, _ error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seen == nil {
+		d.seen = map[string]int{}
+	}
+	d.seen[b]++
+}
+
+func (d *dialErrs) count(b string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seen[b]
+}
+
+// startLB runs a balancer on loopback over backends, all marked up.
+func startLB(t *testing.T, cfg Config, backends ...*tcpBackend) (*Balancer, *dialErrs) {
+	t.Helper()
+	errs := &dialErrs{}
+	cfg.Listen = "127.0.0.1:0"
+	cfg.OnDialError = errs.add
+	b, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addrs []string
+	for _, be := range backends {
+		addrs = append(addrs, be.addr())
+	}
+	b.SetBackends(addrs)
+	for _, a := range addrs {
+		b.Update(health.Status{Backend: a, State: health.Up})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return b, errs
+}
+
+// dial connects through the balancer and returns the conn and the name of
+// the backend that greeted it ("" for a hung backend or a closed conn).
+func dial(t *testing.T, b *Balancer, greet bool) (net.Conn, *bufio.Reader, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", b.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r := bufio.NewReader(c)
+	if !greet {
+		return c, r, ""
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	name, err := r.ReadString('\n')
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		return c, r, ""
+	}
+	return c, r, name[:len(name)-1]
+}
+
+// closedWithin reports how long until the server side closes c (a read
+// returns an error), failing the test after d.
+func closedWithin(t *testing.T, r *bufio.Reader, c net.Conn, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(d))
+	for {
+		_, err := r.ReadByte()
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("connection still open after %v", d)
+		}
+		return time.Since(start)
+	}
+}
+
+func TestForwardsAndBalances(t *testing.T) {
+	bes := []*tcpBackend{newBackend(t, "a", false), newBackend(t, "b", false), newBackend(t, "c", false)}
+	for _, policy := range []Policy{LeastConn, RoundRobin} {
+		t.Run(policy.String(), func(t *testing.T) {
+			b, _ := startLB(t, Config{Policy: policy}, bes...)
+			seen := map[string]int{}
+			var open []net.Conn
+			for range 9 { // kept open: least-conn must spread them evenly
+				c, _, name := dial(t, b, true)
+				seen[name]++
+				open = append(open, c)
+			}
+			for _, n := range []string{"a", "b", "c"} {
+				if seen[n] != 3 {
+					t.Fatalf("backend spread %v, want 3 each", seen)
+				}
+			}
+			for _, c := range open {
+				c.Close()
+			}
+		})
+	}
+	t.Run("bytes intact both ways", func(t *testing.T) {
+		b, _ := startLB(t, Config{}, bes...)
+		c, r, _ := dial(t, b, true)
+		payload := make([]byte, 4<<20)
+		_, _ = rand.Read(payload)
+		go func() {
+			_, _ = c.Write(payload)
+			_ = c.(*net.TCPConn).CloseWrite() // half-close: the echo must still come back
+		}()
+		got, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("echo differs: got %d bytes, want %d", len(got), len(payload))
+		}
+	})
+}
+
+func TestRefusedBackendRetriedElsewhere(t *testing.T) {
+	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
+	b, errs := startLB(t, Config{Policy: RoundRobin}, a, bb)
+	a.kill() // still marked up: the balancer learns from the refusal
+	for range 6 {
+		_, _, name := dial(t, b, true)
+		if name != "b" {
+			t.Fatalf("client got %q, want b (a refuses connections)", name)
+		}
+	}
+	if errs.count(a.addr()) == 0 {
+		t.Fatal("dial errors to the dead backend were not reported")
+	}
+}
+
+func TestDeadBackendConnectionsClosed(t *testing.T) {
+	hung := newBackend(t, "hung", true)
+	b, _ := startLB(t, Config{}, hung)
+	c, r, _ := dial(t, b, false)
+	_, _ = c.Write([]byte("hello?"))
+	time.Sleep(50 * time.Millisecond) // let the proxy connect
+	if got := b.Backends()[0].Connections; got != 1 {
+		t.Fatalf("connections = %d, want 1", got)
+	}
+	b.Update(health.Status{Backend: hung.addr(), State: health.Down, Cause: health.Dead})
+	took := closedWithin(t, r, c, 2*time.Second)
+	t.Logf("client connection closed %v after the backend was found dead", took)
+	waitConns(t, b, 0)
+}
+
+func TestBackendResetMidStream(t *testing.T) {
+	a := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{}, a)
+	c, r, name := dial(t, b, true)
+	if name != "a" {
+		t.Fatalf("greeted by %q", name)
+	}
+	a.kill()
+	closedWithin(t, r, c, 2*time.Second)
+	waitConns(t, b, 0)
+}
+
+func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
+	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
+	b, _ := startLB(t, Config{Policy: RoundRobin, DrainTimeout: 500 * time.Millisecond}, a, bb)
+	var ca net.Conn
+	var ra *bufio.Reader
+	for ca == nil {
+		c, r, name := dial(t, b, true)
+		if name == "a" {
+			ca, ra = c, r
+		}
+	}
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
+	for range 4 {
+		if _, _, name := dial(t, b, true); name != "b" {
+			t.Fatalf("new connection went to %q while a drains", name)
+		}
+	}
+	// The draining connection still works...
+	if _, err := ca.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = ca.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if line, err := ra.ReadString('\n'); err != nil || line != "x\n" {
+		t.Fatalf("draining connection: %q %v", line, err)
+	}
+	// ...until the drain timeout.
+	took := closedWithin(t, ra, ca, 3*time.Second)
+	t.Logf("draining connection closed after %v more", took)
+}
+
+func TestDrainingThenDeadClosesAtOnce(t *testing.T) {
+	a := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{DrainTimeout: time.Hour}, a)
+	c, r, _ := dial(t, b, true)
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Dead})
+	closedWithin(t, r, c, 2*time.Second)
+}
+
+func TestRemovedBackendAndCloseAll(t *testing.T) {
+	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
+	b, _ := startLB(t, Config{Policy: RoundRobin}, a, bb)
+	c1, r1, n1 := dial(t, b, true)
+	c2, r2, n2 := dial(t, b, true)
+	if n1 == n2 {
+		t.Fatalf("both connections went to %s", n1)
+	}
+	// Remove whichever backend c1 uses.
+	keep := bb.addr()
+	if n1 == "b" {
+		keep = a.addr()
+	}
+	b.SetBackends([]string{keep})
+	closedWithin(t, r1, c1, 2*time.Second)
+	// c2 stays until CloseAll.
+	if _, err := c2.Write([]byte("y\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c2.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if line, err := r2.ReadString('\n'); err != nil || line != "y\n" {
+		t.Fatalf("kept connection: %q %v", line, err)
+	}
+	b.CloseAll("test")
+	closedWithin(t, r2, c2, 2*time.Second)
+}
+
+func TestNoUsableBackendClosesClient(t *testing.T) {
+	a := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{}, a)
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
+	c, r, _ := dial(t, b, false)
+	closedWithin(t, r, c, 2*time.Second)
+	b.SetBackends(nil) // no backends at all: same, no panic
+	c, r, _ = dial(t, b, false)
+	closedWithin(t, r, c, 2*time.Second)
+}
+
+func TestNewErrors(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	log := slog.New(slog.DiscardHandler)
+	if _, err := New(Config{Listen: busy.Addr().String()}, log); !errors.Is(err, ErrPortInUse) {
+		t.Fatalf("listen on a busy port: %v, want ErrPortInUse", err)
+	}
+	for _, l := range []string{"", "6443", "127.0.0.1", ":6443"} {
+		if _, err := New(Config{Listen: l}, log); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(Listen %q) = %v, want ErrInvalidConfig", l, err)
+		}
+	}
+}
+
+func waitConns(t *testing.T, b *Balancer, want int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		n := 0
+		for _, be := range b.Backends() {
+			n += be.Connections
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections tracked, want %d", n, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
