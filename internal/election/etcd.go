@@ -449,3 +449,16 @@ func (m memberErrors) Error() string {
 }
 
 func (m memberErrors) Unwrap() []error { return m }
+
+// MemberList reads the member list through every member at once; the first
+// linearizable answer wins, so a member cut off from the raft leader cannot
+// serve a stale list.
+func (l *EtcdLock) MemberList(ctx context.Context) ([]*pb.Member, error) {
+	resp, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.MemberListResponse, error) {
+		return m.cli.MemberList(ctx)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("etcd member list: %w", err)
+	}
+	return resp.Members, nil
+}

@@ -21,6 +21,59 @@ type Cluster struct {
 	Endpoints []string
 	cfgs      []*embed.Config
 	stopped   []bool
+	distinct  bool
+}
+
+func (c *Cluster) host(i int) string {
+	if c.distinct {
+		return Host(i)
+	}
+	return "127.0.0.1"
+}
+
+// PeerURL returns member i's peer URL.
+func (c *Cluster) PeerURL(i int) string { return c.cfgs[i].AdvertisePeerUrls[0].String() }
+
+// NewMemberURLs picks the peer and client URLs for the member Add will start
+// next; the caller announces the peer URL with MemberAdd first.
+func (c *Cluster) NewMemberURLs() (peerURL, clientURL string) {
+	i := len(c.Members)
+	return fmt.Sprintf("http://%s:%d", c.host(i), FreePort(c.t)), fmt.Sprintf("http://%s:%d", c.host(i), FreePort(c.t))
+}
+
+// Add starts a member that MemberAdd already announced with peerURL; cluster
+// is the ETCD_INITIAL_CLUSTER MemberAdd's answer implies (name=peerURL,...
+// including the new member). It returns the new member's index.
+func (c *Cluster) Add(name, peerURL, clientURL, cluster string) int {
+	c.t.Helper()
+	pu, err := url.Parse(peerURL)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cu, err := url.Parse(clientURL)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg := hostConfig(c.t, name, pu.Hostname(), 0, 0, cluster)
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.ClusterState = embed.ClusterStateFlagExisting
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		c.t.Fatalf("start etcd member %s: %v", name, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		c.t.Fatalf("etcd member %s not ready", name)
+	}
+	c.Members = append(c.Members, e)
+	c.cfgs = append(c.cfgs, cfg)
+	c.stopped = append(c.stopped, false)
+	c.Names = append(c.Names, name)
+	c.Endpoints = append(c.Endpoints, clientURL)
+	return len(c.Members) - 1
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago.
@@ -34,14 +87,18 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// Config returns the configuration of member name with the given ports,
-// as part of cluster (name=peerURL,...).
+// Config returns the configuration of member name with the given ports on
+// 127.0.0.1, as part of cluster (name=peerURL,...).
 func Config(t testing.TB, name string, clientPort, peerPort int, cluster string) *embed.Config {
+	return hostConfig(t, name, "127.0.0.1", clientPort, peerPort, cluster)
+}
+
+func hostConfig(t testing.TB, name, host string, clientPort, peerPort int, cluster string) *embed.Config {
 	cfg := embed.NewConfig()
 	cfg.Name = name
 	cfg.Dir = t.TempDir()
-	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
-	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
+	cu := url.URL{Scheme: "http", Host: fmt.Sprintf("%s:%d", host, clientPort)}
+	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("%s:%d", host, peerPort)}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
 	cfg.InitialCluster = cluster
@@ -50,21 +107,37 @@ func Config(t testing.TB, name string, clientPort, peerPort int, cluster string)
 	return cfg
 }
 
-// Start runs an n-member cluster and stops it when the test ends.
+// Start runs an n-member cluster on 127.0.0.1 and stops it when the test
+// ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t}
+	return start(t, n, false)
+}
+
+// StartDistinct is Start with member i on its own loopback address,
+// 127.0.0.(11+i), like nodes with an address each; see Host.
+func StartDistinct(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return start(t, n, true)
+}
+
+// Host is the loopback address of the i-th member StartDistinct or Add
+// creates: 127.0.0.(11+i).
+func Host(i int) string { return fmt.Sprintf("127.0.0.%d", 11+i) }
+
+func start(t testing.TB, n int, distinct bool) *Cluster {
+	c := &Cluster{t: t, distinct: distinct}
 	clientPorts, peerPorts := make([]int, n), make([]int, n)
 	var initial []string
 	for i := 0; i < n; i++ {
 		clientPorts[i], peerPorts[i] = FreePort(t), FreePort(t)
 		name := fmt.Sprintf("m%d", i+1)
 		c.Names = append(c.Names, name)
-		initial = append(initial, fmt.Sprintf("%s=http://127.0.0.1:%d", name, peerPorts[i]))
-		c.Endpoints = append(c.Endpoints, fmt.Sprintf("http://127.0.0.1:%d", clientPorts[i]))
+		initial = append(initial, fmt.Sprintf("%s=http://%s:%d", name, c.host(i), peerPorts[i]))
+		c.Endpoints = append(c.Endpoints, fmt.Sprintf("http://%s:%d", c.host(i), clientPorts[i]))
 	}
 	for i := 0; i < n; i++ {
-		cfg := Config(t, c.Names[i], clientPorts[i], peerPorts[i], strings.Join(initial, ","))
+		cfg := hostConfig(t, c.Names[i], c.host(i), clientPorts[i], peerPorts[i], strings.Join(initial, ","))
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
 			c.Close()

@@ -1,0 +1,201 @@
+// Package discovery finds the API servers to balance across, from the
+// cluster itself rather than from a list typed on every node.
+//
+// Source: the etcd member list. On a kubeadm control plane every member
+// runs next to a kube-apiserver, so each member's advertised client URL host
+// plus the API server port is a backend. The list is re-read every Interval
+// (etcd has no watch on membership); a member added, removed or replaced is
+// reflected within one interval, on every node, with no flag changed. Static
+// backends (--backend) serve only until the first successful read: they are
+// for bootstrap, not a second source of truth.
+//
+// More sources (the kubernetes Service's EndpointSlices) plug in as further
+// Sources whose results are merged.
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+)
+
+// ErrInvalidConfig wraps every configuration error of this package.
+var ErrInvalidConfig = errors.New("discovery: invalid configuration")
+
+// DefaultInterval is how often the member list is read. Membership changes
+// are rare and deliberate; two seconds makes a change visible "within
+// seconds" at the cost of one linearizable read per node every two seconds.
+const DefaultInterval = 2 * time.Second
+
+// MemberLister reads the etcd member list (election.EtcdLock does).
+type MemberLister interface {
+	MemberList(ctx context.Context) ([]*pb.Member, error)
+}
+
+// Config configures a Discovery.
+type Config struct {
+	Members MemberLister
+	// Port is the API server port added to each member's host.
+	Port int
+	// Static backends (host:port) are used until the member list was read.
+	Static   []string
+	Interval time.Duration
+	// OnChange gets the new backend set, sorted, each time it changes. It is
+	// called from Run's goroutine.
+	OnChange func([]string)
+}
+
+// Discovery keeps the backend set current.
+type Discovery struct {
+	cfg   Config
+	log   *slog.Logger
+	poke  chan struct{}
+	mu    sync.Mutex // guards cur
+	cur   []string
+	found bool // the member list was read at least once
+}
+
+// New validates cfg.
+func New(cfg Config, log *slog.Logger) (*Discovery, error) {
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Port < 1 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("%w: backend port %d is out of range 1-65535", ErrInvalidConfig, cfg.Port)
+	}
+	for _, s := range cfg.Static {
+		if _, err := netip.ParseAddrPort(s); err != nil {
+			if host, port, err := net.SplitHostPort(s); err != nil || host == "" || !validPort(port) {
+				return nil, fmt.Errorf("%w: backend %q must be HOST:PORT", ErrInvalidConfig, s)
+			}
+		}
+	}
+	if cfg.Members == nil && len(cfg.Static) == 0 {
+		return nil, fmt.Errorf("%w: no source of backends (neither etcd nor --backend)", ErrInvalidConfig)
+	}
+	return &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1)}, nil
+}
+
+// Backends returns the current set.
+func (d *Discovery) Backends() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.cur)
+}
+
+// Refresh asks Run to read the member list now, for callers that just
+// changed it (a member removal must take its backend away at once).
+func (d *Discovery) Refresh() {
+	select {
+	case d.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run publishes the static set, then follows the member list until ctx is
+// cancelled. Read failures keep the last set (an etcd outage must not empty
+// the load balancer) and are logged once per outage.
+func (d *Discovery) Run(ctx context.Context) error {
+	if len(d.cfg.Static) > 0 {
+		st := slices.Clone(d.cfg.Static)
+		slices.Sort(st)
+		d.publish(slices.Compact(st), "static bootstrap backends")
+	}
+	if d.cfg.Members == nil {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var failing bool
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-d.poke:
+		}
+		rctx, cancel := context.WithTimeout(ctx, d.cfg.Interval)
+		members, err := d.cfg.Members.MemberList(rctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			if !failing {
+				d.log.Warn("cannot read the etcd member list; keeping the last backends", "err", err)
+				failing = true
+			}
+		default:
+			if failing {
+				d.log.Info("etcd member list readable again")
+				failing = false
+			}
+			if b := FromMembers(members, d.cfg.Port); len(b) > 0 {
+				d.publish(b, "etcd member list")
+			}
+		}
+		t.Reset(d.cfg.Interval)
+	}
+}
+
+func (d *Discovery) publish(b []string, source string) {
+	d.mu.Lock()
+	if d.found && slices.Equal(b, d.cur) {
+		d.mu.Unlock()
+		return
+	}
+	d.found = true
+	d.cur = b
+	d.mu.Unlock()
+	d.log.Info("backends", "source", source, "backends", b)
+	if d.cfg.OnChange != nil {
+		d.cfg.OnChange(slices.Clone(b))
+	}
+}
+
+// FromMembers turns a member list into backends: the host of each member's
+// client URLs with port. A member that advertises a loopback URL next to a
+// routable one contributes only the routable one; a member not started yet
+// (no client URLs) contributes nothing.
+func FromMembers(members []*pb.Member, port int) []string {
+	var out []string
+	for _, m := range members {
+		var hosts, loop []string
+		for _, cu := range m.ClientURLs {
+			u, err := url.Parse(cu)
+			if err != nil || u.Hostname() == "" {
+				continue
+			}
+			h := u.Hostname()
+			if a, err := netip.ParseAddr(h); (err == nil && a.IsLoopback()) || h == "localhost" {
+				loop = append(loop, h)
+				continue
+			}
+			hosts = append(hosts, h)
+		}
+		if len(hosts) == 0 {
+			hosts = loop
+		}
+		for _, h := range hosts {
+			out = append(out, net.JoinHostPort(h, strconv.Itoa(port)))
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
+}

@@ -1,0 +1,195 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+func TestFromMembers(t *testing.T) {
+	cases := []struct {
+		name    string
+		members []*pb.Member
+		want    []string
+	}{
+		{"one url each", []*pb.Member{
+			{ClientURLs: []string{"https://10.0.0.12:2379"}},
+			{ClientURLs: []string{"https://10.0.0.11:2379"}},
+		}, []string{"10.0.0.11:6443", "10.0.0.12:6443"}},
+		{"loopback dropped next to a routable url", []*pb.Member{
+			{ClientURLs: []string{"https://127.0.0.1:2379", "https://10.0.0.11:2379"}},
+		}, []string{"10.0.0.11:6443"}},
+		{"loopback only is kept", []*pb.Member{
+			{ClientURLs: []string{"http://127.0.0.1:2379"}},
+		}, []string{"127.0.0.1:6443"}},
+		{"unstarted member has no urls", []*pb.Member{
+			{Name: "", PeerURLs: []string{"https://10.0.0.14:2380"}},
+			{ClientURLs: []string{"https://10.0.0.11:2379"}},
+		}, []string{"10.0.0.11:6443"}},
+		{"ipv6 and names", []*pb.Member{
+			{ClientURLs: []string{"https://[fd00::11]:2379"}},
+			{ClientURLs: []string{"https://cp2.example:2379"}},
+		}, []string{"[fd00::11]:6443", "cp2.example:6443"}},
+		{"duplicates and garbage", []*pb.Member{
+			{ClientURLs: []string{"https://10.0.0.11:2379", "https://10.0.0.11:4001", "::bad"}},
+		}, []string{"10.0.0.11:6443"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if d := cmp.Diff(tc.want, FromMembers(tc.members, 6443)); d != "" {
+				t.Fatal(d)
+			}
+		})
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for _, cfg := range []Config{
+		{Port: 0, Static: []string{"10.0.0.1:6443"}},
+		{Port: 70000, Static: []string{"10.0.0.1:6443"}},
+		{Port: 6443},                             // no source at all
+		{Port: 6443, Static: []string{"10.0.0.1"}}, // no port
+		{Port: 6443, Static: []string{"10.0.0.1:99999"}},
+	} {
+		if _, err := New(cfg, log); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+// sets records what OnChange published.
+type sets struct {
+	mu  sync.Mutex
+	all [][]string
+}
+
+func (s *sets) add(b []string) {
+	s.mu.Lock()
+	s.all = append(s.all, b)
+	s.mu.Unlock()
+}
+
+func (s *sets) last() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.all) == 0 {
+		return nil
+	}
+	return s.all[len(s.all)-1]
+}
+
+func (s *sets) wait(t *testing.T, d time.Duration, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !slices.Equal(s.last(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("backends %v, want %v", s.last(), want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func run(t *testing.T, cfg Config) (*Discovery, *sets) {
+	t.Helper()
+	s := &sets{}
+	cfg.OnChange = s.add
+	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return d, s
+}
+
+// TestFollowsRealMembership runs a real 3-member etcd, each member on its own
+// loopback address like a node, and changes its membership.
+func TestFollowsRealMembership(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	lock, err := election.NewEtcdLock(election.EtcdConfig{Endpoints: c.Endpoints[:1]}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	backend := func(i int) string { return etcdtest.Host(i) + ":6443" }
+
+	d, s := run(t, Config{Members: lock, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: 200 * time.Millisecond})
+	s.wait(t, 10*time.Second, []string{backend(0), backend(1), backend(2)})
+	if s.all[0][0] != "192.0.2.1:6443" {
+		t.Errorf("first published set %v, want the static bootstrap backend", s.all[0])
+	}
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints[:1], DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+
+	// Add a fourth member: its backend appears once it has started (a
+	// member announced but not started has no client URL yet).
+	peer, client := c.NewMemberURLs()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var added *clientv3.MemberAddResponse
+	retry(t, 20*time.Second, "member add", func() error { added, err = cli.MemberAdd(ctx, []string{peer}); return err })
+	var initial []string
+	for _, m := range added.Members {
+		name := m.Name
+		if m.ID == added.Member.ID {
+			name = "m4"
+		}
+		initial = append(initial, fmt.Sprintf("%s=%s", name, m.PeerURLs[0]))
+	}
+	s.wait(t, 5*time.Second, []string{backend(0), backend(1), backend(2)}) // unstarted: unchanged
+	c.Add("m4", peer, client, strings.Join(initial, ","))
+	s.wait(t, 10*time.Second, []string{backend(0), backend(1), backend(2), backend(3)})
+
+	// Remove the second member; Refresh makes it visible without waiting.
+	id := uint64(c.Members[1].Server.MemberID())
+	retry(t, 20*time.Second, "member remove", func() error { _, err := cli.MemberRemove(ctx, id); return err })
+	d.Refresh()
+	s.wait(t, 5*time.Second, []string{backend(0), backend(2), backend(3)})
+	if got := d.Backends(); !slices.Equal(got, []string{backend(0), backend(2), backend(3)}) {
+		t.Fatalf("Backends() = %v", got)
+	}
+
+	// etcd down entirely: the last set stays.
+	c.Close()
+	time.Sleep(time.Second)
+	if got := s.last(); !slices.Equal(got, []string{backend(0), backend(2), backend(3)}) {
+		t.Fatalf("backends after etcd went away: %v", got)
+	}
+}
+
+// retry calls f until it succeeds: etcd refuses membership changes until its
+// members have been connected for a few seconds.
+func retry(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
