@@ -12,6 +12,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -47,12 +48,27 @@ peer takes over at once. If vigil is killed outright, a guard child process
 removes the VIP at once (--guard), and the kernel drops it when its refreshed
 lifetime runs out (--vip-lifetime). etcd being unreachable at start is not an error (with
 kubeadm it starts after vigil): vigil retries with backoff and never holds the
-VIP meanwhile.`,
+VIP meanwhile.
+
+API servers. Every node health-checks every API server (HTTPS GET
+--health-path, default /readyz). The list comes from the etcd member list:
+each member's client URL host with --backend-port; --backend is only for
+bootstrap. A node whose own API server fails its checks for --health-grace
+while a peer's passes gives the VIP up and does not campaign, unless no peer
+takes it (then it holds it rather than leave the cluster without a VIP).
+
+Load balancer (--lb-port). The VIP holder accepts TCP on VIP:--lb-port and
+forwards each connection (TLS untouched) to a healthy API server, least
+connections first. The listener binds the VIP on every node, so the local
+kube-apiserver must not listen on 0.0.0.0 at that port: start it with
+--bind-address=<node IP> (kubeadm: apiServer.extraArgs bind-address), or use
+another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 		Example: `  vigil run --vip 10.250.0.100/24 --interface eth0 --node-name cp1 \
     --election etcd --etcd-endpoints https://10.250.0.11:2379,https://10.250.0.12:2379 \
     --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt \
     --etcd-cert /etc/kubernetes/pki/apiserver-etcd-client.crt \
-    --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key`,
+    --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key \
+    --lb-port 8443 --backend-port 6443`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logLevel, logFormat)
@@ -89,6 +105,20 @@ VIP meanwhile.`,
 	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP, refreshed every second by the holder: if vigil is killed outright the kernel drops the VIP after this; 0 disables")
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies, even by SIGKILL")
+	f.IntVar(&cfg.LBPort, "lb-port", 0, "run the load balancer on VIP:PORT, forwarding to every healthy API server (0: no load balancer; the VIP reaches the holder's own API server). kube-apiserver must then not bind 0.0.0.0 on this port: see --help")
+	f.StringVar(&cfg.LBPolicy, "lb-policy", "least-conn", "load balancing policy: least-conn or round-robin")
+	f.IntVar(&cfg.BackendPort, "backend-port", 6443, "port of the API servers; backends are the etcd members' hosts with this port")
+	f.StringSliceVar(&cfg.Backends, "backend", nil, "static HOST:PORT backends, used only until the etcd member list has been read (bootstrap)")
+	f.StringVar(&cfg.HealthPath, "health-path", health.DefaultPath, "HTTPS path checked on every API server; 200 means healthy")
+	f.IntVar(&cfg.HealthPort, "health-port", 0, "port for health checks (0: the backend port)")
+	f.StringVar(&cfg.HealthCA, "health-ca", "", "CA that signed the API servers' serving certificates (default: "+daemon.DefaultHealthCA+" when present, else the system roots)")
+	f.BoolVar(&cfg.HealthInsecure, "health-insecure-skip-verify", false, "do not verify API server certificates in health checks (labs only)")
+	f.DurationVar(&cfg.HealthInterval, "health-interval", health.DefaultInterval, "interval between health checks of each API server")
+	f.DurationVar(&cfg.HealthTimeout, "health-timeout", health.DefaultTimeout, "a check without an answer within this is a failure")
+	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "consecutive passed checks that bring a failed backend back")
+	f.IntVar(&cfg.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
+	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's passes, give the VIP to that peer (0: off)")
+	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

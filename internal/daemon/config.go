@@ -11,13 +11,17 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -55,7 +59,42 @@ type Config struct {
 	// GuardBinary, when set, is the vigil executable run as `guard` to
 	// remove the VIP if this process dies (see guard.go).
 	GuardBinary string
+
+	// LBPort, when not 0, runs the load balancer on VIP:LBPort.
+	LBPort   int
+	LBPolicy string
+	// BackendPort is the API servers' port; backends are the etcd members'
+	// hosts with this port.
+	BackendPort int
+	// Backends are static host:port backends used until discovery has read
+	// the member list (bootstrap only).
+	Backends []string
+
+	HealthPath     string
+	HealthPort     int
+	HealthCA       string
+	HealthInsecure bool
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	HealthRise     int
+	HealthFall     int
+	// HealthGrace is how long the local API server may fail its checks
+	// before this node gives the VIP to a peer whose API server is healthy;
+	// 0 turns health-aware placement off.
+	HealthGrace time.Duration
+
+	// MetricsAddress serves /metrics, /healthz and /status; "" disables.
+	MetricsAddress string
 }
+
+// DefaultHealthCA is the CA used to verify API server certificates when
+// --health-ca is not given and this file exists: kubeadm's cluster CA.
+const DefaultHealthCA = "/etc/kubernetes/pki/ca.crt"
+
+// DefaultHealthGrace: the issue's bound is 3 s. Two seconds is four failed
+// checks at the default interval: a single slow /readyz never moves the VIP,
+// a dead API server moves it in about 2.5 s.
+const DefaultHealthGrace = 2 * time.Second
 
 // ParseVIP accepts "10.0.0.10/24", "10.0.0.10" (taken as /32) and IPv6
 // equivalents.
@@ -125,6 +164,9 @@ func (c *Config) Validate() error {
 	if c.VIPLifetime != 0 && c.VIPLifetime < 2*vip.RefreshInterval {
 		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or at least %v, twice the refresh interval", ErrConfig, c.VIPLifetime, 2*vip.RefreshInterval)
 	}
+	if err := c.validateLB(); err != nil {
+		return err
+	}
 	if c.LockKey == "" {
 		c.LockKey = election.DefaultEtcdKey
 	}
@@ -158,5 +200,79 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
+	return tc, nil
+}
+
+func (c *Config) validateLB() error {
+	if c.LBPort < 0 || c.LBPort > 65535 {
+		return fmt.Errorf("%w: --lb-port %d is out of range (1-65535, or 0 for no load balancer)", ErrConfig, c.LBPort)
+	}
+	if c.BackendPort < 1 || c.BackendPort > 65535 {
+		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", ErrConfig, c.BackendPort)
+	}
+	if c.HealthPort < 0 || c.HealthPort > 65535 {
+		return fmt.Errorf("%w: --health-port %d is out of range (1-65535, or 0 for the backend port)", ErrConfig, c.HealthPort)
+	}
+	if _, err := lb.ParsePolicy(c.LBPolicy); err != nil {
+		return fmt.Errorf("%w: --lb-policy: %w", ErrConfig, err)
+	}
+	for _, b := range c.Backends {
+		host, port, err := net.SplitHostPort(b)
+		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%w: --backend %q must be HOST:PORT", ErrConfig, b)
+		}
+	}
+	if c.HealthPath == "" {
+		c.HealthPath = health.DefaultPath
+	}
+	if err := health.ValidatePath(c.HealthPath); err != nil {
+		return fmt.Errorf("%w: --health-path: %w", ErrConfig, err)
+	}
+	if c.HealthCA != "" && c.HealthInsecure {
+		return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", ErrConfig)
+	}
+	if c.HealthCA != "" {
+		if _, err := os.Stat(c.HealthCA); err != nil {
+			return fmt.Errorf("%w: --health-ca %s: %w", ErrConfig, c.HealthCA, err)
+		}
+	}
+	switch {
+	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
+		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+	case c.HealthGrace < 0:
+		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", ErrConfig, c.HealthGrace)
+	}
+	if c.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
+			return fmt.Errorf("%w: --metrics-address %q must be HOST:PORT, or empty to disable", ErrConfig, c.MetricsAddress)
+		}
+	}
+	return nil
+}
+
+// healthTLS is how API server certificates are verified: --health-ca, else
+// kubeadm's CA when present, else the system roots; or not at all.
+func (c *Config) healthTLS() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.HealthInsecure {
+		tc.InsecureSkipVerify = true
+		return tc, nil
+	}
+	ca := c.HealthCA
+	if ca == "" {
+		if _, err := os.Stat(DefaultHealthCA); err != nil {
+			return tc, nil // system roots
+		}
+		ca = DefaultHealthCA
+	}
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		return nil, fmt.Errorf("%w: read --health-ca: %w", ErrConfig, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%w: --health-ca %s holds no PEM certificate", ErrConfig, ca)
+	}
+	tc.RootCAs = pool
 	return tc, nil
 }

@@ -53,6 +53,7 @@ func validConfig() Config {
 		LeaseDuration: election.DefaultLeaseDuration,
 		RenewDeadline: election.DefaultRenewDeadline,
 		RetryPeriod:   election.DefaultRetryPeriod,
+		BackendPort:   6443,
 	}
 }
 
@@ -79,6 +80,17 @@ func TestValidate(t *testing.T) {
 		{"vip lifetime too short to refresh", func(c *Config) { c.VIPLifetime = 500 * time.Millisecond }, ErrConfig},
 		{"renew deadline not below lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, election.ErrInvalidConfig},
 		{"margin below 100ms", func(c *Config) { c.RenewDeadline = c.LeaseDuration - 50*time.Millisecond }, election.ErrInvalidConfig},
+		{"with load balancer", func(c *Config) { c.LBPort, c.Backends, c.HealthCA = 8443, []string{"10.0.0.1:6443"}, exists }, nil},
+		{"lb port out of range", func(c *Config) { c.LBPort = 70000 }, ErrConfig},
+		{"backend port out of range", func(c *Config) { c.BackendPort = 0 }, ErrConfig},
+		{"health port out of range", func(c *Config) { c.HealthPort = -1 }, ErrConfig},
+		{"unknown lb policy", func(c *Config) { c.LBPolicy = "random" }, ErrConfig},
+		{"static backend without port", func(c *Config) { c.Backends = []string{"10.0.0.1"} }, ErrConfig},
+		{"malformed health path", func(c *Config) { c.HealthPath = "readyz" }, ErrConfig},
+		{"health ca and insecure", func(c *Config) { c.HealthCA, c.HealthInsecure = exists, true }, ErrConfig},
+		{"missing health ca", func(c *Config) { c.HealthCA = filepath.Join(dir, "nope.crt") }, ErrConfig},
+		{"negative grace", func(c *Config) { c.HealthGrace = -time.Second }, ErrConfig},
+		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9558" }, ErrConfig},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

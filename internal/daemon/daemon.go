@@ -2,13 +2,19 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -22,11 +28,20 @@ const shedInterval = 2 * time.Second
 // Run validates cfg, prepares the node and runs until ctx is cancelled. Errors
 // it returns are configuration or environment errors; an unreachable etcd is
 // not one of them (it is retried).
+//
+// Start order: everything that can fail on bad input or a busy port (the
+// VIP's interface, the load balancer's and the metrics listeners) is set up
+// before the guard, the lock or any goroutine, so a refused start leaves
+// nothing behind.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return err
+	}
+	htc, err := cfg.healthTLS()
 	if err != nil {
 		return err
 	}
@@ -48,6 +63,74 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := vm.Remove("stale address from an earlier run; this node does not lead"); err != nil {
 		return err
 	}
+
+	m := newNodeMetrics()
+	var checker *health.Checker
+	var bal *lb.Balancer
+	if cfg.LBPort != 0 {
+		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
+		bal, err = lb.New(lb.Config{
+			Listen:   netip.AddrPortFrom(cfg.VIP.Addr(), uint16(cfg.LBPort)).String(),
+			Policy:   policy,
+			FreeBind: true,
+			// Passive checking: a refused connection ejects the backend
+			// before its next health check.
+			OnDialError: func(b string, err error) { checker.MarkDead(b, err) },
+			Metrics:     m.reg,
+		}, log)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	var metricsLn net.Listener
+	if cfg.MetricsAddress != "" {
+		if metricsLn, err = listenMetrics(cfg.MetricsAddress); err != nil {
+			if bal != nil {
+				bal.Close()
+			}
+			return err
+		}
+	}
+	checker, err = health.New(health.Config{
+		Path: cfg.HealthPath, Port: cfg.HealthPort, TLS: htc,
+		Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
+		OnChange: func(st health.Status) {
+			if bal != nil {
+				bal.Update(st)
+			}
+		},
+		Metrics: m.reg,
+	}, log)
+	if err == nil {
+		err = runNode(ctx, cfg, tc, log, vm, ann, m, checker, bal, metricsLn)
+		checker.Close()
+		return err
+	}
+	if bal != nil {
+		bal.Close()
+	}
+	if metricsLn != nil {
+		metricsLn.Close()
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, err)
+}
+
+// runNode is Run once every listener is open.
+func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, vm *vip.Manager, ann *announce.Announcer,
+	m *nodeMetrics, checker *health.Checker, bal *lb.Balancer, metricsLn net.Listener) error {
+	// Components that must outlive the elector's shutdown (the balancer
+	// closes its connections only after the VIP is gone) run on their own
+	// context, cancelled after the elector has stepped down.
+	cctx, stopComponents := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		stopComponents()
+		wg.Wait()
+	}()
+	if bal != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = bal.Run(cctx) }()
+	}
 	if cfg.GuardBinary != "" {
 		// Its own context: the guard must outlive the VIP's removal at
 		// shutdown, and is stopped only after it.
@@ -55,6 +138,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		g, err := startGuard(gctx, cfg.GuardBinary, cfg, log)
 		if err != nil {
 			stopGuard()
+			if metricsLn != nil {
+				metricsLn.Close()
+			}
 			return err
 		}
 		defer func() { stopGuard(); g.Close() }()
@@ -65,8 +151,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer lock.Close()
 
-	h := &holder{vip: vm, ann: ann, lock: lock, cfg: cfg, log: log}
-	el, err := election.New(election.Config{
+	disc, err := discovery.New(discovery.Config{
+		Members: lock, Port: cfg.BackendPort, Static: cfg.Backends,
+		OnChange: func(b []string) {
+			if bal != nil {
+				bal.SetBackends(b)
+			}
+			checker.Set(b)
+		},
+	}, log)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = disc.Run(cctx) }()
+
+	h := &holder{vip: vm, ann: ann, lock: lock, bal: bal, m: m, cfg: cfg, log: log}
+	ecfg := election.Config{
 		Identity:        cfg.NodeName,
 		Lock:            lock,
 		Prober:          lock,
@@ -78,17 +179,37 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			OnStartedLeading: h.start,
 			OnStoppedLeading: h.stop,
 		},
-	}, log)
+	}
+	var pl *placement
+	if cfg.HealthGrace > 0 {
+		pl = &placement{checker: checker, grace: cfg.HealthGrace, vip: cfg.VIP.Addr(), log: log, gauge: m.yielding}
+		ecfg.Yield = pl.yield
+		ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
+	}
+	el, err := election.New(ecfg, log)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if metricsLn != nil {
+		done := serveHTTP(cctx, metricsLn, m.reg, func() Report { return report(cfg, el, checker, bal, pl) }, log)
+		defer func() { stopComponents(); <-done }()
+	}
 	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,
-		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod)
+		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
+		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
 	err = el.Run(ctx)
 	h.stop("shutting down") // idempotent; covers a Run that returned while leading
+	stopComponents()
+	wg.Wait()
 	log.Info("vigil stopped")
 	return err
 }
+
+// yieldFor is how long a node whose API server fails stands by before it
+// takes a free lock anyway. A healthy peer takes a released lock within a
+// retry period (it watches the key) and an expired one at the same moment as
+// the yielding node would; three lease durations leave it ample room.
+func yieldFor(lease time.Duration) time.Duration { return 3 * lease }
 
 // holder is what a leader holds: the VIP (with its lifetime refresher), its
 // announcer and the raft leadership shedder.
@@ -96,6 +217,8 @@ type holder struct {
 	vip  *vip.Manager
 	ann  *announce.Announcer
 	lock *election.EtcdLock
+	bal  *lb.Balancer // nil without --lb-port
+	m    *nodeMetrics
 	cfg  Config
 	log  *slog.Logger
 
@@ -107,8 +230,12 @@ type holder struct {
 
 // start runs on becoming leader: VIP first, announcement at once.
 func (h *holder) start(ctx context.Context) {
+	h.m.leader.Set(1)
+	h.m.leaderRuns.Inc()
 	if err := h.vip.Add(); err != nil {
 		h.log.Error("cannot add the VIP; retrying every second", "err", err)
+	} else {
+		h.m.vipHeld.Set(1)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -143,6 +270,14 @@ func (h *holder) stop(reason string) {
 		// Nothing else can be done; say it loudly. The kernel drops the
 		// address when its lifetime runs out.
 		h.log.Error("cannot remove the VIP", "err", err)
+	} else {
+		h.m.vipHeld.Set(0)
+	}
+	h.m.leader.Set(0)
+	if h.bal != nil {
+		// Clients' packets now reach the new holder, which resets them;
+		// what is left here would only linger.
+		h.bal.CloseAll("this node no longer holds the VIP")
 	}
 }
 

@@ -61,7 +61,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{Port: 0, Static: []string{"10.0.0.1:6443"}},
 		{Port: 70000, Static: []string{"10.0.0.1:6443"}},
-		{Port: 6443},                             // no source at all
+		{Port: 6443}, // no source at all
 		{Port: 6443, Static: []string{"10.0.0.1"}}, // no port
 		{Port: 6443, Static: []string{"10.0.0.1:99999"}},
 	} {

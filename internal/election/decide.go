@@ -54,6 +54,9 @@ type lease struct {
 	// succeeds first: start of the last successful renewal + RenewDeadline, or
 	// start of the last probe that found the store leaderless + RenewDeadline.
 	deadline time.Time
+	// mayYield is false for a tenure taken while this node was yielding;
+	// such a tenure is not given up for the same reason (Config.Yield).
+	mayYield bool
 }
 
 // renewed records a successful renewal that was started at start.

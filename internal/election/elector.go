@@ -60,6 +60,17 @@ type Config struct {
 	// context is cancelled, so a peer takes over at once.
 	ReleaseOnCancel bool
 	Callbacks       Callbacks
+	// Yield, when set, is asked after every successful renewal and before
+	// every attempt to take the lock. While it says yes (health-aware
+	// placement: the local API server is failing and a peer's is not):
+	//   - a leader steps down and releases the lock, so a peer takes it at
+	//     once;
+	//   - a candidate leaves a free or expired lock alone for YieldFor, so a
+	//     peer that does not yield takes it first. If none does, it takes the
+	//     lock anyway and keeps it for that whole tenure: a VIP on an
+	//     imperfect node beats no VIP, and flapping helps nobody.
+	Yield    func() (reason string, yield bool)
+	YieldFor time.Duration
 }
 
 // Validate checks the timing rules; see MinSafetyMargin.
@@ -69,6 +80,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: identity (node name) is empty", ErrInvalidConfig)
 	case c.Lock == nil:
 		return fmt.Errorf("%w: no lock", ErrInvalidConfig)
+	case c.Yield != nil && c.YieldFor <= 0:
+		return fmt.Errorf("%w: yield needs a positive stand-by time", ErrInvalidConfig)
 	}
 	return ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
 }
@@ -137,9 +150,11 @@ func (e *Elector) Run(ctx context.Context) error {
 // campaign returns once this node holds the lock, or ctx is done.
 func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 	var (
-		w        window
-		failures int
-		failedAt time.Time
+		w         window
+		failures  int
+		failedAt  time.Time
+		yielding  time.Time // since when a takeable lock was left alone
+		yieldOnce bool      // whether this stand-by was logged
 	)
 	changes, stopWatch := e.watch(ctx)
 	defer stopWatch()
@@ -175,8 +190,35 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		w.observe(obs, done)
 		ok, wait := acquirable(obs, w, e.cfg.Identity, time.Now())
 		if !ok {
-			if !e.waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs.Revision) {
+			yielding, yieldOnce = time.Time{}, false // a peer holds it: stand-by starts anew
+		}
+		if ok && e.cfg.Yield != nil {
+			reason, yield := e.cfg.Yield()
+			switch {
+			case !yield:
+				yielding, yieldOnce = time.Time{}, false
+			case yielding.IsZero():
+				yielding = time.Now()
+				fallthrough
+			default:
+				if left := e.cfg.YieldFor - time.Since(yielding); left > 0 {
+					if !yieldOnce {
+						e.log.Info("standing by: leaving the lock to a healthier peer", "reason", reason, "for", e.cfg.YieldFor)
+						yieldOnce = true
+					}
+					ok, wait = false, left
+				} else {
+					e.log.Warn("no healthier peer took the lock; taking it anyway", "reason", reason, "waited", time.Since(yielding).Round(time.Millisecond))
+				}
+			}
+		}
+		if !ok {
+			alive, held := e.waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs.Revision)
+			if !alive {
 				return lease{}, Observation{}, ctx.Err()
+			}
+			if held {
+				yielding, yieldOnce = time.Time{}, false
 			}
 			continue
 		}
@@ -189,6 +231,8 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		case err == nil:
 			var l lease
 			l.renewed(got.Revision, start, e.cfg.RenewDeadline)
+			// A tenure taken while yielding is kept: see Config.Yield.
+			l.mayYield = yielding.IsZero()
 			return l, got, nil
 		case errors.Is(err, ErrConflict):
 			e.log.Debug("lost the race for the lock", "holder", got.Holder())
@@ -222,16 +266,16 @@ func (e *Elector) watch(ctx context.Context) (<-chan Observation, func()) {
 // waitForChange waits up to d before the next read. A watched change that is
 // newer than rev starts the lease window at its arrival (it was committed
 // before); a release or deletion ends the wait at once. It reports whether
-// ctx is still live.
-func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, rev int64) bool {
+// ctx is still live, and whether a change showed somebody holding the lock.
+func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, rev int64) (alive, held bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return false, held
 		case <-t.C:
-			return true
+			return true, held
 		case o := <-changes:
 			if o.Revision <= rev {
 				continue // an older or repeated event (one watch per member)
@@ -239,8 +283,9 @@ func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-
 			rev = o.Revision
 			w.observe(o, time.Now())
 			if o.Holder() == "" {
-				return true // released: read and take it now
+				return true, held // released: read and take it now
 			}
+			held = true
 		}
 	}
 }
@@ -259,7 +304,7 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 		cb(lctx)
 	}
 	rec := *obs.Record
-	reason := e.renewLoop(ctx, &l, &rec)
+	reason, yielded := e.renewLoop(ctx, &l, &rec)
 	cancel()
 	e.log.Info("stepping down", "reason", reason)
 	if cb := e.cfg.Callbacks.OnStoppedLeading; cb != nil {
@@ -268,13 +313,14 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 	e.mu.Lock()
 	e.status = Status{Holder: ""}
 	e.mu.Unlock()
-	if ctx.Err() != nil && e.cfg.ReleaseOnCancel {
+	if (ctx.Err() != nil && e.cfg.ReleaseOnCancel) || yielded {
 		e.release(l, rec)
 	}
 }
 
-// renewLoop renews until it must stop and returns why.
-func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
+// renewLoop renews until it must stop and returns why, and whether it stops
+// to yield (then the lock is released).
+func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) (string, bool) {
 	var (
 		failingSince time.Time // first failure of the current run of failed renewals
 		keptLogged   bool      // whether this run of failures was logged as a store outage
@@ -287,13 +333,13 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
 		timer.Reset(max(wait, 0))
 		select {
 		case <-ctx.Done():
-			return "shutting down"
+			return "shutting down", false
 		case <-timer.C:
 		}
 		for {
 			now := time.Now()
 			if l.expired(now) {
-				return fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline)
+				return fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline), false
 			}
 			next := *rec
 			next.RenewTime = now.UTC()
@@ -309,8 +355,13 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
 					e.log.Info("renewal succeeded again", "after", time.Since(failingSince).Round(time.Millisecond))
 					failingSince, keptLogged = time.Time{}, false
 				}
+				if l.mayYield && e.cfg.Yield != nil {
+					if why, yield := e.cfg.Yield(); yield {
+						return "yielding to a healthier peer: " + why, true
+					}
+				}
 			case ctx.Err() != nil:
-				return "shutting down"
+				return "shutting down", false
 			case errors.Is(err, ErrConflict):
 				if got.Holder() == e.cfg.Identity {
 					// An earlier attempt of ours landed after we gave
@@ -319,7 +370,7 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) string {
 					*rec = *got.Record
 					continue
 				}
-				return fmt.Sprintf("lock taken by %q", got.Holder())
+				return fmt.Sprintf("lock taken by %q", got.Holder()), false
 			default:
 				if failingSince.IsZero() {
 					failingSince = now

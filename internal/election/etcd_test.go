@@ -125,18 +125,22 @@ type candidate struct {
 	done   chan struct{}
 }
 
-func startCandidate(t *testing.T, name string, endpoints []string, tr *tracker, lease, renew, retry time.Duration) *candidate {
+func startCandidate(t *testing.T, name string, endpoints []string, tr *tracker, lease, renew, retry time.Duration, mods ...func(*Config)) *candidate {
 	t.Helper()
 	l, err := NewEtcdLock(EtcdConfig{Endpoints: endpoints, Key: "/test/leader"}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &candidate{name: name, lock: &cuttable{EtcdLock: l}, done: make(chan struct{})}
-	c.el, err = New(Config{
+	cfg := Config{
 		Identity: name, Lock: c.lock, Prober: c.lock,
 		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: retry,
 		ReleaseOnCancel: true, Callbacks: tr.callbacks(name),
-	}, testLogger(t).With("node", name))
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	c.el, err = New(cfg, testLogger(t).With("node", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,4 +391,49 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestYield covers health-aware placement: a leader that must yield hands the
+// lock over at once; a yielding candidate stands by while a peer can lead,
+// takes the lock when nobody else does, and then keeps it.
+func TestYield(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	tr := newTracker(t)
+	var aSick atomic.Bool
+	const yieldFor = 2 * time.Second
+	a := startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry, func(cfg *Config) {
+		cfg.Yield = func() (string, bool) { return "local API server failing", aSick.Load() }
+		cfg.YieldFor = yieldFor
+	})
+	if l := tr.waitLeader(t, 10*time.Second, ""); l != "a" {
+		t.Fatalf("leader %s, want a", l)
+	}
+	b := startCandidate(t, "b", c.Endpoints, tr, tLease, tRenew, tRetry)
+
+	sick := time.Now()
+	aSick.Store(true)
+	tr.waitLeader(t, 5*time.Second, "a")
+	took := time.Since(sick)
+	t.Logf("b leads %v after a had to yield", took)
+	if took > tLease {
+		// The release is watched by b: no lease wait.
+		t.Errorf("handover took %v, more than a lease (%v): was the lock released?", took, tLease)
+	}
+	if r := tr.reasons["a"]; len(r) == 0 || r[len(r)-1] == "" {
+		t.Fatalf("a's stop reasons: %v", r)
+	}
+
+	// b goes away; a, still sick, stands by for yieldFor and then leads.
+	stopped := time.Now()
+	b.stop()
+	tr.waitLeader(t, yieldFor+5*time.Second, "b")
+	if waited := time.Since(stopped); waited < yieldFor-100*time.Millisecond {
+		t.Fatalf("a took the lock %v after b left, before its stand-by of %v", waited, yieldFor)
+	}
+	// ...and keeps it although still sick: no flapping.
+	time.Sleep(4 * tLease)
+	if l := tr.leader(); l != "a" {
+		t.Fatalf("leader %q, want a to keep the tenure it took while yielding", l)
+	}
+	_ = a
 }

@@ -415,3 +415,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// Close closes the listener of a balancer that never ran; Run closes it
+// otherwise.
+func (b *Balancer) Close() { b.ln.Close() }

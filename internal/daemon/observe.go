@@ -1,0 +1,137 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/lb"
+)
+
+// nodeMetrics are the daemon's own metrics; the balancer and the checker
+// register theirs on the same registry.
+type nodeMetrics struct {
+	reg        *prometheus.Registry
+	leader     prometheus.Gauge
+	vipHeld    prometheus.Gauge
+	leaderRuns prometheus.Counter
+	yielding   prometheus.Gauge
+}
+
+func newNodeMetrics() *nodeMetrics {
+	m := &nodeMetrics{
+		reg: prometheus.NewRegistry(),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vigil_leader", Help: "1 while this node holds the election lock.",
+		}),
+		vipHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vigil_vip_held", Help: "1 while the VIP is configured on this node.",
+		}),
+		leaderRuns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_leader_acquired_total", Help: "Times this node became leader.",
+		}),
+		yielding: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vigil_placement_yielding", Help: "1 while this node leaves the VIP to a peer because its own API server fails its checks.",
+		}),
+	}
+	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Report is what /status serves.
+type Report struct {
+	Node        string          `json:"node"`
+	VIP         string          `json:"vip"`
+	Leader      bool            `json:"leader"`
+	Holder      string          `json:"holder"`
+	LeaderSince *time.Time      `json:"leaderSince,omitempty"`
+	Yielding    bool            `json:"yielding"`
+	Backends    []BackendReport `json:"backends"`
+}
+
+// BackendReport is one API server as this node sees it.
+type BackendReport struct {
+	Address     string `json:"address"`
+	State       string `json:"state"`
+	Cause       string `json:"cause,omitempty"`
+	LastError   string `json:"lastError,omitempty"`
+	Connections int    `json:"connections"`
+}
+
+func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement) Report {
+	st := el.Status()
+	r := Report{Node: cfg.NodeName, VIP: cfg.VIP.String(), Leader: st.Leader, Holder: st.Holder}
+	if st.Leader {
+		r.LeaderSince = &st.LeaderSince
+	}
+	if pl != nil {
+		r.Yielding = pl.isYielding()
+	}
+	conns := map[string]int{}
+	if bal != nil {
+		for _, b := range bal.Backends() {
+			conns[b.Address] = b.Connections
+		}
+	}
+	for _, s := range checker.Statuses() {
+		b := BackendReport{Address: s.Backend, State: s.State.String(), Connections: conns[s.Backend]}
+		if s.State == health.Down {
+			b.Cause, b.LastError = s.Cause.String(), s.LastError
+		}
+		r.Backends = append(r.Backends, b)
+	}
+	return r
+}
+
+// listenMetrics opens the metrics address at start, so a port conflict
+// fails the start instead of surfacing later in a log line.
+func listenMetrics(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --metrics-address %s: %w", ErrConfig, addr, err)
+	}
+	return ln, nil
+}
+
+// serveHTTP serves /metrics, /healthz and /status on ln until ctx is
+// cancelled; the returned channel closes when the server has stopped.
+func serveHTTP(ctx context.Context, ln net.Listener, reg *prometheus.Registry, status func() Report, log *slog.Logger) <-chan struct{} {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(status())
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	log.Info("serving /metrics, /healthz and /status", "address", ln.Addr().String())
+	return done
+}
