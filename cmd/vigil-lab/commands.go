@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -22,6 +24,10 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.DurationVar(&s.LeaseDuration, "lease-duration", 0, "vigil --lease-duration on every node (default: vigil's)")
 	f.DurationVar(&s.RenewDeadline, "renew-deadline", 0, "vigil --renew-deadline on every node (default: vigil's)")
 	f.DurationVar(&s.RetryPeriod, "retry-period", 0, "vigil --retry-period on every node (default: vigil's)")
+	f.IntVar(&s.LBPort, "lb-port", lab.APIServerPort, "vigil --lb-port: the load balancer on the VIP (0: none)")
+	f.IntVar(&s.BackendPort, "backend-port", lab.APIServerPort, "vigil --backend-port (the stand-in API servers listen on 6443, the benchmark backends on 7000)")
+	f.IntVar(&s.HealthPort, "health-port", 0, "vigil --health-port (0: the backend port)")
+	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
 }
 
 func newUpCmd(g *globals) *cobra.Command {
@@ -134,12 +140,19 @@ func newDrillCmd(g *globals) *cobra.Command {
                      holder); then restart it
   kill-daemon        SIGKILL the holder's vigil (or keepalived) only; the node
                      and its link stay up; then restart it
+  apiserver-down     stop the holder's (stand-in) API server listening; node
+                     and vigil stay up. The VIP must leave the node within
+                     --health-grace + 1 s, and requests through the load
+                     balancer may fail only around that move
+  apiserver-slow     the same with an API server that answers after 3 s
   mixed              all of the above in turn, --count drills in all
 
-The client namespace probes the VIP every 10 ms. Each drill prints the longest
-gap between answers (the outage), which node answered before and after, and
-whether two nodes ever held or answered on the VIP at once (split brain).
-Exits non-zero if any drill failed or saw a split brain.`,
+The client namespace probes the VIP every 10 ms (UDP), and for the API server
+drills sends HTTPS GET /version through VIP:--lb-port every 20 ms on a new
+connection. Each drill prints the longest gap between answers (the outage),
+which node answered before and after, and whether two nodes ever held or
+answered on the VIP at once (split brain). Exits non-zero if any drill failed
+or saw a split brain.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if count < 1 {
@@ -154,7 +167,7 @@ Exits non-zero if any drill failed or saw a split brain.`,
 			}
 			kinds := []string{args[0]}
 			if args[0] == "mixed" {
-				kinds = lab.DrillsFor(l.Settings().Impl)
+				kinds = lab.DrillsFor(l.Settings())
 			}
 			var rs []lab.Result
 			for i := 1; i <= count; i++ {
@@ -213,7 +226,7 @@ func newDemoCmd(g *globals) *cobra.Command {
 				}
 			}
 			var rs []lab.Result
-			for _, kind := range lab.DrillsFor(s.Impl) {
+			for _, kind := range lab.DrillsFor(s) {
 				for i := 1; i <= count; i++ {
 					r := l.Drill(cmd.Context(), kind, i)
 					rs = append(rs, r)
@@ -291,6 +304,30 @@ func newResponderCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "name", "", "node name to answer with")
 	cmd.Flags().IntVar(&port, "port", lab.ResponderPort, "UDP port")
+	return cmd
+}
+
+func newAPIServerCmd() *cobra.Command {
+	var cfg lab.APIServerConfig
+	cmd := &cobra.Command{
+		Use:    "apiserver",
+		Short:  "Run a node's stand-in kube-apiserver (HTTPS /readyz, /version)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Name == "" || cfg.Listen == "" || cfg.Control == "" {
+				return errors.New("--name, --listen and --control are required")
+			}
+			return lab.ServeAPIServer(cmd.Context(), cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Name, "name", "", "node name, served on /version")
+	f.StringVar(&cfg.Listen, "listen", "", "HTTPS address, NODEIP:6443")
+	f.StringVar(&cfg.CertFile, "cert", "", "serving certificate")
+	f.StringVar(&cfg.KeyFile, "key", "", "serving key")
+	f.StringVar(&cfg.Control, "control", "", "unix socket that switches the mode")
+	f.StringVar(&cfg.BulkListen, "bulk-listen", "", "raw TCP address for the load balancer benchmark")
 	return cmd
 }
 

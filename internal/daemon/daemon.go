@@ -77,6 +77,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			// before its next health check.
 			OnDialError: func(b string, err error) { checker.MarkDead(b, err) },
 			Metrics:     m.reg,
+			Standby:     true, // serving only while holding the VIP
 		}, log)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -232,6 +233,9 @@ type holder struct {
 func (h *holder) start(ctx context.Context) {
 	h.m.leader.Set(1)
 	h.m.leaderRuns.Inc()
+	if h.bal != nil {
+		h.bal.SetServing(true) // before the first packet can arrive
+	}
 	if err := h.vip.Add(); err != nil {
 		h.log.Error("cannot add the VIP; retrying every second", "err", err)
 	} else {
@@ -266,6 +270,10 @@ func (h *holder) stop(reason string) {
 	h.group = nil
 	h.mu.Unlock()
 	h.wg.Wait()
+	if h.bal != nil {
+		// While the VIP is still here, so the resets reach the clients.
+		h.bal.SetServing(false)
+	}
 	if err := h.vip.Remove(reason); err != nil {
 		// Nothing else can be done; say it loudly. The kernel drops the
 		// address when its lifetime runs out.
@@ -274,11 +282,6 @@ func (h *holder) stop(reason string) {
 		h.m.vipHeld.Set(0)
 	}
 	h.m.leader.Set(0)
-	if h.bal != nil {
-		// Clients' packets now reach the new holder, which resets them;
-		// what is left here would only linger.
-		h.bal.CloseAll("this node no longer holds the VIP")
-	}
 }
 
 // keep re-adds the VIP every vip.RefreshInterval, which also renews its

@@ -262,6 +262,7 @@ func (c *Checker) loop(ctx context.Context, backend string) {
 		if ctx.Err() != nil {
 			return
 		}
+		r.started = start
 		c.checks.WithLabelValues(backend, resultLabel(r.cause)).Inc()
 		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })
 		// The next check starts one interval after this one started, or at

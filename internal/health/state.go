@@ -64,8 +64,9 @@ type Status struct {
 	Cause Cause
 	// LastError describes the last failure.
 	LastError string
-	// FailingSince is when the current run of consecutive failures began;
-	// zero when the last check passed or none ran yet.
+	// FailingSince is when the first check of the current run of
+	// consecutive failures started; zero when the last check passed or none
+	// ran yet.
 	FailingSince time.Time
 	// Since is when State last changed.
 	Since time.Time
@@ -82,6 +83,9 @@ func (s Status) String() string {
 type result struct {
 	cause Cause // NoCause on success
 	err   string
+	// started is when the check began; a failed check proves the backend
+	// was failing from then on (a timed-out check ends Timeout later).
+	started time.Time
 }
 
 // tracker is the rise/fall state machine of one backend. It is a pure value:
@@ -127,6 +131,9 @@ func (t *tracker) observe(r result, now time.Time) bool {
 	t.st.LastError = r.err
 	if t.st.FailingSince.IsZero() {
 		t.st.FailingSince = now
+		if !r.started.IsZero() && r.started.Before(now) {
+			t.st.FailingSince = r.started
+		}
 	}
 	switch t.st.State {
 	case Unknown:

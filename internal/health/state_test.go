@@ -85,10 +85,10 @@ func TestTrackerFailingSince(t *testing.T) {
 	if !tr.st.FailingSince.IsZero() {
 		t.Fatal("FailingSince set after a success")
 	}
-	tr.observe(result{cause: Dead}, t0.Add(time.Second))
+	tr.observe(result{cause: Dead, started: t0.Add(400 * time.Millisecond)}, t0.Add(time.Second))
 	tr.observe(result{cause: Dead}, t0.Add(2*time.Second))
-	if got := tr.st.FailingSince; !got.Equal(t0.Add(time.Second)) {
-		t.Fatalf("FailingSince = %v, want the first failure", got)
+	if got := tr.st.FailingSince; !got.Equal(t0.Add(400 * time.Millisecond)) {
+		t.Fatalf("FailingSince = %v, want the start of the first failed check", got)
 	}
 	tr.observe(result{}, t0.Add(3*time.Second))
 	if !tr.st.FailingSince.IsZero() {

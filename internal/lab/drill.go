@@ -32,15 +32,23 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow}
 
-// DrillsFor lists the drills that apply to an implementation: without etcd
-// there is no etcd leader to kill.
-func DrillsFor(impl string) []string {
-	if impl == ImplVigil {
-		return Drills
+// failoverDrills are the drills every implementation can run.
+var failoverDrills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon}
+
+// DrillsFor lists the drills that apply to a lab: without etcd there is no
+// etcd leader to kill, and without vigil's load balancer no API server
+// drill.
+func DrillsFor(s Settings) []string {
+	if s.Impl != ImplVigil {
+		return failoverDrills
 	}
-	return []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon}
+	out := []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
+	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) {
+		out = append(out, DrillAPIServerDown, DrillAPIServerSlow)
+	}
+	return out
 }
 
 // Result is one drill's outcome.
@@ -65,7 +73,9 @@ type Result struct {
 	SplitBrain       bool     `json:"splitBrain"`
 	SplitDetail      string   `json:"splitDetail,omitempty"`
 	HoldersAfterHeal []string `json:"holdersAfterHeal"`
-	Error            string   `json:"error,omitempty"`
+	// API is set by the API server drills.
+	API   *APIResult `json:"api,omitempty"`
+	Error string     `json:"error,omitempty"`
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one
@@ -77,6 +87,10 @@ func (r Result) OK() bool {
 func (r Result) String() string {
 	s := fmt.Sprintf("%-17s #%-3d outage %7.0fms  %s -> %s  heal-outage %5.0fms  split-brain: %-3s holder after heal: %s",
 		r.Drill, r.Run, r.OutageMillis, orDash(r.Before), orDash(r.After), r.HealOutageMillis, yesNo(r.SplitBrain), strings.Join(r.HoldersAfterHeal, ","))
+	if a := r.API; a != nil {
+		s = fmt.Sprintf("%-17s #%-3d VIP moved after %5.0fms (bound %.0fms)  %s -> %s  requests %d, failed %d in the move window, %d outside; longest without an answer %.0fms  split-brain: %s",
+			r.Drill, r.Run, a.MovedAfterMillis, a.BoundMillis, orDash(r.Before), orDash(r.After), a.Requests, a.FailedInWindow, a.FailedOutside, a.LongestFailureMillis, yesNo(r.SplitBrain))
+	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
 	}
@@ -129,6 +143,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillKillEtcdLeader && l.st.Settings.Impl != ImplVigil {
 		return fmt.Errorf("drill %s needs etcd, which the %s lab does not run", kind, l.st.Settings.Impl)
+	}
+	if kind == DrillAPIServerDown || kind == DrillAPIServerSlow {
+		return l.apiDrill(ctx, kind, r)
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {

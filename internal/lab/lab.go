@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -36,7 +37,20 @@ type Settings struct {
 	LeaseDuration time.Duration `json:"leaseDuration,omitempty"`
 	RenewDeadline time.Duration `json:"renewDeadline,omitempty"`
 	RetryPeriod   time.Duration `json:"retryPeriod,omitempty"`
+	// Load balancer and health settings passed to vigil run (vigil labs
+	// only). LBPort 0 runs vigil without its load balancer.
+	LBPort      int           `json:"lbPort"`
+	BackendPort int           `json:"backendPort"`
+	HealthPort  int           `json:"healthPort,omitempty"`
+	HealthGrace time.Duration `json:"healthGrace,omitempty"`
 }
+
+// Ports of the stand-in API server on every node of a vigil lab.
+const (
+	APIServerPort = 6443
+	// BulkPort serves the load balancer benchmark's raw TCP protocol.
+	BulkPort = 7000
+)
 
 // Validate checks the settings.
 func (s Settings) Validate() error {
@@ -47,6 +61,11 @@ func (s Settings) Validate() error {
 	case ImplVigil, ImplKeepalived, ImplKeepalivedTuned:
 	default:
 		return fmt.Errorf("lab: unknown --impl %q (vigil, keepalived or keepalived-tuned)", s.Impl)
+	}
+	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
+		if p < 0 || p > 65535 {
+			return fmt.Errorf("lab: %s %d is out of range", flag, p)
+		}
 	}
 	return nil
 }
@@ -138,10 +157,17 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if err := createHost(ctx, "cl", clientIP); err != nil {
 		return err
 	}
+	ca, err := l.newPKI()
+	if err != nil {
+		return err
+	}
 	for i := 1; i <= s.Nodes; i++ {
 		n := &Node{Name: "n" + itoa(i), Index: i, IP: nodeIP(i), PIDs: map[string]int{}}
 		if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
 			return fmt.Errorf("lab: %w", err)
+		}
+		if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
+			return err
 		}
 		if err := createHost(ctx, n.Name, n.IP); err != nil {
 			return err
@@ -200,10 +226,26 @@ func (l *Lab) startNode(n *Node) error {
 	if l.st.Settings.Impl != ImplVigil {
 		return l.startKeepalived(n)
 	}
+	if err := l.startAPIServer(n); err != nil {
+		return err
+	}
 	if err := l.startEtcd(n); err != nil {
 		return err
 	}
 	return l.startVigil(n)
+}
+
+func (l *Lab) apiCert(n *Node) string    { return filepath.Join(l.nodeDir(n), "apiserver.crt") }
+func (l *Lab) apiKey(n *Node) string     { return filepath.Join(l.nodeDir(n), "apiserver.key") }
+func (l *Lab) apiControl(n *Node) string { return filepath.Join(l.nodeDir(n), "apiserver.sock") }
+
+// startAPIServer starts the node's stand-in kube-apiserver, bound to the
+// node's own address as vigil's load balancer requires.
+func (l *Lab) startAPIServer(n *Node) error {
+	return l.start(n, roleAPIServer, l.selfBin, "apiserver", "--name", n.Name,
+		"--listen", netip.AddrPortFrom(n.IP, APIServerPort).String(),
+		"--bulk-listen", netip.AddrPortFrom(n.IP, BulkPort).String(),
+		"--cert", l.apiCert(n), "--key", l.apiKey(n), "--control", l.apiControl(n))
 }
 
 func (l *Lab) etcdEndpoints() []string {
@@ -247,6 +289,19 @@ func (l *Lab) startVigil(n *Node) error {
 	}
 	if s.RetryPeriod > 0 {
 		args = append(args, "--retry-period", s.RetryPeriod.String())
+	}
+	args = append(args, "--health-ca", l.caPath())
+	if s.LBPort > 0 {
+		args = append(args, "--lb-port", itoa(s.LBPort))
+	}
+	if s.BackendPort > 0 {
+		args = append(args, "--backend-port", itoa(s.BackendPort))
+	}
+	if s.HealthPort > 0 {
+		args = append(args, "--health-port", itoa(s.HealthPort))
+	}
+	if s.HealthGrace > 0 {
+		args = append(args, "--health-grace", s.HealthGrace.String())
 	}
 	return l.start(n, roleVigil, l.vigilBin, args...)
 }

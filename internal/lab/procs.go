@@ -20,6 +20,7 @@ const (
 	roleVigil      = "vigil"
 	roleResponder  = "responder"
 	roleKeepalived = "keepalived"
+	roleAPIServer  = "apiserver"
 )
 
 // alive reports whether pid exists and is not a zombie.

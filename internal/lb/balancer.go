@@ -59,6 +59,8 @@ type Config struct {
 	OnDialError func(backend string, err error)
 	// Metrics receives the balancer's metrics; nil keeps them private.
 	Metrics prometheus.Registerer
+	// Standby starts the balancer not serving (see SetServing).
+	Standby bool
 }
 
 // Balancer forwards TCP connections to usable backends. TLS passes through
@@ -70,10 +72,12 @@ type Balancer struct {
 	ln  net.Listener
 	m   *metrics
 
-	mu      sync.Mutex // guards pool, drains, closed and noBackendLogged
+	mu      sync.Mutex // guards the fields below
 	pool    *pool
 	drains  map[string]*time.Timer
 	closed  bool
+	serving bool
+	clients map[net.Conn]struct{} // every accepted connection until it ends
 	lastNoB time.Time
 
 	wg sync.WaitGroup // connection goroutines
@@ -127,9 +131,11 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		cfg:    cfg,
 		log:    log.With("listen", cfg.Listen),
 		ln:     ln,
-		pool:   newPool(cfg.Policy),
-		drains: map[string]*time.Timer{},
-		m:      newMetrics(),
+		pool:    newPool(cfg.Policy),
+		drains:  map[string]*time.Timer{},
+		clients: map[net.Conn]struct{}{},
+		serving: !cfg.Standby,
+		m:       newMetrics(),
 	}
 	if cfg.Metrics != nil {
 		if err := b.m.register(cfg.Metrics); err != nil {
@@ -165,10 +171,25 @@ func (b *Balancer) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = 0
+		b.mu.Lock()
+		ok := b.serving
+		if ok {
+			b.clients[c] = struct{}{}
+		}
+		b.mu.Unlock()
+		if !ok {
+			// Not the VIP holder (or just stopped being it): a stray
+			// connection, told at once.
+			reset(c)
+			continue
+		}
 		b.wg.Add(1)
 		go func() {
 			defer b.wg.Done()
 			b.serve(ctx, c)
+			b.mu.Lock()
+			delete(b.clients, c)
+			b.mu.Unlock()
 		}()
 	}
 	b.mu.Lock()
@@ -243,9 +264,32 @@ func (b *Balancer) Update(st health.Status) {
 	}
 }
 
-// CloseAll closes every established connection. The daemon calls it when the
-// node loses the VIP: its clients' packets now reach another node, and the
-// connections here would only linger.
+// SetServing turns forwarding on (this node holds the VIP) or off. Turning
+// it off resets every client connection, including those still waiting for
+// a backend: the daemon does so just before it removes the VIP, while the
+// resets can still leave from the VIP. Once the address is gone this node
+// cannot send from it, and a client whose request was already acknowledged
+// would wait for an answer that never comes.
+func (b *Balancer) SetServing(on bool) {
+	b.mu.Lock()
+	b.serving = on
+	var clients []net.Conn
+	if !on {
+		for c := range b.clients {
+			clients = append(clients, c)
+		}
+	}
+	b.mu.Unlock()
+	if len(clients) > 0 {
+		b.log.Info("resetting client connections: this node no longer serves the VIP", "connections", len(clients))
+		b.m.closed.WithLabelValues("vip_moved").Add(float64(len(clients)))
+	}
+	for _, c := range clients {
+		reset(c) // its serve goroutine closes the backend side
+	}
+}
+
+// CloseAll closes every established connection.
 func (b *Balancer) CloseAll(reason string) {
 	b.mu.Lock()
 	var conns []*proxyConn
@@ -339,14 +383,15 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 	if logIt && ctx.Err() == nil {
 		b.log.Warn("no usable backend; closing client connections (logged every 5s)", "backends_known", n, "client", client.RemoteAddr().String())
 	}
-	client.Close()
+	reset(client)
 }
 
 // proxy copies both ways until both sides are done or the pair is closed.
 func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 	b.mu.Lock()
-	// The backend may have gone down or been removed while we dialled.
-	if b.closed || b.pool.m[be.addr] != be || !be.usable {
+	// The backend may have gone down or been removed while we dialled,
+	// or this node may have stopped serving.
+	if _, ok := b.clients[pc.client]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || !be.usable {
 		b.pool.done(be)
 		b.mu.Unlock()
 		pc.close()
@@ -390,6 +435,15 @@ func pipe(dst, src net.Conn, pc *proxyConn) int64 {
 	}
 	pc.close()
 	return n
+}
+
+// reset closes c with an RST rather than a FIN, so a client learns at once
+// that the connection is gone and does not take it for a clean end.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
 }
 
 func closeAll(conns []*proxyConn) {

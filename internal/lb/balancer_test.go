@@ -323,15 +323,25 @@ func TestRemovedBackendAndCloseAll(t *testing.T) {
 	closedWithin(t, r2, c2, 2*time.Second)
 }
 
+// refused checks that a connection to the balancer is reset or closed at
+// once (the reset may even beat the end of the client's connect).
+func refused(t *testing.T, b *Balancer) {
+	t.Helper()
+	c, err := net.Dial("tcp", b.Addr().String())
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	closedWithin(t, bufio.NewReader(c), c, 2*time.Second)
+}
+
 func TestNoUsableBackendClosesClient(t *testing.T) {
 	a := newBackend(t, "a", false)
 	b, _ := startLB(t, Config{}, a)
 	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
-	c, r, _ := dial(t, b, false)
-	closedWithin(t, r, c, 2*time.Second)
+	refused(t, b)
 	b.SetBackends(nil) // no backends at all: same, no panic
-	c, r, _ = dial(t, b, false)
-	closedWithin(t, r, c, 2*time.Second)
+	refused(t, b)
 }
 
 func TestNewErrors(t *testing.T) {
@@ -367,4 +377,24 @@ func waitConns(t *testing.T, b *Balancer, want int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+func TestStandbyAndSetServing(t *testing.T) {
+	hung := newBackend(t, "hung", true)
+	b, _ := startLB(t, Config{Standby: true}, hung)
+	// Not serving: accepted and reset at once.
+	refused(t, b)
+
+	b.SetServing(true)
+	c, r, _ := dial(t, b, false)
+	if _, err := c.Write([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	waitConns(t, b, 1)
+	// Stepping down resets the client at once, although the backend
+	// never answered and is healthy.
+	b.SetServing(false)
+	took := closedWithin(t, r, c, 2*time.Second)
+	t.Logf("client reset %v after SetServing(false)", took)
+	waitConns(t, b, 0)
 }

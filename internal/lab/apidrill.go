@@ -1,0 +1,354 @@
+package lab
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/netns"
+)
+
+// API server drills: the VIP holder's own API server fails while its node
+// and vigil stay up. Health-aware placement must move the VIP to a peer, and
+// the load balancer must keep clients' requests succeeding.
+const (
+	DrillAPIServerDown = "apiserver-down" // the holder's API server stops listening
+	DrillAPIServerSlow = "apiserver-slow" // the holder's API server answers after 3 s
+)
+
+// defaultHealthGrace mirrors vigil's --health-grace default, for the bound
+// the drill checks when the lab does not set one.
+const defaultHealthGrace = 2 * time.Second
+
+// requestInterval paces the HTTPS client; each request opens a new
+// connection through the VIP, as a client reconnecting would.
+const requestInterval = 20 * time.Millisecond
+
+// request is one HTTPS request through the VIP.
+type request struct {
+	start, end time.Time
+	node       string // which API server answered
+	err        string
+}
+
+// httpsProber sends GET /version through VIP:port from the client namespace.
+type httpsProber struct {
+	client *http.Client
+	url    string
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	mu   sync.Mutex // guards reqs
+	reqs []request
+}
+
+func (l *Lab) startHTTPSProber(port int) (*httpsProber, error) {
+	pem, err := os.ReadFile(l.caPath())
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	dial := netns.Dialer(clientNS)
+	p := &httpsProber{
+		client: &http.Client{
+			Timeout: 2 * time.Second,
+			Transport: &http.Transport{
+				DisableKeepAlives: true,
+				TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: VIP.Addr().String()},
+				DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+			},
+		},
+		url:  fmt.Sprintf("https://%s/version", netip.AddrPortFrom(VIP.Addr(), uint16(port))),
+		stop: make(chan struct{}),
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTicker(requestInterval)
+		defer t.Stop()
+		for {
+			p.once()
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return p, nil
+}
+
+func (p *httpsProber) once() {
+	r := request{start: time.Now()}
+	resp, err := p.client.Get(p.url)
+	if err == nil {
+		var v struct{ Node string }
+		err = json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&v)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		r.node = v.Node
+	}
+	if err != nil {
+		r.err = err.Error()
+	}
+	r.end = time.Now()
+	p.mu.Lock()
+	p.reqs = append(p.reqs, r)
+	p.mu.Unlock()
+}
+
+// close stops the prober and returns every request. Safe to call twice.
+func (p *httpsProber) close() []request {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]request(nil), p.reqs...)
+}
+
+// APIResult adds what an API server drill measures to Result.
+type APIResult struct {
+	// MovedAfterMillis is the time from the fault until the VIP left the
+	// faulty node; the bound is the health grace + 1 s.
+	MovedAfterMillis float64 `json:"movedAfterMillis"`
+	BoundMillis      float64 `json:"boundMillis"`
+	Requests         int     `json:"requests"`
+	// FailedInWindow are failed requests that overlapped the time from the
+	// fault to one second after the VIP moved: requests in flight on the
+	// failing API server, and connections reset by the move.
+	FailedInWindow int `json:"failedInWindow"`
+	// FailedOutside must be 0.
+	FailedOutside int `json:"failedOutside"`
+	// LongestFailureMillis is the longest time without a successful
+	// request.
+	LongestFailureMillis float64  `json:"longestFailureMillis"`
+	ServedBy             []string `json:"servedBy"`
+	FirstErrors          []string `json:"firstErrors,omitempty"`
+}
+
+// apiDrill runs an API server drill and heals the lab afterwards.
+func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
+	s := l.st.Settings
+	if s.Impl != ImplVigil {
+		return fmt.Errorf("drill %s needs vigil's health checks; the %s lab has none", kind, s.Impl)
+	}
+	if s.LBPort == 0 || (s.BackendPort != 0 && s.BackendPort != APIServerPort) {
+		return fmt.Errorf("drill %s needs the lab's load balancer in front of the stand-in API servers (vigil-lab up --lb-port 6443 --backend-port 6443)", kind)
+	}
+	grace := s.HealthGrace
+	if grace == 0 {
+		grace = defaultHealthGrace
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+		return err
+	}
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	if d.target, err = l.node(holder); err != nil {
+		return err
+	}
+	r.Target, r.Before = holder, holder
+	mon := startMonitor(w, d.live, probeInterval)
+	defer mon.close()
+	pr, err := l.startHTTPSProber(s.LBPort)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	if !sleepCtx(ctx, 500*time.Millisecond) { // baseline
+		return ctx.Err()
+	}
+
+	mode := ModeDown
+	if kind == DrillAPIServerSlow {
+		mode = ModeSlow
+	}
+	fault := time.Now()
+	if err := l.SetAPIServerMode(ctx, holder, mode); err != nil {
+		return err
+	}
+	healed := false
+	heal := func() error {
+		if healed {
+			return nil
+		}
+		healed = true
+		return l.SetAPIServerMode(context.Background(), holder, ModeOK)
+	}
+	defer func() { _ = heal() }()
+
+	moved, err := waitVIPGone(ctx, w, holder, recoverTimeout)
+	if err != nil {
+		return err
+	}
+	after, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("no single holder after the VIP left %s: %w", holder, err)
+	}
+	r.After = after
+	if !sleepCtx(ctx, 2*time.Second) { // requests after the move
+		return ctx.Err()
+	}
+	if err := heal(); err != nil {
+		return err
+	}
+	if err := l.waitBackendsUp(ctx, after, len(l.st.Nodes), recoverTimeout); err != nil {
+		return err
+	}
+	if !sleepCtx(ctx, 2*time.Second) { // requests after the heal
+		return ctx.Err()
+	}
+	reqs := pr.close()
+	doubles := mon.close()
+	r.SplitBrain = len(doubles) > 0
+	if r.SplitBrain {
+		r.SplitDetail = fmt.Sprintf("%d samples with two holders, first %v", len(doubles), doubles[0].holders)
+	}
+	final, err := w.holders(d.live())
+	if err != nil {
+		return err
+	}
+	r.HoldersAfterHeal = final
+
+	a := &APIResult{MovedAfterMillis: millis(moved.Sub(fault)), BoundMillis: millis(grace + time.Second), Requests: len(reqs)}
+	windowEnd := moved.Add(time.Second)
+	served := map[string]bool{}
+	lastOK := fault
+	for _, q := range reqs {
+		if q.err == "" {
+			if q.end.After(fault) {
+				a.LongestFailureMillis = max(a.LongestFailureMillis, millis(q.end.Sub(lastOK)))
+				lastOK = q.end
+			}
+			served[q.node] = true
+			continue
+		}
+		if len(a.FirstErrors) < 3 {
+			a.FirstErrors = append(a.FirstErrors, fmt.Sprintf("+%dms %s", q.start.Sub(fault).Milliseconds(), q.err))
+		}
+		// In the window: the request overlapped the time from the fault to
+		// a second after the VIP moved.
+		if q.end.After(fault) && q.start.Before(windowEnd) {
+			a.FailedInWindow++
+		} else {
+			a.FailedOutside++
+		}
+	}
+	for _, n := range l.st.Nodes {
+		if served[n.Name] {
+			a.ServedBy = append(a.ServedBy, n.Name)
+		}
+	}
+	r.API = a
+	r.OutageMillis = a.LongestFailureMillis
+	var errs []error
+	if moved.Sub(fault) > grace+time.Second {
+		errs = append(errs, fmt.Errorf("the VIP left %s after %v, more than the health grace %v + 1s", holder, moved.Sub(fault).Round(time.Millisecond), grace))
+	}
+	if a.FailedOutside > 0 {
+		errs = append(errs, fmt.Errorf("%d requests failed outside the failover window", a.FailedOutside))
+	}
+	if len(final) != 1 {
+		errs = append(errs, fmt.Errorf("after the heal the VIP is on %v", final))
+	}
+	return errors.Join(errs...)
+}
+
+// waitVIPGone returns when node no longer has the VIP.
+func waitVIPGone(ctx context.Context, w *vipWatch, node string, d time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		has, err := w.has(node)
+		if err == nil && !has {
+			return time.Now(), nil
+		}
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			return time.Time{}, ctx.Err()
+		}
+	}
+	return time.Time{}, fmt.Errorf("the VIP did not leave %s within %v", node, d)
+}
+
+// waitBackendsUp waits until vigil on node reports n backends up (its
+// /status, read inside the node's namespace).
+func (l *Lab) waitBackendsUp(ctx context.Context, node string, n int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last string
+	for time.Now().Before(deadline) {
+		rep, err := l.vigilStatus(ctx, node)
+		if err == nil {
+			up := 0
+			for _, b := range rep.Backends {
+				if b.State == "up" {
+					up++
+				}
+			}
+			if up == n {
+				return nil
+			}
+			last = fmt.Sprintf("%d of %d backends up", up, n)
+		} else {
+			last = err.Error()
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: vigil on %s: %s after %v", node, last, d)
+}
+
+// vigilReport is the part of vigil's /status the lab reads.
+type vigilReport struct {
+	Leader   bool `json:"leader"`
+	Yielding bool `json:"yielding"`
+	Backends []struct {
+		Address string `json:"address"`
+		State   string `json:"state"`
+	} `json:"backends"`
+}
+
+// vigilStatus reads vigil's /status on node (metrics address 127.0.0.1:9558
+// inside the node's namespace).
+func (l *Lab) vigilStatus(ctx context.Context, node string) (vigilReport, error) {
+	dial := netns.Dialer(nodeNS(node))
+	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+	}}
+	var rep vigilReport
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9558/status", nil)
+	if err != nil {
+		return rep, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return rep, err
+	}
+	defer resp.Body.Close()
+	return rep, json.NewDecoder(resp.Body).Decode(&rep)
+}
