@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.etcd.io/etcd/server/v3/etcdmain"
@@ -304,6 +305,88 @@ func newResponderCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "name", "", "node name to answer with")
 	cmd.Flags().IntVar(&port, "port", lab.ResponderPort, "UDP port")
+	return cmd
+}
+
+func newBenchLBCmd(g *globals) *cobra.Command {
+	var (
+		cfg    lab.LBBenchConfig
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "bench-lb",
+		Short: "Compare vigil's load balancer with HAProxy (kubeadm's recipe) on the running lab",
+		Long: `Measure vigil's load balancer and HAProxy side by side on the same lab.
+
+Needs a lab built for it:
+  vigil-lab up --lb-port 7443 --backend-port 7000 --health-port 6443
+
+vigil then balances VIP:7443 over every node's bench backend (TCP 7000) and
+health-checks the stand-in API server beside it. HAProxy is started on the VIP
+holder with kubeadm's recommended haproxy.cfg on VIP:8443 over the same
+backends. From the client namespace, for each of direct (one backend, no
+balancer), vigil and haproxy, in rotating order each round:
+  rtt         round trips on one connection: p50/p99 latency
+  connect     new connection + one round trip: p50/p99 latency
+  conns       --workers clients opening connections for --duration: per second
+  throughput  --streams connections reading for --duration: MiB/s
+Then --ejections times: SIGKILL a non-holder's backend while a client
+connects through each balancer, and time until each balancer marks it down.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			l, err := g.open()
+			if err != nil {
+				return err
+			}
+			if err := l.Open(); err != nil {
+				return err
+			}
+			progress := cmd.OutOrStdout()
+			if asJSON {
+				progress = cmd.ErrOrStderr()
+			}
+			res, err := l.BenchLB(cmd.Context(), cfg, progress)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), res)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Rounds, "rounds", 3, "rounds of measurements per target")
+	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "length of each conns and throughput measurement")
+	f.IntVar(&cfg.Workers, "workers", 8, "parallel clients in the conns measurement")
+	f.IntVar(&cfg.Streams, "streams", 4, "parallel connections in the throughput measurement")
+	f.IntVar(&cfg.Samples, "samples", 2000, "samples of the rtt and connect measurements")
+	f.IntVar(&cfg.Ejections, "ejections", 3, "backends to kill and time the ejection of")
+	f.BoolVar(&asJSON, "json", false, "print the result as JSON (progress goes to stderr)")
+	return cmd
+}
+
+func newLoadgenCmd() *cobra.Command {
+	var cfg lab.LoadConfig
+	cmd := &cobra.Command{
+		Use:    "loadgen",
+		Short:  "Generate load for bench-lb (run inside the client namespace)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := lab.RunLoad(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return writeJSON(cmd.OutOrStdout(), r)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Mode, "mode", lab.LoadRTT, "rtt, connect, conns or throughput")
+	f.StringVar(&cfg.Target, "target", "", "HOST:PORT")
+	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "duration of conns and throughput")
+	f.IntVar(&cfg.Samples, "samples", 1000, "samples of rtt and connect")
+	f.IntVar(&cfg.Workers, "workers", 4, "parallel clients")
 	return cmd
 }
 

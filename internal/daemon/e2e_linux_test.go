@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +59,21 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		{"unknown backend", with("--election", "zookeeper"), "unknown --election backend"},
 		{"unknown flag", append(good, "--frobnicate"), "unknown flag"},
 		{"bad endpoint", with("--etcd-endpoints", "127.0.0.1:2379"), "must look like http://"},
+		{"lb port in use (apiserver on 0.0.0.0)", with("--lb-port", "16443"), "--bind-address"},
+		{"metrics port in use", with("--metrics-address", "127.0.0.1:16444"), "--metrics-address 127.0.0.1:16444"},
+		{"backend port out of range", with("--backend-port", "70000"), "--backend-port 70000 is out of range"},
+		{"malformed health path", with("--health-path", "readyz"), "must be an absolute path"},
+		{"unknown lb policy", with("--lb-policy", "random"), "unknown balancing policy"},
+		{"static backend without port", with("--backend", "10.0.0.1"), "must be HOST:PORT"},
+	}
+	// What holds the ports: kube-apiserver bound to 0.0.0.0:16443, and
+	// something on the metrics port.
+	for _, addr := range []string{"0.0.0.0:16443", "127.0.0.1:16444"} {
+		var ln net.Listener
+		if err := netns.Do(p.A, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -38,10 +38,11 @@ func TestDrills(t *testing.T) {
 			t.Errorf("namespaces left after down: %v", nss)
 		}
 	})
-	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil}); err != nil {
+	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort}
+	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil}); err == nil {
+	if err := l.Up(ctx, s); err == nil {
 		t.Fatal("a second up succeeded while the lab was up")
 	}
 	for _, kind := range Drills {
@@ -55,6 +56,15 @@ func TestDrills(t *testing.T) {
 				t.Fatalf("outage %.0fms; vigil's design gives about one lease duration", r.OutageMillis)
 			}
 			switch kind {
+			case DrillAPIServerDown, DrillAPIServerSlow:
+				// OK() covered the bound on the move and errors outside
+				// the failover window; here: the balancer spread requests.
+				if r.API == nil || len(r.API.ServedBy) < 2 {
+					t.Fatalf("requests through the load balancer served by %v, want several backends", r.API)
+				}
+				if r.After == r.Target {
+					t.Fatalf("%s still holds the VIP with a failing API server", r.Target)
+				}
 			case DrillKillEtcdLeader:
 				if r.After != r.Before {
 					t.Fatalf("the VIP moved from %s to %s when only an etcd member died", r.Before, r.After)

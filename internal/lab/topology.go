@@ -94,6 +94,15 @@ func createHost(ctx context.Context, name string, addr netip.Addr) error {
 			return err
 		}
 	}
+	// Benchmarks open tens of thousands of short connections to one
+	// address: a wide port range and reuse of TIME_WAIT ports keep the
+	// client (and the balancers' side towards the backends) from running
+	// out of ports. Per namespace; the host is untouched.
+	for _, kv := range []string{"net.ipv4.ip_local_port_range=1024 65000", "net.ipv4.tcp_tw_reuse=1"} {
+		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
+			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, ns, err, strings.TrimSpace(string(out)))
+		}
+	}
 	return nil
 }
 

@@ -16,10 +16,12 @@ type metrics struct {
 	rejected   prometheus.Counter
 	usable     prometheus.Gauge
 	known      prometheus.Gauge
+	toBackend  prometheus.Counter
+	toClient   prometheus.Counter
 }
 
 func newMetrics() *metrics {
-	return &metrics{
+	m := &metrics{
 		backendUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vigil_lb_backend_up", Help: "1 if the backend takes new connections (passed its health checks), else 0.",
 		}, []string{"backend"}),
@@ -48,6 +50,8 @@ func newMetrics() *metrics {
 			Name: "vigil_lb_backends", Help: "Backends known from discovery.",
 		}),
 	}
+	m.toBackend, m.toClient = m.bytes.WithLabelValues("to_backend"), m.bytes.WithLabelValues("to_client")
+	return m
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
@@ -65,4 +69,15 @@ func (m *metrics) forget(addr string) {
 	m.active.DeleteLabelValues(addr)
 	m.accepted.DeleteLabelValues(addr)
 	m.dialErrors.DeleteLabelValues(addr)
+}
+
+// backendMetrics are one backend's series, looked up once instead of on
+// every connection.
+type backendMetrics struct {
+	active   prometheus.Gauge
+	accepted prometheus.Counter
+}
+
+func (m *metrics) forBackend(addr string) backendMetrics {
+	return backendMetrics{active: m.active.WithLabelValues(addr), accepted: m.accepted.WithLabelValues(addr)}
 }

@@ -51,6 +51,7 @@ type backend struct {
 	usable bool // passed its checks; new connections may go here
 	active int  // connections being dialled or proxied
 	conns  map[*proxyConn]struct{}
+	m      backendMetrics
 }
 
 func newPool(p Policy) *pool { return &pool{policy: p, m: map[string]*backend{}} }

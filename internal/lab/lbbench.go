@@ -1,0 +1,334 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The load balancer benchmark runs on a lab built with
+//
+//	vigil-lab up --lb-port 7443 --backend-port 7000 --health-port 6443
+//
+// so vigil balances VIP:7443 over every node's bench backend (port 7000) and
+// health-checks the stand-in API server next to it (6443). HAProxy runs on
+// the VIP holder with kubeadm's recommended configuration on VIP:8443 over
+// the same backends. The client namespace drives both, and each node's
+// backend directly as the baseline.
+const (
+	BenchVigilPort   = 7443
+	BenchHAProxyPort = 8443
+	roleHAProxy      = "haproxy"
+)
+
+// LBBenchConfig configures a benchmark run.
+type LBBenchConfig struct {
+	Rounds    int
+	Duration  time.Duration // of each conns and throughput measurement
+	Workers   int           // parallel clients for conns
+	Streams   int           // parallel connections for throughput
+	Samples   int           // rtt and connect samples
+	Ejections int
+}
+
+// LBBenchResult is a whole run.
+type LBBenchResult struct {
+	Config    LBBenchConfig `json:"config"`
+	Holder    string        `json:"holder"`
+	Loads     []LoadResult  `json:"loads"`
+	Ejections []Ejection    `json:"ejections"`
+}
+
+// Ejection is one killed backend as both balancers saw it.
+type Ejection struct {
+	Backend             string  `json:"backend"`
+	VigilMillis         float64 `json:"vigilMillis"`
+	HAProxyMillis       float64 `json:"haproxyMillis"`
+	VigilClientErrors   int     `json:"vigilClientErrors"`
+	HAProxyClientErrors int     `json:"haproxyClientErrors"`
+	VigilConns          int     `json:"vigilConns"`
+	HAProxyConns        int     `json:"haproxyConns"`
+}
+
+// haproxyConf is kubeadm's recommended haproxy.cfg (kubeadm's
+// docs/ha-considerations.md), with the bench's addresses, a health-check
+// port next to the backend port (the bench backends are plain TCP, the API
+// server stand-in beside them speaks TLS), a stats socket to read server
+// state, and without syslog (there is none in the lab; this only spares
+// HAProxy work). Note that in the recipe option ssl-hello-chk replaces the
+// httpchk before it: HAProxy checks with a TLS hello, every 2 s, 3 failures
+// to go down.
+func (l *Lab) haproxyConf(statsSock string) string {
+	var servers strings.Builder
+	for _, n := range l.st.Nodes {
+		fmt.Fprintf(&servers, "        server %s %s:%d check port %d\n", n.Name, n.IP, BulkPort, APIServerPort)
+	}
+	return fmt.Sprintf(`global
+    stats socket %s level admin
+
+defaults
+    mode                    http
+    option                  httplog
+    option                  dontlognull
+    option http-server-close
+    option forwardfor       except 127.0.0.0/8
+    option                  redispatch
+    retries                 1
+    timeout http-request    10s
+    timeout queue           20s
+    timeout connect         5s
+    timeout client          20s
+    timeout server          20s
+    timeout http-keep-alive 10s
+    timeout check           10s
+
+frontend apiserver
+    bind %s:%d
+    mode tcp
+    option tcplog
+    default_backend apiserverbackend
+
+backend apiserverbackend
+    option httpchk GET /healthz
+    http-check expect status 200
+    mode tcp
+    option ssl-hello-chk
+    balance     roundrobin
+%s`, statsSock, VIP.Addr(), BenchHAProxyPort, servers.String())
+}
+
+// BenchLB runs the load balancer benchmark.
+func (l *Lab) BenchLB(ctx context.Context, cfg LBBenchConfig, progress io.Writer) (LBBenchResult, error) {
+	res := LBBenchResult{Config: cfg}
+	s := l.st.Settings
+	if s.Impl != ImplVigil || s.LBPort != BenchVigilPort || s.BackendPort != BulkPort || s.HealthPort != APIServerPort {
+		return res, fmt.Errorf("lab: the benchmark needs vigil-lab up --lb-port %d --backend-port %d --health-port %d", BenchVigilPort, BulkPort, APIServerPort)
+	}
+	if _, err := exec.LookPath("haproxy"); err != nil {
+		return res, errors.New("lab: haproxy is not installed (apt-get install haproxy)")
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return res, err
+	}
+	res.Holder = holder
+	h, _ := l.node(holder)
+	sock := filepath.Join(l.nodeDir(h), "haproxy.sock")
+	conf := filepath.Join(l.nodeDir(h), "haproxy.cfg")
+	if err := os.WriteFile(conf, []byte(l.haproxyConf(sock)), 0o644); err != nil {
+		return res, err
+	}
+	if err := l.start(h, roleHAProxy, "haproxy", "-f", conf, "-db"); err != nil {
+		return res, err
+	}
+	defer func() { _ = l.signal(context.Background(), h, roleHAProxy, syscall.SIGKILL, 5*time.Second) }()
+	if err := l.waitBenchBackendsUp(ctx, holder, sock, "", 30*time.Second); err != nil {
+		return res, err
+	}
+
+	direct := fmt.Sprintf("%s:%d", l.otherNode(holder).IP, BulkPort)
+	targets := map[string]string{
+		"direct":  direct,
+		"vigil":   fmt.Sprintf("%s:%d", VIP.Addr(), BenchVigilPort),
+		"haproxy": fmt.Sprintf("%s:%d", VIP.Addr(), BenchHAProxyPort),
+	}
+	order := []string{"direct", "vigil", "haproxy"}
+	for round := range cfg.Rounds {
+		for i := range order {
+			name := order[(i+round)%len(order)] // rotate: no target always goes first
+			for _, lc := range []LoadConfig{
+				{Mode: LoadRTT, Samples: cfg.Samples},
+				{Mode: LoadConnect, Samples: cfg.Samples},
+				{Mode: LoadConns, Duration: cfg.Duration, Workers: cfg.Workers},
+				{Mode: LoadThroughput, Duration: cfg.Duration, Workers: cfg.Streams},
+			} {
+				lc.Target = targets[name]
+				r, err := l.runLoad(ctx, lc)
+				if err != nil {
+					return res, fmt.Errorf("%s %s: %w", name, lc.Mode, err)
+				}
+				r.Target = name
+				res.Loads = append(res.Loads, r)
+				fmt.Fprintf(progress, "round %d  %-8s %-10s count %6d errors %3d  p50 %8.1fus  p99 %8.1fus  per-second %9.1f\n",
+					round+1, name, r.Mode, r.Count, r.Errors, r.P50us, r.P99us, r.PerSecond)
+			}
+		}
+	}
+	for i := range cfg.Ejections {
+		e, err := l.ejectOnce(ctx, holder, sock, targets)
+		if err != nil {
+			return res, fmt.Errorf("ejection %d: %w", i+1, err)
+		}
+		res.Ejections = append(res.Ejections, e)
+		fmt.Fprintf(progress, "ejection %d  %s  vigil %6.0fms (%d client errors of %d)  haproxy %6.0fms (%d client errors of %d)\n",
+			i+1, e.Backend, e.VigilMillis, e.VigilClientErrors, e.VigilConns, e.HAProxyMillis, e.HAProxyClientErrors, e.HAProxyConns)
+	}
+	return res, nil
+}
+
+// otherNode returns a node that is not name.
+func (l *Lab) otherNode(name string) *Node {
+	for _, n := range l.st.Nodes {
+		if n.Name != name {
+			return n
+		}
+	}
+	return l.st.Nodes[0]
+}
+
+// runLoad runs the load generator inside the client namespace.
+func (l *Lab) runLoad(ctx context.Context, lc LoadConfig) (LoadResult, error) {
+	var r LoadResult
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", clientNS, l.selfBin, "loadgen",
+		"--mode", lc.Mode, "--target", lc.Target, "--duration", lc.Duration.String(),
+		"--samples", itoa(lc.Samples), "--workers", itoa(lc.Workers)).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return r, fmt.Errorf("loadgen: %w: %s", err, strings.TrimSpace(string(ee.Stderr)))
+		}
+		return r, fmt.Errorf("loadgen: %w", err)
+	}
+	return r, json.Unmarshal(out, &r)
+}
+
+// ejectOnce SIGKILLs the stand-in (API server and bench backend) on a node
+// that does not hold the VIP while clients connect through both balancers,
+// measures when each balancer stops using it, then restarts it.
+func (l *Lab) ejectOnce(ctx context.Context, holder, sock string, targets map[string]string) (Ejection, error) {
+	victim := l.otherNode(holder)
+	backend := fmt.Sprintf("%s:%d", victim.IP, BulkPort)
+	e := Ejection{Backend: backend}
+	type loadOut struct {
+		r   LoadResult
+		err error
+	}
+	loads := map[string]chan loadOut{}
+	for _, name := range []string{"vigil", "haproxy"} {
+		ch := make(chan loadOut, 1)
+		loads[name] = ch
+		go func() {
+			r, err := l.runLoad(ctx, LoadConfig{Mode: LoadConns, Target: targets[name], Duration: 8 * time.Second, Workers: 1})
+			ch <- loadOut{r, err}
+		}()
+	}
+	if !sleepCtx(ctx, time.Second) {
+		return e, ctx.Err()
+	}
+	kill := time.Now()
+	if err := l.signal(ctx, victim, roleAPIServer, syscall.SIGKILL, 5*time.Second); err != nil {
+		return e, err
+	}
+	vigilDown, haproxyDown := time.Time{}, time.Time{}
+	deadline := kill.Add(30 * time.Second)
+	for (vigilDown.IsZero() || haproxyDown.IsZero()) && time.Now().Before(deadline) {
+		if vigilDown.IsZero() {
+			if st, err := l.vigilBackendState(ctx, holder, backend); err == nil && st == "down" {
+				vigilDown = time.Now()
+			}
+		}
+		if haproxyDown.IsZero() {
+			if st, err := haproxyServerState(sock, victim.Name); err == nil && strings.HasPrefix(st, "DOWN") {
+				haproxyDown = time.Now()
+			}
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			return e, ctx.Err()
+		}
+	}
+	if vigilDown.IsZero() || haproxyDown.IsZero() {
+		return e, fmt.Errorf("a balancer did not eject %s within 30s (vigil %v, haproxy %v)", backend, !vigilDown.IsZero(), !haproxyDown.IsZero())
+	}
+	e.VigilMillis, e.HAProxyMillis = millis(vigilDown.Sub(kill)), millis(haproxyDown.Sub(kill))
+	for name, ch := range loads {
+		o := <-ch
+		if o.err != nil {
+			return e, o.err
+		}
+		if name == "vigil" {
+			e.VigilClientErrors, e.VigilConns = o.r.Errors, o.r.Count
+		} else {
+			e.HAProxyClientErrors, e.HAProxyConns = o.r.Errors, o.r.Count
+		}
+	}
+	if err := l.startAPIServer(victim); err != nil {
+		return e, err
+	}
+	return e, l.waitBenchBackendsUp(ctx, holder, sock, backend, 30*time.Second)
+}
+
+// waitBenchBackendsUp waits until both balancers use every backend.
+func (l *Lab) waitBenchBackendsUp(ctx context.Context, holder, sock, _ string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		ok := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), 10*time.Millisecond) == nil
+		for _, n := range l.st.Nodes {
+			st, err := haproxyServerState(sock, n.Name)
+			ok = ok && err == nil && strings.HasPrefix(st, "UP") && !strings.Contains(st, "going down")
+		}
+		if ok {
+			return nil
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: not every backend is up in both balancers after %v", d)
+}
+
+func (l *Lab) vigilBackendState(ctx context.Context, node, backend string) (string, error) {
+	rep, err := l.vigilStatus(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	for _, b := range rep.Backends {
+		if b.Address == backend {
+			return b.State, nil
+		}
+	}
+	return "", fmt.Errorf("vigil on %s does not know %s", node, backend)
+}
+
+// haproxyServerState reads a server's status ("UP", "DOWN", "UP 1/3"...)
+// from HAProxy's stats socket.
+func haproxyServerState(sock, server string) (string, error) {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "show stat\n"); err != nil {
+		return "", err
+	}
+	r := csv.NewReader(bufio.NewReader(c))
+	r.FieldsPerRecord = -1
+	recs, err := r.ReadAll()
+	if err != nil {
+		return "", err
+	}
+	status := -1
+	for _, rec := range recs {
+		if len(rec) > 0 && strings.HasPrefix(rec[0], "# ") {
+			rec[0] = strings.TrimPrefix(rec[0], "# ")
+			status = slices.Index(rec, "status")
+			continue
+		}
+		if status >= 0 && len(rec) > status && rec[0] == "apiserverbackend" && rec[1] == server {
+			return rec[status], nil
+		}
+	}
+	return "", fmt.Errorf("haproxy: no server %s", server)
+}

@@ -1,0 +1,175 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Load generator modes, run by `vigil-lab loadgen` inside the client
+// namespace against a bench backend (serveBulk) directly or through a load
+// balancer.
+const (
+	LoadRTT        = "rtt"        // one connection, sequential "name" round trips
+	LoadConnect    = "connect"    // sequential new connections: connect, one round trip, close
+	LoadConns      = "conns"      // Workers loops of LoadConnect for Duration: connections per second
+	LoadThroughput = "throughput" // Workers connections each reading "get" bytes for Duration
+)
+
+// LoadConfig configures one load generator run.
+type LoadConfig struct {
+	Mode     string
+	Target   string // host:port
+	Duration time.Duration
+	Samples  int
+	Workers  int
+}
+
+// LoadResult is what a run measured.
+type LoadResult struct {
+	Mode   string  `json:"mode"`
+	Target string  `json:"target"`
+	Count  int     `json:"count"`
+	Errors int     `json:"errors"`
+	P50us  float64 `json:"p50us,omitempty"`
+	P99us  float64 `json:"p99us,omitempty"`
+	// PerSecond is connections per second (conns) or MiB per second
+	// (throughput).
+	PerSecond float64 `json:"perSecond,omitempty"`
+}
+
+// RunLoad runs one measurement.
+func RunLoad(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
+	r := LoadResult{Mode: cfg.Mode, Target: cfg.Target}
+	switch cfg.Mode {
+	case LoadRTT:
+		c, err := net.DialTimeout("tcp", cfg.Target, 2*time.Second)
+		if err != nil {
+			return r, err
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		var lat []time.Duration
+		for range cfg.Samples {
+			start := time.Now()
+			if _, err := io.WriteString(c, "name\n"); err != nil {
+				return r, err
+			}
+			if _, err := br.ReadString('\n'); err != nil {
+				return r, err
+			}
+			lat = append(lat, time.Since(start))
+		}
+		r.Count = len(lat)
+		r.P50us, r.P99us = percentiles(lat)
+	case LoadConnect:
+		var lat []time.Duration
+		for range cfg.Samples {
+			start := time.Now()
+			if err := connectOnce(cfg.Target); err != nil {
+				r.Errors++
+				continue
+			}
+			lat = append(lat, time.Since(start))
+		}
+		r.Count = len(lat)
+		r.P50us, r.P99us = percentiles(lat)
+	case LoadConns:
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(cfg.Duration)
+		for range cfg.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, errs := 0, 0
+				for time.Now().Before(deadline) && ctx.Err() == nil {
+					if connectOnce(cfg.Target) != nil {
+						errs++
+						continue
+					}
+					n++
+				}
+				mu.Lock()
+				r.Count += n
+				r.Errors += errs
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		r.PerSecond = float64(r.Count) / cfg.Duration.Seconds()
+	case LoadThroughput:
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		var total int64
+		for range cfg.Workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				n, err := bulkRead(cfg.Target, cfg.Duration)
+				mu.Lock()
+				total += n
+				if err != nil {
+					r.Errors++
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		r.Count = cfg.Workers
+		r.PerSecond = float64(total) / (1 << 20) / cfg.Duration.Seconds()
+	default:
+		return r, fmt.Errorf("unknown load mode %q", cfg.Mode)
+	}
+	return r, nil
+}
+
+// connectOnce opens a connection, does one round trip and closes it.
+func connectOnce(target string) error {
+	c, err := net.DialTimeout("tcp", target, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "name\n"); err != nil {
+		return err
+	}
+	_, err = bufio.NewReader(c).ReadString('\n')
+	return err
+}
+
+// bulkRead asks for an endless stream and counts what arrives in d.
+func bulkRead(target string, d time.Duration) (int64, error) {
+	c, err := net.DialTimeout("tcp", target, 2*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "get "+strconv.FormatInt(1<<50, 10)+"\n"); err != nil {
+		return 0, err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	n, err := io.Copy(io.Discard, c)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		err = nil
+	}
+	return n, err
+}
+
+func percentiles(lat []time.Duration) (p50, p99 float64) {
+	if len(lat) == 0 {
+		return 0, 0
+	}
+	slices.Sort(lat)
+	at := func(q float64) float64 {
+		return float64(lat[min(len(lat)-1, int(q*float64(len(lat))))].Nanoseconds()) / 1000
+	}
+	return at(0.50), at(0.99)
+}
