@@ -13,6 +13,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -107,6 +108,7 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies, even by SIGKILL")
 	f.IntVar(&cfg.LBPort, "lb-port", 0, "run the load balancer on VIP:PORT, forwarding to every healthy API server (0: no load balancer; the VIP reaches the holder's own API server). kube-apiserver must then not bind 0.0.0.0 on this port: see --help")
 	f.StringVar(&cfg.LBPolicy, "lb-policy", "least-conn", "load balancing policy: least-conn or round-robin")
+	f.DurationVar(&cfg.LBDrainTimeout, "lb-drain-timeout", lb.DefaultDrainTimeout, "connections to an API server that answers but fails its check (shutting down) are closed after this at the latest")
 	f.IntVar(&cfg.BackendPort, "backend-port", 6443, "port of the API servers; backends are the etcd members' hosts with this port")
 	f.StringSliceVar(&cfg.Backends, "backend", nil, "static HOST:PORT backends, used only until the etcd member list has been read (bootstrap)")
 	f.StringVar(&cfg.HealthPath, "health-path", health.DefaultPath, "HTTPS path checked on every API server; 200 means healthy")

@@ -63,6 +63,9 @@ type Config struct {
 	// LBPort, when not 0, runs the load balancer on VIP:LBPort.
 	LBPort   int
 	LBPolicy string
+	// LBDrainTimeout bounds how long connections to a draining API server
+	// are left to finish.
+	LBDrainTimeout time.Duration
 	// BackendPort is the API servers' port; backends are the etcd members'
 	// hosts with this port.
 	BackendPort int
@@ -239,6 +242,8 @@ func (c *Config) validateLB() error {
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
 		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+	case c.LBDrainTimeout < 0:
+		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.LBDrainTimeout)
 	case c.HealthGrace < 0:
 		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", ErrConfig, c.HealthGrace)
 	}

@@ -70,9 +70,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if cfg.LBPort != 0 {
 		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
 		bal, err = lb.New(lb.Config{
-			Listen:   netip.AddrPortFrom(cfg.VIP.Addr(), uint16(cfg.LBPort)).String(),
-			Policy:   policy,
-			FreeBind: true,
+			Listen:       netip.AddrPortFrom(cfg.VIP.Addr(), uint16(cfg.LBPort)).String(),
+			Policy:       policy,
+			FreeBind:     true,
+			DrainTimeout: cfg.LBDrainTimeout,
 			// Passive checking: a refused connection ejects the backend
 			// before its next health check.
 			OnDialError: func(b string, err error) { checker.MarkDead(b, err) },

@@ -1,0 +1,114 @@
+package daemon
+
+import (
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vigil-ha/vigil/internal/health"
+)
+
+// readyz is a /readyz server on addr whose health a test switches.
+func readyz(t *testing.T, addr string, ok *atomic.Bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s: %v", addr, err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !ok.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		}
+	}))
+	srv.Listener = ln
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return ln.Addr().String()
+}
+
+// TestPlacement uses two real /readyz servers: one on 127.0.0.1, which is
+// this host's address (the local API server), one on 127.0.0.2, which is
+// not in the host's address list (a peer's).
+func TestPlacement(t *testing.T) {
+	var localOK, peerOK atomic.Bool
+	localOK.Store(true)
+	peerOK.Store(true)
+	local := readyz(t, "127.0.0.1:0", &localOK)
+	peer := readyz(t, "127.0.0.2:0", &peerOK)
+	c, err := health.New(health.Config{TLS: &tls.Config{InsecureSkipVerify: true}, Interval: 50 * time.Millisecond}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Set([]string{local, peer})
+	p := &placement{checker: c, grace: 300 * time.Millisecond, vip: netip.MustParseAddr("10.0.0.100"),
+		log: slog.New(slog.DiscardHandler), gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
+	if !p.localAddrs()[netip.MustParseAddr("127.0.0.1")] || p.localAddrs()[netip.MustParseAddr("127.0.0.2")] {
+		t.Skip("this host's address list is not as the test expects (127.0.0.1 only on lo)")
+	}
+	stays := func(d time.Duration, want bool) {
+		t.Helper()
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if _, y := p.yield(); y != want {
+				t.Fatalf("yield = %v, want %v throughout", y, want)
+			}
+		}
+	}
+	becomes := func(d time.Duration, want bool) string {
+		t.Helper()
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if r, y := p.yield(); y == want {
+				return r
+			}
+		}
+		t.Fatalf("yield never became %v", want)
+		return ""
+	}
+	waitUp := func() {
+		t.Helper()
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+			if a, _ := c.Status(local); a.State == health.Up {
+				if b, _ := c.Status(peer); b.State == health.Up {
+					return
+				}
+			}
+		}
+		t.Fatal("backends never came up")
+	}
+	waitUp()
+	stays(200*time.Millisecond, false)
+
+	// Local fails: no yield within the grace, yield after it.
+	localOK.Store(false)
+	failed := time.Now()
+	reason := becomes(3*time.Second, true)
+	if since := time.Since(failed); since < 250*time.Millisecond {
+		t.Fatalf("yielded %v after the local API server failed, before the grace", since)
+	}
+	if !strings.Contains(reason, local) || !strings.Contains(reason, peer) {
+		t.Fatalf("reason %q does not name the local server and the healthy peer", reason)
+	}
+	if !p.isYielding() {
+		t.Fatal("isYielding = false while yielding")
+	}
+
+	// Every API server fails: nobody yields (the VIP stays where it is).
+	peerOK.Store(false)
+	becomes(3*time.Second, false)
+	stays(300*time.Millisecond, false)
+
+	// The peer comes back: yield again; the local comes back: stop.
+	peerOK.Store(true)
+	becomes(3*time.Second, true)
+	localOK.Store(true)
+	becomes(3*time.Second, false)
+}
