@@ -20,8 +20,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// tcpBackend greets each connection with its name and a newline, then echoes
-// (or, when hung, reads and never answers).
+// tcpBackend reads one line from each connection (clients speak first, as TLS
+// clients do; the balancer only accepts a connection once it has data), then
+// greets it with its name and a newline and echoes; or, when hung, reads and
+// never answers.
 type tcpBackend struct {
 	name string
 	ln   net.Listener
@@ -57,10 +59,14 @@ func newBackend(t *testing.T, name string, hang bool) *tcpBackend {
 					_, _ = io.Copy(io.Discard, c)
 					return
 				}
+				r := bufio.NewReader(c)
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
 				if _, err := io.WriteString(c, b.name+"\n"); err != nil {
 					return
 				}
-				_, _ = io.Copy(c, c)
+				_, _ = io.Copy(c, r)
 				_ = c.(*net.TCPConn).CloseWrite()
 			}()
 		}
@@ -133,8 +139,9 @@ func startLB(t *testing.T, cfg Config, backends ...*tcpBackend) (*Balancer, *dia
 	return b, errs
 }
 
-// dial connects through the balancer and returns the conn and the name of
-// the backend that greeted it ("" for a hung backend or a closed conn).
+// dial connects through the balancer, says hello, and returns the conn and
+// the name of the backend that greeted it ("" for a hung backend or a closed
+// conn).
 func dial(t *testing.T, b *Balancer, greet bool) (net.Conn, *bufio.Reader, string) {
 	t.Helper()
 	c, err := net.Dial("tcp", b.Addr().String())
@@ -142,6 +149,9 @@ func dial(t *testing.T, b *Balancer, greet bool) (net.Conn, *bufio.Reader, strin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, "hi\n"); err != nil {
+		t.Fatal(err)
+	}
 	r := bufio.NewReader(c)
 	if !greet {
 		return c, r, ""
@@ -234,11 +244,7 @@ func TestDeadBackendConnectionsClosed(t *testing.T) {
 	hung := newBackend(t, "hung", true)
 	b, _ := startLB(t, Config{}, hung)
 	c, r, _ := dial(t, b, false)
-	_, _ = c.Write([]byte("hello?"))
-	time.Sleep(50 * time.Millisecond) // let the proxy connect
-	if got := b.Backends()[0].Connections; got != 1 {
-		t.Fatalf("connections = %d, want 1", got)
-	}
+	waitConns(t, b, 1)
 	b.Update(health.Status{Backend: hung.addr(), State: health.Down, Cause: health.Dead})
 	took := closedWithin(t, r, c, 2*time.Second)
 	t.Logf("client connection closed %v after the backend was found dead", took)
@@ -259,7 +265,8 @@ func TestBackendResetMidStream(t *testing.T) {
 
 func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
-	b, _ := startLB(t, Config{Policy: RoundRobin, DrainTimeout: 500 * time.Millisecond}, a, bb)
+	const drain = 2 * time.Second
+	b, _ := startLB(t, Config{Policy: RoundRobin, DrainTimeout: drain}, a, bb)
 	var ca net.Conn
 	var ra *bufio.Reader
 	for ca == nil {
@@ -269,22 +276,30 @@ func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
 		}
 	}
 	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
+	draining := time.Now()
+	// The draining connection still works...
+	if _, err := ca.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = ca.SetReadDeadline(time.Now().Add(drain))
+	line, err := ra.ReadString('\n')
+	if err != nil && time.Since(draining) < drain {
+		t.Fatalf("draining connection closed after %v, before the drain timeout: %v", time.Since(draining), err)
+	}
+	if err == nil && line != "x\n" {
+		t.Fatalf("draining connection echoed %q", line)
+	}
+	// ...new connections go elsewhere...
 	for range 4 {
 		if _, _, name := dial(t, b, true); name != "b" {
 			t.Fatalf("new connection went to %q while a drains", name)
 		}
 	}
-	// The draining connection still works...
-	if _, err := ca.Write([]byte("x\n")); err != nil {
-		t.Fatal(err)
+	// ...and it is closed at the drain timeout.
+	closedWithin(t, ra, ca, drain+5*time.Second)
+	if took := time.Since(draining); took < drain-100*time.Millisecond {
+		t.Fatalf("draining connection closed after %v, before the drain timeout %v", took, drain)
 	}
-	_ = ca.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if line, err := ra.ReadString('\n'); err != nil || line != "x\n" {
-		t.Fatalf("draining connection: %q %v", line, err)
-	}
-	// ...until the drain timeout.
-	took := closedWithin(t, ra, ca, 3*time.Second)
-	t.Logf("draining connection closed after %v more", took)
 }
 
 func TestDrainingThenDeadClosesAtOnce(t *testing.T) {
@@ -332,6 +347,9 @@ func refused(t *testing.T, b *Balancer) {
 		return
 	}
 	defer c.Close()
+	if _, err := io.WriteString(c, "hi\n"); err != nil {
+		return
+	}
 	closedWithin(t, bufio.NewReader(c), c, 2*time.Second)
 }
 
