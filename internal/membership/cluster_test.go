@@ -1,0 +1,363 @@
+package membership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// etcd's embedded servers leave these behind for a moment.
+		goleak.IgnoreTopFunction("go.etcd.io/etcd/server/v3/embed.(*serveCtx).serve.func1"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/client/pkg/v3/logutil.NewDefaultZapLogger"),
+		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc.(*addrConn).resetTransportAndUnlock"),
+		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+	)
+}
+
+func newCluster(t *testing.T, c *etcdtest.Cluster) *Cluster {
+	t.Helper()
+	cl, err := New(Config{Endpoints: c.Endpoints}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+func say(t *testing.T) func(string, ...any) {
+	return func(f string, a ...any) { t.Logf(f, a...) }
+}
+
+func names(t *testing.T, cl *Cluster) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v, err := cl.View(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range v.Members {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+// settle waits until etcd accepts membership changes: it refuses them for a
+// few seconds after start, until every member has been connected a while.
+func settle(t *testing.T, c *etcdtest.Cluster) {
+	t.Helper()
+	c.WaitLeader(10 * time.Second)
+	time.Sleep(5500 * time.Millisecond) // etcd's HealthInterval (5 s) + margin
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestViewAndRemove(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	cl := newCluster(t, c)
+	settle(t, c)
+	v, err := cl.View(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaders := 0
+	for _, m := range v.Members {
+		if !m.Reachable || m.DBSize == 0 || m.RaftIndex == 0 {
+			t.Fatalf("member %+v not observed as healthy", m)
+		}
+		if m.Leader {
+			leaders++
+		}
+	}
+	if leaders != 1 || v.LeaderID == 0 {
+		t.Fatalf("%d leaders in %+v", leaders, v)
+	}
+
+	// Refusals leave the membership unchanged.
+	for _, tc := range []struct {
+		target string
+		want   error
+	}{{"m9", ErrUnknownMember}, {"m3", ErrRefused}} {
+		if err := cl.Remove(ctx(t), tc.target, false, say(t)); !errors.Is(err, tc.want) {
+			t.Fatalf("Remove(%s) = %v, want %v", tc.target, err, tc.want)
+		}
+		if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+			t.Fatalf("members after a refusal: %v", got)
+		}
+	}
+
+	// A dead member goes without --force.
+	c.Kill(2)
+	if err := cl.Remove(ctx(t), "m3", false, say(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Fatalf("members: %v", got)
+	}
+
+	// Now a 2-member cluster: with one of them dead there is no quorum, and
+	// nothing is removed.
+	c.Kill(1)
+	err = cl.Remove(ctx(t), "m2", false, say(t))
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no quorum") {
+		t.Fatalf("Remove in a 2-member cluster with one dead = %v, want a no-quorum refusal", err)
+	}
+}
+
+func TestRemoveLeaderMovesLeadershipFirst(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	cl := newCluster(t, c)
+	settle(t, c)
+	leader := c.Names[c.WaitLeader(10*time.Second)]
+	var said []string
+	if err := cl.Remove(ctx(t), leader, true, func(f string, a ...any) { said = append(said, fmt.Sprintf(f, a...)) }); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(said, "\n"), "moving leadership") {
+		t.Fatalf("leadership was not moved first: %q", said)
+	}
+	if got := names(t, cl); slices.Contains(got, leader) || len(got) != 2 {
+		t.Fatalf("members after removing the leader %s: %v", leader, got)
+	}
+}
+
+func TestRefusalsAgainstRealCluster(t *testing.T) {
+	t.Run("1 of 3 healthy", func(t *testing.T) {
+		c := etcdtest.StartDistinct(t, 3)
+		cl := newCluster(t, c)
+		settle(t, c)
+		c.Kill(1)
+		c.Kill(2)
+		err := cl.Remove(ctx(t), "m3", false, say(t))
+		if !errors.Is(err, ErrRefused) {
+			t.Fatalf("Remove = %v, want a refusal", err)
+		}
+		t.Log(err)
+	})
+	t.Run("learner does not count", func(t *testing.T) {
+		c := etcdtest.StartDistinct(t, 3)
+		cl := newCluster(t, c)
+		settle(t, c)
+		// A learner is added and started; then m3 dies. Removing healthy
+		// m2 would leave m1 and the learner: one voter of two.
+		peer, client := c.NewMemberURLs()
+		add, err := cl.cli.MemberAddAsLearner(ctx(t), []string{peer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var initial []string
+		for _, m := range add.Members {
+			n := m.Name
+			if m.ID == add.Member.ID {
+				n = "l4"
+			}
+			initial = append(initial, n+"="+m.PeerURLs[0])
+		}
+		c.Add("l4", peer, client, strings.Join(initial, ","))
+		c.Kill(2)
+		err = cl.Remove(ctx(t), "m2", true, say(t))
+		if !errors.Is(err, ErrRefused) {
+			t.Fatalf("Remove = %v, want a refusal", err)
+		}
+		t.Log(err)
+		if got := names(t, cl); len(got) != 4 {
+			t.Fatalf("members after a refusal: %v", got)
+		}
+	})
+}
+
+func TestPrune(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 5)
+	cl := newCluster(t, c)
+	settle(t, c)
+	v, err := cl.View(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.RecordHealth(ctx(t), v, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(3)
+	c.Kill(4)
+
+	// Down for less than min-down: nothing happens.
+	removed, err := cl.Prune(ctx(t), time.Hour, false, say(t))
+	if err != nil || len(removed) != 0 {
+		t.Fatalf("Prune(1h) = %v, %v", removed, err)
+	}
+	// Dry run says, does nothing.
+	if _, err := cl.Prune(ctx(t), 0, true, say(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(t, cl); len(got) != 5 {
+		t.Fatalf("dry run changed the membership: %v", got)
+	}
+
+	// Two prunes at once: together they remove exactly the two dead
+	// members, and never a live one.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = cl.Prune(ctx(t), 0, false, say(t))
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Errorf("concurrent prune: %v", err)
+		}
+	}
+	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+		t.Fatalf("members after two prunes: %v", got)
+	}
+}
+
+func TestPruneFlappingAndUnrecorded(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	cl := newCluster(t, c)
+	settle(t, c)
+	// m3 flaps: it was down, but vigil saw it healthy a moment ago (the
+	// record is fresh), so a prune with min-down 1 minute leaves it.
+	v, _ := cl.View(ctx(t))
+	if err := cl.RecordHealth(ctx(t), v, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(2)
+	removed, err := cl.Prune(ctx(t), time.Minute, false, say(t))
+	if err != nil || len(removed) != 0 {
+		t.Fatalf("Prune = %v, %v; want nothing removed", removed, err)
+	}
+	// Without any record, even min-down 0 does not remove it.
+	if _, err := cl.cli.Delete(ctx(t), DefaultRecordPrefix, clientOpPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	removed, err = cl.Prune(ctx(t), 0, false, say(t))
+	if err != nil || len(removed) != 0 {
+		t.Fatalf("Prune without records = %v, %v; want nothing removed", removed, err)
+	}
+}
+
+func TestReplaceDeadResumable(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	cl := newCluster(t, c)
+	settle(t, c)
+	c.Kill(2)
+	peer, client := c.NewMemberURLs()
+
+	// First attempt: interrupted right after the dead member was removed.
+	cctx, cancel := context.WithCancel(ctx(t))
+	err := cl.Replace(cctx, ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute}, func(f string, a ...any) {
+		t.Logf(f, a...)
+		if strings.HasPrefix(f, "removed") {
+			cancel()
+		}
+	})
+	cancel()
+	if err == nil {
+		t.Fatal("interrupted replace reported success")
+	}
+	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Fatalf("after the interruption: %v", got)
+	}
+
+	// Second attempt: the new member is added but never starts; the wait
+	// times out, leaving a learner (no quorum impact).
+	err = cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: 2 * time.Second}, say(t))
+	if err == nil || !strings.Contains(err.Error(), "did not catch up") {
+		t.Fatalf("replace without the new member starting = %v", err)
+	}
+
+	// Third attempt: it starts, is promoted; nothing is added twice.
+	err = cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute,
+		OnAdded: func(initial string) { c.Add("m4", peer, client, initial) }}, say(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := cl.View(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters, healthy := v.counts()
+	if voters != 3 || healthy != 3 || len(v.Members) != 3 {
+		t.Fatalf("after replace: %d voters, %d healthy, members %+v", voters, healthy, v.Members)
+	}
+	// Running it once more changes nothing.
+	if err := cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute}, say(t)); err != nil {
+		t.Fatalf("re-run after completion: %v", err)
+	}
+}
+
+func TestReplaceHealthyUsesLearner(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	cl := newCluster(t, c)
+	settle(t, c)
+	peer, client := c.NewMemberURLs()
+	var said []string
+	err := cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute,
+		OnAdded: func(initial string) { c.Add("m4", peer, client, initial) }},
+		func(f string, a ...any) { said = append(said, fmt.Sprintf(f, a...)); t.Logf(f, a...) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(said, "\n")
+	iLearner, iPromote, iRemove := strings.Index(all, "as a learner"), strings.Index(all, "promoted"), strings.Index(all, "removed m3")
+	if iLearner < 0 || iPromote < iLearner || iRemove < iPromote {
+		t.Fatalf("steps out of order (learner, promote, remove):\n%s", all)
+	}
+	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2", "m4"}) {
+		t.Fatalf("members: %v", got)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	cl := newCluster(t, c)
+	for _, w := range []string{"m4", "m4=", "=http://x:2380", "m4=10.0.0.1:2380", "m4=http://10.0.0.1", "m4=ftp://10.0.0.1:2380"} {
+		if _, _, err := ParseNewMember(w); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseNewMember(%q) = %v", w, err)
+		}
+	}
+	if err := cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: "not-a-url", Timeout: time.Second}, say(t)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("replace with a bad URL: %v", err)
+	}
+	if got := names(t, cl); len(got) != 3 {
+		t.Fatalf("membership changed: %v", got)
+	}
+	if _, err := New(Config{Endpoints: []string{"127.0.0.1:2379"}}, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("New with a bad endpoint: %v", err)
+	}
+	dead, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	if err := dead.Remove(ctx(t), "m1", false, say(t)); err == nil || !strings.Contains(err.Error(), "is etcd reachable") {
+		t.Fatalf("Remove through unreachable etcd = %v", err)
+	}
+}
+
+func clientOpPrefix() clientv3.OpOption { return clientv3.WithPrefix() }

@@ -1,0 +1,151 @@
+package membership
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors. Every refusal wraps ErrRefused and says why and what to do.
+var (
+	ErrRefused       = errors.New("membership: refused")
+	ErrUnknownMember = errors.New("membership: no such member")
+	ErrInvalid       = errors.New("membership: invalid input")
+)
+
+// Member is one etcd member and what was observed of it.
+type Member struct {
+	ID         uint64   `json:"id"`
+	Name       string   `json:"name"`
+	PeerURLs   []string `json:"peerURLs"`
+	ClientURLs []string `json:"clientURLs"`
+	Learner    bool     `json:"learner"`
+	// Observed through Status on each client URL.
+	Reachable bool   `json:"reachable"`
+	Leader    bool   `json:"leader"`
+	RaftIndex uint64 `json:"raftIndex,omitempty"`
+	// Lag is the raft leader's applied index minus this member's.
+	Lag    uint64 `json:"lag"`
+	DBSize int64  `json:"dbSize,omitempty"`
+	Error  string `json:"error,omitempty"`
+	// LastHealthy is when vigil last saw the member reachable (recorded in
+	// etcd by the VIP holder); zero when never recorded.
+	LastHealthy time.Time `json:"lastHealthy,omitzero"`
+}
+
+// IDString is the member ID as etcdctl prints it.
+func (m Member) IDString() string { return fmt.Sprintf("%x", m.ID) }
+
+// Label names a member for messages.
+func (m Member) Label() string {
+	if m.Name == "" {
+		return m.IDString() + " (not started)"
+	}
+	return fmt.Sprintf("%s (%s)", m.Name, m.IDString())
+}
+
+// View is a snapshot of the cluster's members.
+type View struct {
+	Members []Member
+	// LeaderID is the raft leader as the reachable members report it; 0
+	// when none does.
+	LeaderID uint64
+}
+
+// counts returns voters and healthy (reachable) voters. Learners count for
+// neither: they do not vote.
+func (v View) counts() (voters, healthy int) {
+	for _, m := range v.Members {
+		if m.Learner {
+			continue
+		}
+		voters++
+		if m.Reachable {
+			healthy++
+		}
+	}
+	return voters, healthy
+}
+
+func quorum(voters int) int { return voters/2 + 1 }
+
+// Find resolves a name or a hexadecimal ID.
+func (v View) Find(nameOrID string) (Member, error) {
+	for _, m := range v.Members {
+		if m.Name == nameOrID || m.IDString() == nameOrID {
+			return m, nil
+		}
+	}
+	return Member{}, fmt.Errorf("%w: %q is neither the name nor the hexadecimal ID of a member (see vigil members list)", ErrUnknownMember, nameOrID)
+}
+
+// CheckRemove tells whether removing m is safe.
+//
+//   - The cluster must have quorum now, or the removal cannot commit: etcd
+//     with a dead majority needs disaster recovery (etcdutl snapshot
+//     restore), not a membership change.
+//   - After the removal, the healthy voters must still form a quorum of the
+//     remaining voters. Removing a dead voter never lowers the healthy count,
+//     only the quorum; removing a healthy one lowers both.
+//   - A healthy member is removed only with force: it is doing its job.
+func (v View) CheckRemove(m Member, force bool) error {
+	voters, healthy := v.counts()
+	if healthy < quorum(voters) {
+		return fmt.Errorf("%w: the cluster has no quorum (%d of %d voters reachable, %d needed), so no membership change can commit; bring members back, or restore from a snapshot (etcdutl snapshot restore)",
+			ErrRefused, healthy, voters, quorum(voters))
+	}
+	if m.Reachable && !force {
+		return fmt.Errorf("%w: %s is healthy; removing it is a deliberate act: pass --force (or use replace to swap it for a new member first)", ErrRefused, m.Label())
+	}
+	if m.Learner {
+		return nil // no vote, no quorum change
+	}
+	after, healthyAfter := voters-1, healthy
+	if m.Reachable {
+		healthyAfter--
+	}
+	if after == 0 {
+		return fmt.Errorf("%w: %s is the last voter", ErrRefused, m.Label())
+	}
+	if healthyAfter < quorum(after) {
+		return fmt.Errorf("%w: removing %s would leave %d healthy of %d voters, below the quorum of %d; bring a member back or add one first",
+			ErrRefused, m.Label(), healthyAfter, after, quorum(after))
+	}
+	return nil
+}
+
+// Dead returns the members that are unreachable now and were last seen
+// healthy more than minDown before now. Members never seen healthy (no
+// record: added but not started, or vigil never ran while they were up)
+// are not dead in this sense: nothing proves how long they have been down.
+func (v View) Dead(minDown time.Duration, now time.Time) (dead, unknown []Member) {
+	for _, m := range v.Members {
+		if m.Reachable {
+			continue
+		}
+		if m.LastHealthy.IsZero() {
+			unknown = append(unknown, m)
+			continue
+		}
+		if now.Sub(m.LastHealthy) >= minDown {
+			dead = append(dead, m)
+		}
+	}
+	return dead, unknown
+}
+
+// transferTarget picks the healthy voter, other than m, that is furthest
+// along, to take raft leadership before m is removed.
+func (v View) transferTarget(m Member) (Member, bool) {
+	var best Member
+	found := false
+	for _, c := range v.Members {
+		if c.ID == m.ID || c.Learner || !c.Reachable {
+			continue
+		}
+		if !found || c.RaftIndex > best.RaftIndex {
+			best, found = c, true
+		}
+	}
+	return best, found
+}
