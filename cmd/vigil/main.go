@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newVersionCmd(), newGuardCmd())
+	root.AddCommand(newRunCmd(), newMembersCmd(), newVersionCmd(), newGuardCmd())
 	return root
 }
 

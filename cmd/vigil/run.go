@@ -120,6 +120,7 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "consecutive passed checks that bring a failed backend back")
 	f.IntVar(&cfg.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
 	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's passes, give the VIP to that peer (0: off)")
+	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members unreachable for longer than this, never below a healthy quorum (0: off; minutes in production)")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

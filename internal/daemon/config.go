@@ -88,7 +88,15 @@ type Config struct {
 
 	// MetricsAddress serves /metrics, /healthz and /status; "" disables.
 	MetricsAddress string
+
+	// PruneAfter, when not 0, makes the VIP holder remove etcd members
+	// unreachable for longer than this (membership.Prune's rules).
+	PruneAfter time.Duration
 }
+
+// MinPruneAfter is the shortest --prune-after accepted: a reboot must never
+// look like a dead node.
+const MinPruneAfter = 10 * time.Second
 
 // DefaultHealthCA is the CA used to verify API server certificates when
 // --health-ca is not given and this file exists: kubeadm's cluster CA.
@@ -181,23 +189,33 @@ func (c *Config) Validate() error {
 
 // tlsConfig loads the etcd client TLS files; nil when none are given.
 func (c *Config) tlsConfig() (*tls.Config, error) {
-	if c.EtcdCACert == "" && c.EtcdCert == "" {
+	return EtcdClientTLS(c.EtcdCACert, c.EtcdCert, c.EtcdKey)
+}
+
+// EtcdClientTLS loads the files of --etcd-cacert, --etcd-cert and
+// --etcd-key (any may be empty); nil when none is given. Errors wrap
+// ErrConfig and name the flag.
+func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	if caFile == "" && certFile == "" && keyFile == "" {
 		return nil, nil
 	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, fmt.Errorf("%w: --etcd-cert and --etcd-key go together", ErrConfig)
+	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.EtcdCACert != "" {
-		pem, err := os.ReadFile(c.EtcdCACert)
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: read --etcd-cacert: %w", ErrConfig, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: --etcd-cacert %s holds no PEM certificate", ErrConfig, c.EtcdCACert)
+			return nil, fmt.Errorf("%w: --etcd-cacert %s holds no PEM certificate", ErrConfig, caFile)
 		}
 		tc.RootCAs = pool
 	}
-	if c.EtcdCert != "" {
-		cert, err := tls.LoadX509KeyPair(c.EtcdCert, c.EtcdKey)
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: load --etcd-cert/--etcd-key: %w", ErrConfig, err)
 		}
@@ -242,6 +260,8 @@ func (c *Config) validateLB() error {
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
 		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+	case c.PruneAfter != 0 && c.PruneAfter < MinPruneAfter:
+		return fmt.Errorf("%w: --prune-after %v is shorter than %v; a member must be gone for longer than a reboot takes (minutes in production)", ErrConfig, c.PruneAfter, MinPruneAfter)
 	case c.LBDrainTimeout < 0:
 		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.LBDrainTimeout)
 	case c.HealthGrace < 0:

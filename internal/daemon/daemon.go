@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -168,7 +170,12 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 
-	h := &holder{vip: vm, ann: ann, lock: lock, bal: bal, m: m, cfg: cfg, log: log}
+	members, err := membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, log.With("component", "membership"))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	defer members.Close()
+	h := &holder{vip: vm, ann: ann, lock: lock, bal: bal, m: m, cfg: cfg, log: log, members: members, disc: disc}
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
 		Lock:            lock,
@@ -221,8 +228,11 @@ type holder struct {
 	lock *election.EtcdLock
 	bal  *lb.Balancer // nil without --lb-port
 	m    *nodeMetrics
-	cfg  Config
-	log  *slog.Logger
+
+	members *membership.Cluster
+	disc    *discovery.Discovery
+	cfg     Config
+	log     *slog.Logger
 
 	mu     sync.Mutex // guards group and cancel
 	group  *announce.Group
@@ -258,6 +268,11 @@ func (h *holder) start(ctx context.Context) {
 			h.shed(ctx)
 		}()
 	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.watchMembers(ctx)
+	}()
 }
 
 // stop runs on losing leadership; it returns only once the VIP is gone.
@@ -300,6 +315,67 @@ func (h *holder) keep(ctx context.Context) {
 			h.log.Error("cannot refresh the VIP", "err", err)
 		}
 	}
+}
+
+// membersInterval is how often the VIP holder records which etcd members
+// are healthy (for `vigil members list` and prune) and, with --prune-after,
+// prunes. Five seconds is fine-grained next to any sane --prune-after and
+// costs one member list, one Status per member and one transaction.
+const membersInterval = 5 * time.Second
+
+// watchMembers records member health and prunes dead members while this
+// node holds the VIP. Only the holder does it, so there is one writer; a
+// holder that just lost the VIP may still be finishing a prune, which is
+// why every removal reads the member list again first (membership.Prune).
+func (h *holder) watchMembers(ctx context.Context) {
+	t := time.NewTicker(membersInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, membersInterval)
+		err := h.membersOnce(cctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			h.log.Warn("cannot check etcd members", "err", err)
+			failing = true
+		case err == nil && failing:
+			h.log.Info("checking etcd members works again")
+			failing = false
+		}
+	}
+}
+
+func (h *holder) membersOnce(ctx context.Context) error {
+	v, err := h.members.View(ctx)
+	if err != nil {
+		return err
+	}
+	if err := h.members.RecordHealth(ctx, v, time.Now()); err != nil {
+		return err
+	}
+	if h.cfg.PruneAfter == 0 {
+		return nil
+	}
+	say := func(f string, a ...any) { h.log.Info("prune: " + fmt.Sprintf(f, a...)) }
+	removed, err := h.members.Prune(ctx, h.cfg.PruneAfter, false, func(f string, a ...any) {
+		if !strings.HasPrefix(f, "nothing to prune") {
+			say(f, a...)
+		}
+	})
+	for _, m := range removed {
+		h.m.prunes.Inc()
+		h.log.Info("pruned a dead etcd member", "member", m.Label(), "down_since", m.LastHealthy)
+	}
+	if len(removed) > 0 {
+		h.disc.Refresh() // its API server leaves the load balancer now
+	}
+	return err
 }
 
 // shed keeps etcd raft leadership off this node while it holds the VIP.

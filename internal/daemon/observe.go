@@ -28,6 +28,7 @@ type nodeMetrics struct {
 	vipHeld    prometheus.Gauge
 	leaderRuns prometheus.Counter
 	yielding   prometheus.Gauge
+	prunes     prometheus.Counter
 }
 
 func newNodeMetrics() *nodeMetrics {
@@ -45,8 +46,11 @@ func newNodeMetrics() *nodeMetrics {
 		yielding: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vigil_placement_yielding", Help: "1 while this node leaves the VIP to a peer because its own API server fails its checks.",
 		}),
+		prunes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_members_pruned_total", Help: "Dead etcd members removed by this node (--prune-after).",
+		}),
 	}
-	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding,
+	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vigil-ha/vigil/internal/daemon"
+	"github.com/vigil-ha/vigil/internal/membership"
+)
+
+// etcdFlags are the connection flags every members subcommand shares with
+// vigil run.
+type etcdFlags struct {
+	endpoints        []string
+	ca, cert, key    string
+	logLevel, format string
+}
+
+func (f *etcdFlags) add(cmd *cobra.Command) {
+	fs := cmd.PersistentFlags()
+	fs.StringSliceVar(&f.endpoints, "etcd-endpoints", []string{"https://127.0.0.1:2379"}, "etcd client URLs, comma-separated")
+	fs.StringVar(&f.ca, "etcd-cacert", "", "CA bundle that signed the etcd server certificates")
+	fs.StringVar(&f.cert, "etcd-cert", "", "etcd client certificate")
+	fs.StringVar(&f.key, "etcd-key", "", "etcd client key")
+	fs.StringVar(&f.logLevel, "log-level", "warn", "debug, info, warn or error")
+}
+
+func (f *etcdFlags) cluster() (*membership.Cluster, error) {
+	tc, err := daemon.EtcdClientTLS(f.ca, f.cert, f.key)
+	if err != nil {
+		return nil, err
+	}
+	log, err := newLogger(f.logLevel, "text")
+	if err != nil {
+		return nil, err
+	}
+	return membership.New(membership.Config{Endpoints: f.endpoints, TLS: tc}, log)
+}
+
+// sayTo prints each step with the time it happened.
+func sayTo(w io.Writer) func(string, ...any) {
+	return func(format string, a ...any) {
+		fmt.Fprintf(w, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
+	}
+}
+
+func newMembersCmd() *cobra.Command {
+	var ef etcdFlags
+	cmd := &cobra.Command{
+		Use:   "members",
+		Short: "Inspect and safely change etcd membership (list, remove, prune, replace)",
+		Long: `Inspect and change the control plane's etcd membership without risking quorum.
+
+Every change first reads the member list and asks each member for its status
+(a member is healthy when its client URL answers within a second), then
+refuses anything that would leave fewer healthy voters than the quorum of
+the remaining ones, or that needs a quorum the cluster does not have.
+Refusals say why and what to do instead; nothing is changed.
+
+"Last seen healthy" comes from records that vigil run (on the VIP holder)
+keeps in etcd under /vigil/members/. prune removes only members recorded
+healthy at some point and unreachable since: a member never seen healthy
+(added, not yet started) is never pruned.
+
+The connection flags are those of vigil run. With kubeadm:
+  --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt
+  --etcd-cert /etc/kubernetes/pki/apiserver-etcd-client.crt
+  --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key`,
+	}
+	ef.add(cmd)
+	cmd.AddCommand(newMembersListCmd(&ef), newMembersRemoveCmd(&ef), newMembersPruneCmd(&ef), newMembersReplaceCmd(&ef))
+	return cmd
+}
+
+func newMembersListCmd(ef *etcdFlags) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List members with health, role, raft lag, DB size and when last seen healthy",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if output != "table" && output != "json" && output != "yaml" {
+				return fmt.Errorf("-o %q: use table, json or yaml", output)
+			}
+			cl, err := ef.cluster()
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			v, err := cl.View(cmd.Context())
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			switch output {
+			case "json":
+				enc := json.NewEncoder(w)
+				enc.SetIndent("", "  ")
+				return enc.Encode(v.Members)
+			case "yaml":
+				b, err := yaml.Marshal(v.Members)
+				if err != nil {
+					return err
+				}
+				_, err = w.Write(b)
+				return err
+			}
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tID\tROLE\tLEADER\tHEALTHY\tLAG\tDB\tLAST SEEN HEALTHY\tPEER URLS\tCLIENT URLS")
+			for _, m := range v.Members {
+				role := "voter"
+				if m.Learner {
+					role = "learner"
+				}
+				seen := "never recorded"
+				switch {
+				case m.Reachable:
+					seen = "now"
+				case !m.LastHealthy.IsZero():
+					seen = time.Since(m.LastHealthy).Round(time.Second).String() + " ago"
+				}
+				name := m.Name
+				if name == "" {
+					name = "(not started)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", name, m.IDString(), role, yesNo(m.Leader), yesNo(m.Reachable),
+					m.Lag, size(m.DBSize), seen, strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table, json or yaml")
+	return cmd
+}
+
+func newMembersRemoveCmd(ef *etcdFlags) *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "remove NAME|ID",
+		Short: "Remove one member, if the cluster keeps a healthy quorum",
+		Long: `Remove one member by name or hexadecimal ID.
+
+Refused when the cluster has no quorum now, when the removal would leave
+fewer healthy voters than the quorum of the remaining voters, and for a
+healthy member unless --force is given. A member that leads raft hands
+leadership to the most up-to-date healthy voter first.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := ef.cluster()
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			return cl.Remove(cmd.Context(), args[0], force, sayTo(cmd.OutOrStdout()))
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "also remove a member that is healthy")
+	return cmd
+}
+
+func newMembersPruneCmd(ef *etcdFlags) *cobra.Command {
+	var (
+		dryRun  bool
+		minDown time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove members unreachable for longer than --min-down, one at a time",
+		Long: `Remove every member that has been unreachable for at least --min-down
+(going by vigil's last-seen-healthy records), one at a time. Before each
+removal the cluster is read again and the quorum rules of remove apply, so
+prune never goes below a healthy majority and two prunes at once are safe.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if minDown < 0 {
+				return fmt.Errorf("--min-down %v must not be negative", minDown)
+			}
+			cl, err := ef.cluster()
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			_, err = cl.Prune(cmd.Context(), minDown, dryRun, sayTo(cmd.OutOrStdout()))
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be removed, remove nothing")
+	cmd.Flags().DurationVar(&minDown, "min-down", 5*time.Minute, "how long a member must have been unreachable")
+	return cmd
+}
+
+func newMembersReplaceCmd(ef *etcdFlags) *cobra.Command {
+	var (
+		with    string
+		timeout time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "replace OLD --with NAME=PEER_URL",
+		Short: "Replace a member: remove-then-add when OLD is dead, learner-promote-remove when healthy",
+		Long: `Replace member OLD (name or ID) with a new member NAME at PEER_URL.
+
+  OLD dead:    remove OLD, add NAME as a learner, wait until it has caught
+               up, promote it.
+  OLD healthy: add NAME as a learner, wait until it has caught up, promote
+               it, then remove OLD (moving raft leadership off it first).
+
+After adding, it prints the flags the new member's etcd must start with
+(--initial-cluster ... --initial-cluster-state existing) and waits up to
+--timeout for it. Every step checks what is already done, so the command can
+be run again after an interruption at any point.`,
+		Example: `  vigil members replace cp1 --with cp4=https://10.0.0.14:2380`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, peer, err := membership.ParseNewMember(with)
+			if err != nil {
+				return err
+			}
+			cl, err := ef.cluster()
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			return cl.Replace(cmd.Context(), membership.ReplaceConfig{Old: args[0], NewName: name, NewPeer: peer, Timeout: timeout}, sayTo(cmd.OutOrStdout()))
+		},
+	}
+	cmd.Flags().StringVar(&with, "with", "", "the new member, NAME=PEER_URL (required)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long to wait for the new member to start and catch up")
+	_ = cmd.MarkFlagRequired("with")
+	return cmd
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func size(b int64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20))
+}
