@@ -319,9 +319,10 @@ func (h *holder) keep(ctx context.Context) {
 
 // membersInterval is how often the VIP holder records which etcd members
 // are healthy (for `vigil members list` and prune) and, with --prune-after,
-// prunes. Five seconds is fine-grained next to any sane --prune-after and
-// costs one member list, one Status per member and one transaction.
-const membersInterval = 5 * time.Second
+// prunes. Two seconds is fine-grained next to any sane --prune-after (a new
+// holder records at once, too) and costs one member list, one Status per
+// member and one transaction.
+const membersInterval = 2 * time.Second
 
 // watchMembers records member health and prunes dead members while this
 // node holds the VIP. Only the holder does it, so there is one writer; a
@@ -331,13 +332,15 @@ func (h *holder) watchMembers(ctx context.Context) {
 	t := time.NewTicker(membersInterval)
 	defer t.Stop()
 	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
-		cctx, cancel := context.WithTimeout(ctx, membersInterval)
+		cctx, cancel := context.WithTimeout(ctx, 2*membersInterval)
 		err := h.membersOnce(cctx)
 		cancel()
 		switch {

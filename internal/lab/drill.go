@@ -32,7 +32,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy}
 
 // failoverDrills are the drills every implementation can run.
 var failoverDrills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon}
@@ -74,8 +74,10 @@ type Result struct {
 	SplitDetail      string   `json:"splitDetail,omitempty"`
 	HoldersAfterHeal []string `json:"holdersAfterHeal"`
 	// API is set by the API server drills.
-	API   *APIResult `json:"api,omitempty"`
-	Error string     `json:"error,omitempty"`
+	API *APIResult `json:"api,omitempty"`
+	// Phases are the timed steps of multi-step drills (replace-node).
+	Phases []Phase `json:"phases,omitempty"`
+	Error  string  `json:"error,omitempty"`
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one
@@ -87,6 +89,14 @@ func (r Result) OK() bool {
 func (r Result) String() string {
 	s := fmt.Sprintf("%-17s #%-3d outage %7.0fms  %s -> %s  heal-outage %5.0fms  split-brain: %-3s holder after heal: %s",
 		r.Drill, r.Run, r.OutageMillis, orDash(r.Before), orDash(r.After), r.HealOutageMillis, yesNo(r.SplitBrain), strings.Join(r.HoldersAfterHeal, ","))
+	if len(r.Phases) > 0 {
+		var ps []string
+		for _, p := range r.Phases {
+			ps = append(ps, fmt.Sprintf("%s %.0fms", p.Name, p.Millis))
+		}
+		s = fmt.Sprintf("%-17s #%-3d client outage %5.0fms  %s -> %s  split-brain: %s  phases: %s",
+			r.Drill, r.Run, r.OutageMillis, orDash(r.Before), orDash(r.After), yesNo(r.SplitBrain), strings.Join(ps, ", "))
+	}
 	if a := r.API; a != nil {
 		s = fmt.Sprintf("%-17s #%-3d VIP moved after %5.0fms (bound %.0fms)  %s -> %s  requests %d, failed %d in the move window, %d outside; longest without an answer %.0fms  split-brain: %s",
 			r.Drill, r.Run, a.MovedAfterMillis, a.BoundMillis, orDash(r.Before), orDash(r.After), a.Requests, a.FailedInWindow, a.FailedOutside, a.LongestFailureMillis, yesNo(r.SplitBrain))
@@ -146,6 +156,12 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillAPIServerDown || kind == DrillAPIServerSlow {
 		return l.apiDrill(ctx, kind, r)
+	}
+	if kind == DrillReplaceNode {
+		return l.replaceNode(ctx, r)
+	}
+	if kind == DrillReplaceHealthy {
+		return l.replaceHealthy(ctx, r)
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {

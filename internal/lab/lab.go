@@ -83,6 +83,9 @@ type Node struct {
 type state struct {
 	Settings Settings `json:"settings"`
 	Nodes    []*Node  `json:"nodes"`
+	// Retired are indexes of nodes replaced for good; they are not reused
+	// while the lab is up.
+	Retired []int `json:"retired,omitempty"`
 }
 
 // Config locates the lab's files and binaries.
@@ -261,6 +264,12 @@ func (l *Lab) startEtcd(n *Node) error {
 	for _, m := range l.st.Nodes {
 		cluster = append(cluster, fmt.Sprintf("%s=http://%s:2380", m.Name, m.IP))
 	}
+	return l.startEtcdWith(n, strings.Join(cluster, ","), "new")
+}
+
+// startEtcdWith starts n's etcd member; with state "existing" it joins a
+// running cluster (its data dir, if any, takes precedence).
+func (l *Lab) startEtcdWith(n *Node, cluster, clusterState string) error {
 	return l.start(n, roleEtcd, l.selfBin, "etcd",
 		"--name", n.Name,
 		"--data-dir", l.nodeDir(n)+"/etcd",
@@ -268,8 +277,8 @@ func (l *Lab) startEtcd(n *Node) error {
 		"--advertise-client-urls", fmt.Sprintf("http://%s:2379", n.IP),
 		"--listen-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
-		"--initial-cluster", strings.Join(cluster, ","),
-		"--initial-cluster-state", "new",
+		"--initial-cluster", cluster,
+		"--initial-cluster-state", clusterState,
 		"--initial-cluster-token", "vigil-lab",
 		"--log-level", "warn",
 	)

@@ -48,6 +48,42 @@ func (l *Lab) newPKI() (*pki, error) {
 	if err := writePEM(l.caPath(), "CERTIFICATE", der); err != nil {
 		return nil, err
 	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("lab: ca key: %w", err)
+	}
+	if err := writePEM(l.caKeyPath(), "EC PRIVATE KEY", kder); err != nil {
+		return nil, err
+	}
+	return &pki{cert: cert, key: key}, nil
+}
+
+func (l *Lab) caKeyPath() string { return filepath.Join(l.dir, "ca.key") }
+
+// loadPKI reads the CA that Up created, to issue certificates for nodes
+// added later.
+func (l *Lab) loadPKI() (*pki, error) {
+	cb, err := os.ReadFile(l.caPath())
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	kb, err := os.ReadFile(l.caKeyPath())
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	cp, _ := pem.Decode(cb)
+	kp, _ := pem.Decode(kb)
+	if cp == nil || kp == nil {
+		return nil, fmt.Errorf("lab: %s or %s is not PEM", l.caPath(), l.caKeyPath())
+	}
+	cert, err := x509.ParseCertificate(cp.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	key, err := x509.ParseECPrivateKey(kp.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
 	return &pki{cert: cert, key: key}, nil
 }
 

@@ -92,7 +92,10 @@ func (w *vipWatch) close() {
 
 // has reports whether node has the VIP.
 func (w *vipWatch) has(node string) (bool, error) {
-	h := w.handles[node]
+	h, ok := w.handles[node]
+	if !ok {
+		return false, fmt.Errorf("lab: node %s is not watched (it joined after the watch began)", node)
+	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return false, err

@@ -112,6 +112,7 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 		}()
 	}
 	wg.Wait()
+	c.useReachable(v)
 	var leaderIndex uint64
 	for _, m := range v.Members {
 		if m.Leader {
@@ -136,6 +137,29 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 	}
 	slices.SortFunc(v.Members, func(a, b Member) int { return strings.Compare(a.Name+a.IDString(), b.Name+b.IDString()) })
 	return v, nil
+}
+
+// useReachable points the client at the members that just answered. A
+// member that lost power leaves a connection that looks open until TCP
+// gives up; requests balanced onto it would hang until their deadline, so
+// the health records, removals and additions go only where an answer came
+// from.
+func (c *Cluster) useReachable(v View) {
+	var eps []string
+	for _, m := range v.Members {
+		if m.Reachable {
+			eps = append(eps, m.ClientURLs...)
+		}
+	}
+	if len(eps) == 0 {
+		return
+	}
+	slices.Sort(eps)
+	cur := slices.Clone(c.cli.Endpoints())
+	slices.Sort(cur)
+	if !slices.Equal(eps, cur) {
+		c.cli.SetEndpoints(eps...)
+	}
 }
 
 // status fills in what m's own client URLs say.

@@ -184,6 +184,18 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 	} else {
 		say("step 2: adding %s (%s) as a learner", rc.NewName, rc.NewPeer)
 		add, err := c.cli.MemberAddAsLearner(ctx, []string{rc.NewPeer})
+		// etcd refuses membership changes ("unhealthy cluster") until
+		// every member has been connected for 5 s, e.g. just after one
+		// restarted; that passes.
+		for deadline := time.Now().Add(unhealthyWait); errors.Is(err, rpctypes.ErrUnhealthy) && time.Now().Before(deadline); {
+			say("etcd reports an unhealthy cluster (a member connected only moments ago?); retrying")
+			select {
+			case <-ctx.Done():
+				return Member{}, ctx.Err()
+			case <-time.After(time.Second):
+			}
+			add, err = c.cli.MemberAddAsLearner(ctx, []string{rc.NewPeer})
+		}
 		if err != nil {
 			return Member{}, fmt.Errorf("add %s as a learner: %w", rc.NewName, err)
 		}
@@ -200,6 +212,10 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 	}
 	return *existing, nil
 }
+
+// unhealthyWait bounds the retries of a change etcd refused as "unhealthy
+// cluster": it holds changes back for 5 s after a member connects.
+const unhealthyWait = 15 * time.Second
 
 // promote waits until the learner has caught up and promotes it.
 func (c *Cluster) promote(ctx context.Context, m Member, rc ReplaceConfig, say func(string, ...any)) error {

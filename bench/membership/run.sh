@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Membership drills on the lab, recorded: COUNT replace-node drills in a row
+# (power off the VIP holder for good, prune it, join a new node), then
+# COUNT replace-healthy drills (learner, promote, remove). Every run is kept
+# as JSON in results/<timestamp>/, with summary.md.
+# Usage, as root: bash bench/membership/run.sh   (COUNT=5 by default)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source hack/deps.sh ip jq
+hack/build.sh
+COUNT=${COUNT:-5}
+DRILLS=${DRILLS:-"replace-node replace-healthy"}
+out=bench/membership/results/$(date -u +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+lab=bin/vigil-lab
+trap '$lab down >/dev/null 2>&1 || true' EXIT
+for d in $DRILLS; do
+  $lab down >/dev/null 2>&1 || true
+  $lab up --nodes 3 >/dev/null
+  $lab drill "$d" --count "$COUNT" --json > "$out/$d.json" || true
+done
+$lab down
+echo "COUNT=$COUNT DRILLS=\"$DRILLS\" bash bench/membership/run.sh" > "$out/command"
+{
+  echo "# Membership drills"
+  echo
+  echo "Command: \`$(cat "$out/command")\` on $(nproc) cores, kernel $(uname -r)."
+  echo "Client outage is the longest gap between answers on the VIP (UDP probe every 10 ms) over the whole drill."
+  for d in $DRILLS; do
+    echo
+    echo "## $d"
+    echo
+    echo "| run | result | client outage ms | holder before -> after | split brain | phases (ms) |"
+    echo "|---|---|---|---|---|---|"
+    jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.outageMillis | round) | \(.before) -> \(.after) | \(.splitBrain) | \([.phases[]? | "\(.name) \(.millis | round)"] | join("; ")) |"' "$out/$d.json"
+  done
+} > "$out/summary.md"
+cat "$out/summary.md"

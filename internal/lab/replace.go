@@ -1,0 +1,476 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"time"
+)
+
+// DrillReplaceNode is the seed story end to end: the VIP holder loses power
+// for good, the VIP moves, the dead etcd member is pruned with `vigil
+// members prune`, and a new node joins as kubeadm join would (a plain
+// MemberAdd, which etcd refuses while the dead member still counts), then
+// runs etcd, its API server and vigil. The client of the VIP must see only
+// the failover itself.
+const DrillReplaceNode = "replace-node"
+
+// Phase is one timed step of a multi-step drill.
+type Phase struct {
+	Name   string  `json:"name"`
+	Millis float64 `json:"millis"`
+	Detail string  `json:"detail,omitempty"`
+}
+
+// addNode creates the namespace and certificate of a new node with the next
+// free index and records it in the lab state (without processes).
+func (l *Lab) addNode(ctx context.Context) (*Node, error) {
+	idx := 0
+	for _, n := range l.st.Nodes {
+		idx = max(idx, n.Index)
+	}
+	idx++
+	for _, n := range l.st.Retired {
+		idx = max(idx, n+1)
+	}
+	if idx > 9 {
+		return nil, errors.New("lab: no free node index (the lab has room for n1..n9); run vigil-lab down and up again")
+	}
+	n := &Node{Name: "n" + itoa(idx), Index: idx, IP: nodeIP(idx), PIDs: map[string]int{}}
+	if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	ca, err := l.loadPKI()
+	if err != nil {
+		return nil, err
+	}
+	if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
+		return nil, err
+	}
+	if err := createHost(ctx, n.Name, n.IP); err != nil {
+		return nil, err
+	}
+	l.st.Nodes = append(l.st.Nodes, n)
+	return n, l.save()
+}
+
+// retireNode kills whatever runs on n, deletes its namespace and forgets it.
+func (l *Lab) retireNode(ctx context.Context, n *Node) error {
+	_ = l.killNode(ctx, n)
+	err := ip(ctx, "netns", "del", nodeNS(n.Name))
+	l.st.Nodes = slices.DeleteFunc(l.st.Nodes, func(m *Node) bool { return m == n })
+	if !slices.Contains(l.st.Retired, n.Index) {
+		l.st.Retired = append(l.st.Retired, n.Index)
+	}
+	return errors.Join(err, l.save())
+}
+
+// joinEtcd adds n to etcd as a voter, the way kubeadm join does, and starts
+// its etcd with the initial cluster the answer implies.
+func (l *Lab) joinEtcd(ctx context.Context, n *Node) error {
+	cli, err := etcdClient(l.etcdEndpoints())
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	peer := fmt.Sprintf("http://%s:2380", n.IP)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	resp, err := cli.MemberAdd(actx, []string{peer})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("JOIN REFUSED: etcd would not add %s (%w); with a dead member still listed, etcd counts it towards the quorum of the larger cluster", n.Name, err)
+	}
+	var initial []string
+	for _, m := range resp.Members {
+		name := m.Name
+		if m.ID == resp.Member.ID {
+			name = n.Name
+		}
+		if name == "" {
+			continue
+		}
+		for _, p := range m.PeerURLs {
+			initial = append(initial, name+"="+p)
+		}
+	}
+	return l.startEtcdWith(n, strings.Join(initial, ","), "existing")
+}
+
+// vigilMembers runs `vigil members ARGS` inside node's namespace, against
+// the lab's etcd, and returns its output.
+func (l *Lab) vigilMembers(ctx context.Context, node string, args ...string) (string, error) {
+	full := append([]string{"netns", "exec", nodeNS(node), l.vigilBin, "members", "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ",")}, args...)
+	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("vigil members %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// replaceNode runs the replace-node drill.
+func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
+	if l.st.Settings.Impl != ImplVigil {
+		return fmt.Errorf("drill %s needs etcd and vigil", DrillReplaceNode)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+		return err
+	}
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer func() { w.close() }()
+	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	if d.target, err = l.node(holder); err != nil {
+		return err
+	}
+	dead := d.target
+	r.Target, r.Before = holder, holder
+	pr, err := startProber(probeInterval)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	mon := startMonitor(w, d.live, probeInterval)
+	defer func() { mon.close() }()
+	var doubles []doubleHold
+	if !sleepCtx(ctx, 300*time.Millisecond) {
+		return ctx.Err()
+	}
+	start := time.Now()
+	phase := func(name string, since time.Time, detail string) time.Time {
+		now := time.Now()
+		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(since)), Detail: detail})
+		l.log.Info("phase", "drill", DrillReplaceNode, "phase", name, "took", now.Sub(since).Round(time.Millisecond), "detail", detail)
+		return now
+	}
+
+	// 1. Power off the holder for good.
+	if err := setPort(ctx, dead.Name, false); err != nil {
+		return err
+	}
+	d.setDead(dead.Name, true)
+	if err := l.killNode(ctx, dead); err != nil {
+		return err
+	}
+	// From here the lab's node list is the live nodes; the dead machine's
+	// namespace goes at the end.
+	l.st.Nodes = slices.DeleteFunc(l.st.Nodes, func(m *Node) bool { return m == dead })
+	l.st.Retired = append(l.st.Retired, dead.Index)
+	if err := l.save(); err != nil {
+		return err
+	}
+	t := phase("power off "+dead.Name, start, "")
+
+	// 2. The VIP moves.
+	recovered, err := waitAnswering(ctx, pr, dead.Name, t)
+	if err != nil {
+		return fmt.Errorf("failover: %w", err)
+	}
+	r.After = nodeAt(pr.snapshot(), recovered)
+	t = phase("VIP failover + 1s steady", t, "to "+r.After)
+
+	// 3. Prune the dead member: `vigil members prune` from a live node.
+	// Its last-seen-healthy record was written by the old holder less
+	// than five seconds before it died.
+	var out string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err = l.vigilMembers(ctx, r.After, "prune", "--min-down", "3s")
+		if err == nil && strings.Contains(out, "removed "+dead.Name) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("prune did not remove %s within 30s: %v\n%s", dead.Name, err, out)
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+	t = phase("prune "+dead.Name, t, strings.TrimSpace(lastLine(out)))
+
+	// 4. A new node joins: etcd first (kubeadm join adds the member),
+	// then its API server, vigil and responder.
+	n, err := l.addNode(ctx)
+	if err != nil {
+		return err
+	}
+	if err := l.joinEtcd(ctx, n); err != nil {
+		return err
+	}
+	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+		return fmt.Errorf("after %s joined: %w", n.Name, err)
+	}
+	t = phase("join "+n.Name+" to etcd", t, "")
+	if err := l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort)); err != nil {
+		return err
+	}
+	if err := l.startAPIServer(n); err != nil {
+		return err
+	}
+	if err := l.startVigil(n); err != nil {
+		return err
+	}
+	// Watch the new node too.
+	doubles = append(doubles, mon.close()...)
+	w.close()
+	if w, err = newVIPWatch(l.st.Nodes); err != nil {
+		return err
+	}
+	d.w = w
+	mon = startMonitor(w, d.live, probeInterval)
+	// 5. Converged: three healthy voters, and the holder balances over the
+	// new node's API server and no longer over the dead one's.
+	newBackend := netip.AddrPortFrom(n.IP, APIServerPort).String()
+	deadBackend := netip.AddrPortFrom(dead.IP, APIServerPort).String()
+	deadline = time.Now().Add(recoverTimeout)
+	for {
+		rep, err := l.vigilStatus(ctx, r.After)
+		if err == nil && l.st.Settings.LBPort != 0 {
+			var up, stale bool
+			for _, b := range rep.Backends {
+				up = up || (b.Address == newBackend && b.State == "up")
+				stale = stale || b.Address == deadBackend
+			}
+			if up && !stale {
+				break
+			}
+		} else if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the holder's load balancer did not pick up %s (and drop %s) within %v", newBackend, deadBackend, recoverTimeout)
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	// And vigil has recorded the new member healthy, so a later prune
+	// knows it (in a real cluster replacements are minutes apart; drills
+	// run back to back).
+	for !l.recordedHealthy(ctx, r.After, n.Name) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("vigil did not record %s healthy within %v", n.Name, recoverTimeout)
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	phase("vigil on "+n.Name+", backends updated", t, "")
+	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
+
+	if err := l.retireNode(ctx, dead); err != nil {
+		return err
+	}
+	if !sleepCtx(ctx, postHealWatch) {
+		return ctx.Err()
+	}
+	replies := pr.close()
+	r.OutageMillis = millis(longestGap(replies, start, time.Now()))
+	r.SplitBrain, r.SplitDetail = judgeSplit(append(doubles, mon.close()...), replies, start)
+	st, err := l.etcdStatus(ctx)
+	if err != nil {
+		return err
+	}
+	healthy := 0
+	for _, m := range st.Members {
+		if m.Reachable && m.Leader == st.Leader && st.Leader != "" {
+			healthy++
+		}
+	}
+	if healthy != 3 {
+		return fmt.Errorf("after the replacement %d of the members are healthy followers of one leader, want 3: %+v", healthy, st)
+	}
+	final, err := d.w.holders(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	r.HoldersAfterHeal = final
+	if len(final) != 1 {
+		return fmt.Errorf("after the replacement the VIP is on %v", final)
+	}
+	return nil
+}
+
+// recordedHealthy tells whether `vigil members list` shows a last-seen-
+// healthy record for member name.
+func (l *Lab) recordedHealthy(ctx context.Context, from, name string) bool {
+	out, err := l.vigilMembers(ctx, from, "list", "-o", "json")
+	if err != nil {
+		return false
+	}
+	var ms []struct {
+		Name        string    `json:"name"`
+		LastHealthy time.Time `json:"lastHealthy"`
+	}
+	if json.Unmarshal([]byte(out), &ms) != nil {
+		return false
+	}
+	for _, m := range ms {
+		if m.Name == name && !m.LastHealthy.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// DrillReplaceHealthy replaces a healthy node that does not hold the VIP
+// with `vigil members replace OLD --with NEW=PEER_URL`: the new member joins
+// as a learner, is promoted once caught up, and only then is the old one
+// removed. The VIP should not move at all.
+const DrillReplaceHealthy = "replace-healthy"
+
+func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
+	if l.st.Settings.Impl != ImplVigil {
+		return fmt.Errorf("drill %s needs etcd and vigil", DrillReplaceHealthy)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+		return err
+	}
+	old := l.otherNode(holder)
+	r.Target, r.Before = old.Name, holder
+	pr, err := startProber(probeInterval)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	start := time.Now()
+	t := start
+	phase := func(name string, detail string) {
+		now := time.Now()
+		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t)), Detail: detail})
+		t = now
+	}
+	n, err := l.addNode(ctx)
+	if err != nil {
+		return err
+	}
+	peer := fmt.Sprintf("http://%s:2380", n.IP)
+	// The replace command runs on the VIP holder and waits for the new
+	// member; the lab starts the new etcd once the learner is announced,
+	// as an operator following the printed instructions would.
+	type res struct {
+		out string
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		out, err := l.vigilMembers(ctx, holder, "replace", old.Name, "--with", n.Name+"="+peer, "--timeout", "60s")
+		done <- res{out, err}
+	}()
+	started := false
+	var rr res
+	for rr.out == "" && rr.err == nil {
+		select {
+		case rr = <-done:
+			continue
+		case <-time.After(200 * time.Millisecond):
+		}
+		if started {
+			continue
+		}
+		ic, ok, err := l.learnerCluster(ctx, n, peer)
+		if err != nil || !ok {
+			continue
+		}
+		phase("add "+n.Name+" as learner", "")
+		if err := l.startEtcdWith(n, ic, "existing"); err != nil {
+			return err
+		}
+		started = true
+	}
+	if rr.err != nil {
+		return rr.err
+	}
+	phase("catch up, promote "+n.Name+", remove "+old.Name, lastLine(rr.out))
+	// The old node's etcd stops itself once removed; its other processes
+	// and the machine go.
+	if err := l.retireNode(ctx, old); err != nil {
+		return err
+	}
+	if err := l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort)); err != nil {
+		return err
+	}
+	if err := l.startAPIServer(n); err != nil {
+		return err
+	}
+	if err := l.startVigil(n); err != nil {
+		return err
+	}
+	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+		return err
+	}
+	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+		return err
+	}
+	phase("vigil on "+n.Name+", backends updated", "")
+	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
+	if !sleepCtx(ctx, time.Second) {
+		return ctx.Err()
+	}
+	replies := pr.close()
+	r.OutageMillis = millis(longestGap(replies, start, time.Now()))
+	r.After = lastBefore(replies, time.Now())
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	if r.HoldersAfterHeal, err = w.holders(l.st.Nodes); err != nil {
+		return err
+	}
+	if len(r.HoldersAfterHeal) != 1 || r.HoldersAfterHeal[0] != holder {
+		return fmt.Errorf("the VIP moved during a planned replacement of a node that did not hold it: now on %v", r.HoldersAfterHeal)
+	}
+	return nil
+}
+
+// learnerCluster reports, once the member with peer is announced, the
+// initial cluster its etcd must start with.
+func (l *Lab) learnerCluster(ctx context.Context, n *Node, peer string) (string, bool, error) {
+	cli, err := etcdClient(l.etcdEndpoints())
+	if err != nil {
+		return "", false, err
+	}
+	defer cli.Close()
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(mctx)
+	if err != nil {
+		return "", false, err
+	}
+	var initial []string
+	found := false
+	for _, m := range resp.Members {
+		name := m.Name
+		if slices.Contains(m.PeerURLs, peer) {
+			name, found = n.Name, true
+		}
+		if name == "" {
+			continue
+		}
+		for _, p := range m.PeerURLs {
+			initial = append(initial, name+"="+p)
+		}
+	}
+	return strings.Join(initial, ","), found, nil
+}
