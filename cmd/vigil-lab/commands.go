@@ -146,7 +146,13 @@ func newDrillCmd(g *globals) *cobra.Command {
                      --health-grace + 1 s, and requests through the load
                      balancer may fail only around that move
   apiserver-slow     the same with an API server that answers after 3 s
-  mixed              all of the above in turn, --count drills in all
+  replace-node       power the holder off for good, vigil members prune, a
+                     new node joins etcd as kubeadm join does, runs vigil;
+                     prints each phase (the lab gets a new node: n4, n5...)
+  replace-healthy    vigil members replace a healthy non-holder with a new
+                     node (learner, promote, remove); the VIP must not move
+  mixed              the failover and API server drills in turn, --count
+                     drills in all
 
 The client namespace probes the VIP every 10 ms (UDP), and for the API server
 drills sends HTTPS GET /version through VIP:--lb-port every 20 ms on a new
@@ -197,7 +203,7 @@ func newDemoCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Up, every drill a few times, a summary table, down",
+		Short: "Up, every failover drill a few times, the membership drills once, a summary table, down",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if count < 1 {
@@ -237,6 +243,18 @@ func newDemoCmd(g *globals) *cobra.Command {
 					if cmd.Context().Err() != nil {
 						return cmd.Context().Err()
 					}
+				}
+			}
+			// Then the membership story once each: a healthy node
+			// swapped, and a dead holder replaced.
+			for _, kind := range lab.MembershipDrills(s) {
+				r := l.Drill(cmd.Context(), kind, 1)
+				rs = append(rs, r)
+				if !asJSON {
+					fmt.Fprintln(out, r)
+				}
+				if cmd.Context().Err() != nil {
+					return cmd.Context().Err()
 				}
 			}
 			return report(out, rs, asJSON)

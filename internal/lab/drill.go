@@ -34,6 +34,15 @@ const (
 // Drills lists the drill kinds.
 var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy}
 
+// MembershipDrills lists the drills that change the lab's membership (they
+// leave it with new nodes); vigil labs only.
+func MembershipDrills(s Settings) []string {
+	if s.Impl != ImplVigil {
+		return nil
+	}
+	return []string{DrillReplaceHealthy, DrillReplaceNode}
+}
+
 // failoverDrills are the drills every implementation can run.
 var failoverDrills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon}
 
