@@ -29,6 +29,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.IntVar(&s.BackendPort, "backend-port", lab.APIServerPort, "vigil --backend-port (the stand-in API servers listen on 6443, the benchmark backends on 7000)")
 	f.IntVar(&s.HealthPort, "health-port", 0, "vigil --health-port (0: the backend port)")
 	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
+	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; replace-node then waits for vigil to prune instead of running vigil members prune")
 }
 
 func newUpCmd(g *globals) *cobra.Command {

@@ -175,7 +175,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	defer members.Close()
-	h := &holder{vip: vm, ann: ann, lock: lock, bal: bal, m: m, cfg: cfg, log: log, members: members, disc: disc}
+	h := &holder{vip: vm, ann: ann, lock: lock, bal: bal, m: m, cfg: cfg, log: log, members: members, disc: disc, said: map[string]bool{}}
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
 		Lock:            lock,
@@ -231,6 +231,7 @@ type holder struct {
 
 	members *membership.Cluster
 	disc    *discovery.Discovery
+	said    map[string]bool // prune messages not to repeat; used by watchMembers only
 	cfg     Config
 	log     *slog.Logger
 
@@ -367,9 +368,14 @@ func (h *holder) membersOnce(ctx context.Context) error {
 	}
 	say := func(f string, a ...any) { h.log.Info("prune: " + fmt.Sprintf(f, a...)) }
 	removed, err := h.members.Prune(ctx, h.cfg.PruneAfter, false, func(f string, a ...any) {
-		if !strings.HasPrefix(f, "nothing to prune") {
-			say(f, a...)
+		msg := fmt.Sprintf(f, a...)
+		if strings.HasPrefix(msg, "nothing to prune") || h.said[msg] {
+			return
 		}
+		if strings.Contains(msg, "never recorded healthy") {
+			h.said[msg] = true // once per member, not every round
+		}
+		say("%s", msg)
 	})
 	for _, m := range removed {
 		h.m.prunes.Inc()

@@ -43,6 +43,10 @@ type Settings struct {
 	BackendPort int           `json:"backendPort"`
 	HealthPort  int           `json:"healthPort,omitempty"`
 	HealthGrace time.Duration `json:"healthGrace,omitempty"`
+	// PruneAfter is vigil's --prune-after; with it, replace-node waits for
+	// vigil to prune the dead member instead of running vigil members
+	// prune.
+	PruneAfter time.Duration `json:"pruneAfter,omitempty"`
 }
 
 // Ports of the stand-in API server on every node of a vigil lab.
@@ -311,6 +315,9 @@ func (l *Lab) startVigil(n *Node) error {
 	}
 	if s.HealthGrace > 0 {
 		args = append(args, "--health-grace", s.HealthGrace.String())
+	}
+	if s.PruneAfter > 0 {
+		args = append(args, "--prune-after", s.PruneAfter.String())
 	}
 	return l.start(n, roleVigil, l.vigilBin, args...)
 }

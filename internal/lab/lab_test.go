@@ -38,7 +38,10 @@ func TestDrills(t *testing.T) {
 			t.Errorf("namespaces left after down: %v", nss)
 		}
 	})
-	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort}
+	// With --prune-after, replace-node checks vigil's own pruning (the
+	// command is tested by bench/membership and cmd/vigil); 10 s is far
+	// above how long any other drill keeps a node down.
+	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, PruneAfter: 10 * time.Second}
 	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -56,6 +59,13 @@ func TestDrills(t *testing.T) {
 				t.Fatalf("outage %.0fms; vigil's design gives about one lease duration", r.OutageMillis)
 			}
 			switch kind {
+			case DrillReplaceNode, DrillReplaceHealthy:
+				if len(r.Phases) < 3 {
+					t.Fatalf("phases: %+v", r.Phases)
+				}
+				if kind == DrillReplaceHealthy && r.After != r.Before {
+					t.Fatalf("the VIP moved from %s to %s during a planned replacement", r.Before, r.After)
+				}
 			case DrillAPIServerDown, DrillAPIServerSlow:
 				// OK() covered the bound on the move and errors outside
 				// the failover window; here: the balancer spread requests.

@@ -180,20 +180,29 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	r.After = nodeAt(pr.snapshot(), recovered)
 	t = phase("VIP failover + 1s steady", t, "to "+r.After)
 
-	// 3. Prune the dead member: `vigil members prune` from a live node.
-	// Its last-seen-healthy record was written by the old holder less
-	// than five seconds before it died.
+	// 3. Prune the dead member: vigil run does it by itself with
+	// --prune-after; otherwise `vigil members prune` from a live node. The
+	// dead member's last-seen-healthy record was written by the old holder
+	// at most two seconds before it died.
 	var out string
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30*time.Second + l.st.Settings.PruneAfter)
 	for {
-		out, err = l.vigilMembers(ctx, r.After, "prune", "--min-down", "3s")
-		if err == nil && strings.Contains(out, "removed "+dead.Name) {
-			break
+		if l.st.Settings.PruneAfter > 0 {
+			gone, err := l.memberGone(ctx, dead.Name)
+			if err == nil && gone {
+				out = "pruned by vigil run --prune-after " + l.st.Settings.PruneAfter.String()
+				break
+			}
+		} else {
+			out, err = l.vigilMembers(ctx, r.After, "prune", "--min-down", "3s")
+			if err == nil && strings.Contains(out, "removed "+dead.Name) {
+				break
+			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("prune did not remove %s within 30s: %v\n%s", dead.Name, err, out)
+			return fmt.Errorf("%s was not pruned in time: %v\n%s", dead.Name, err, out)
 		}
-		if !sleepCtx(ctx, time.Second) {
+		if !sleepCtx(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -300,6 +309,27 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 		return fmt.Errorf("after the replacement the VIP is on %v", final)
 	}
 	return nil
+}
+
+// memberGone tells whether etcd no longer lists member name.
+func (l *Lab) memberGone(ctx context.Context, name string) (bool, error) {
+	cli, err := etcdClient(l.etcdEndpoints())
+	if err != nil {
+		return false, err
+	}
+	defer cli.Close()
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(mctx)
+	if err != nil {
+		return false, err
+	}
+	for _, m := range resp.Members {
+		if m.Name == name {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // recordedHealthy tells whether `vigil members list` shows a last-seen-
