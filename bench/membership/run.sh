@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Membership drills on the lab, recorded: COUNT replace-node drills in a row
-# (power off the VIP holder for good, prune it, join a new node), then
-# COUNT replace-healthy drills (learner, promote, remove). Every run is kept
-# as JSON in results/<timestamp>/, with summary.md.
+# (power off the VIP holder for good, prune it, join a new node), COUNT
+# replace-healthy drills (learner, promote, remove), and COUNT scale drills
+# (3 -> 5 -> 3; each on a fresh lab, as each run uses two new node
+# indexes). Every run is kept as JSON in results/<timestamp>/, with
+# summary.md.
 # Usage, as root: bash bench/membership/run.sh   (COUNT=5 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/deps.sh ip jq
 hack/build.sh
 COUNT=${COUNT:-5}
-DRILLS=${DRILLS:-"replace-node replace-healthy"}
+DRILLS=${DRILLS:-"replace-node replace-healthy scale"}
 out=bench/membership/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 lab=bin/vigil-lab
 trap '$lab down >/dev/null 2>&1 || true' EXIT
 for d in $DRILLS; do
+  if [ "$d" = scale ]; then
+    for i in $(seq 1 "$COUNT"); do
+      $lab down >/dev/null 2>&1 || true
+      $lab up --nodes 3 >/dev/null
+      $lab drill scale --json | jq ".results[0].run = $i" > "$out/scale-$i.json" || true
+    done
+    jq -s '{results: [.[].results[]]}' "$out"/scale-*.json > "$out/scale.json" && rm "$out"/scale-*.json
+    continue
+  fi
   $lab down >/dev/null 2>&1 || true
   $lab up --nodes 3 >/dev/null
   $lab drill "$d" --count "$COUNT" --json > "$out/$d.json" || true

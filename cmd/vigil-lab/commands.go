@@ -152,6 +152,9 @@ func newDrillCmd(g *globals) *cobra.Command {
                      prints each phase (the lab gets a new node: n4, n5...)
   replace-healthy    vigil members replace a healthy non-holder with a new
                      node (learner, promote, remove); the VIP must not move
+  scale              3 -> 5 nodes (kubeadm-style joins) -> 3 (vigil members
+                     remove --force of two non-holders); the VIP must not
+                     move and the load balancer follows every change
   mixed              the failover and API server drills in turn, --count
                      drills in all
 

@@ -32,7 +32,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy, DrillScale}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes); vigil labs only.
@@ -40,7 +40,7 @@ func MembershipDrills(s Settings) []string {
 	if s.Impl != ImplVigil {
 		return nil
 	}
-	return []string{DrillReplaceHealthy, DrillReplaceNode}
+	return []string{DrillScale, DrillReplaceHealthy, DrillReplaceNode}
 }
 
 // failoverDrills are the drills every implementation can run.
@@ -171,6 +171,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillReplaceHealthy {
 		return l.replaceHealthy(ctx, r)
+	}
+	if kind == DrillScale {
+		return l.scale(ctx, r)
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {

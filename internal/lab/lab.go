@@ -233,10 +233,21 @@ func (l *Lab) startNode(n *Node) error {
 	if l.st.Settings.Impl != ImplVigil {
 		return l.startKeepalived(n)
 	}
-	if err := l.startAPIServer(n); err != nil {
+	if err := l.startEtcd(n); err != nil {
 		return err
 	}
-	if err := l.startEtcd(n); err != nil {
+	return l.startServices(n)
+}
+
+// startServices starts what runs on a vigil node besides etcd: the
+// responder, the stand-in API server and vigil.
+func (l *Lab) startServices(n *Node) error {
+	if n.PIDs[roleResponder] == 0 || !alive(n.PIDs[roleResponder]) {
+		if err := l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort)); err != nil {
+			return err
+		}
+	}
+	if err := l.startAPIServer(n); err != nil {
 		return err
 	}
 	return l.startVigil(n)

@@ -59,11 +59,11 @@ func TestDrills(t *testing.T) {
 				t.Fatalf("outage %.0fms; vigil's design gives about one lease duration", r.OutageMillis)
 			}
 			switch kind {
-			case DrillReplaceNode, DrillReplaceHealthy:
+			case DrillReplaceNode, DrillReplaceHealthy, DrillScale:
 				if len(r.Phases) < 3 {
 					t.Fatalf("phases: %+v", r.Phases)
 				}
-				if kind == DrillReplaceHealthy && r.After != r.Before {
+				if kind != DrillReplaceNode && r.After != r.Before {
 					t.Fatalf("the VIP moved from %s to %s during a planned replacement", r.Before, r.After)
 				}
 			case DrillAPIServerDown, DrillAPIServerSlow:

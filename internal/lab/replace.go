@@ -2,9 +2,13 @@ package lab
 
 import (
 	"context"
+
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -80,26 +84,23 @@ func (l *Lab) joinEtcd(ctx context.Context, n *Node) error {
 	}
 	defer cli.Close()
 	peer := fmt.Sprintf("http://%s:2380", n.IP)
-	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	resp, err := cli.MemberAdd(actx, []string{peer})
-	cancel()
+	// Like kubeadm join, retry "unhealthy cluster" for a while: etcd
+	// refuses changes for 5 s after a member (re)connects. With a dead
+	// member still listed the refusal never ends.
+	var resp *clientv3.MemberAddResponse
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err = cli.MemberAdd(actx, []string{peer})
+		cancel()
+		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !sleepCtx(ctx, time.Second) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("JOIN REFUSED: etcd would not add %s (%w); with a dead member still listed, etcd counts it towards the quorum of the larger cluster", n.Name, err)
 	}
-	var initial []string
-	for _, m := range resp.Members {
-		name := m.Name
-		if m.ID == resp.Member.ID {
-			name = n.Name
-		}
-		if name == "" {
-			continue
-		}
-		for _, p := range m.PeerURLs {
-			initial = append(initial, name+"="+p)
-		}
-	}
-	return l.startEtcdWith(n, strings.Join(initial, ","), "existing")
+	ic, _ := initialCluster(resp.Members, n.Name, peer)
+	return l.startEtcdWith(n, ic, "existing")
 }
 
 // vigilMembers runs `vigil members ARGS` inside node's namespace, against
@@ -113,16 +114,43 @@ func (l *Lab) vigilMembers(ctx context.Context, node string, args ...string) (st
 	return string(out), nil
 }
 
-// replaceNode runs the replace-node drill.
-func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
+// settledVigilLab checks that the lab runs vigil and waits until it has one
+// VIP holder and a healthy etcd; it returns the holder.
+func (l *Lab) settledVigilLab(ctx context.Context, kind string) (string, error) {
 	if l.st.Settings.Impl != ImplVigil {
-		return fmt.Errorf("drill %s needs etcd and vigil", DrillReplaceNode)
+		return "", fmt.Errorf("drill %s needs etcd and vigil", kind)
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {
-		return fmt.Errorf("lab not stable before the drill: %w", err)
+		return "", fmt.Errorf("lab not stable before the drill: %w", err)
 	}
-	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+	return holder, l.waitEtcdHealthy(ctx, recoverTimeout)
+}
+
+// initialCluster is the --initial-cluster value for a new member at peer,
+// to be named name, from a member list that already announces it.
+func initialCluster(members []*etcdserverpb.Member, name, peer string) (string, bool) {
+	var initial []string
+	found := false
+	for _, m := range members {
+		mname := m.Name
+		if slices.Contains(m.PeerURLs, peer) {
+			mname, found = name, true
+		}
+		if mname == "" {
+			continue // announced, not started: not part of the initial cluster
+		}
+		for _, p := range m.PeerURLs {
+			initial = append(initial, mname+"="+p)
+		}
+	}
+	return strings.Join(initial, ","), found
+}
+
+// replaceNode runs the replace-node drill.
+func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
+	holder, err := l.settledVigilLab(ctx, DrillReplaceNode)
+	if err != nil {
 		return err
 	}
 	w, err := newVIPWatch(l.st.Nodes)
@@ -221,13 +249,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 		return fmt.Errorf("after %s joined: %w", n.Name, err)
 	}
 	t = phase("join "+n.Name+" to etcd", t, "")
-	if err := l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort)); err != nil {
-		return err
-	}
-	if err := l.startAPIServer(n); err != nil {
-		return err
-	}
-	if err := l.startVigil(n); err != nil {
+	if err := l.startServices(n); err != nil {
 		return err
 	}
 	// Watch the new node too.
@@ -366,14 +388,8 @@ func lastLine(s string) string {
 const DrillReplaceHealthy = "replace-healthy"
 
 func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
-	if l.st.Settings.Impl != ImplVigil {
-		return fmt.Errorf("drill %s needs etcd and vigil", DrillReplaceHealthy)
-	}
-	holder, err := l.waitStable(ctx, recoverTimeout)
+	holder, err := l.settledVigilLab(ctx, DrillReplaceHealthy)
 	if err != nil {
-		return fmt.Errorf("lab not stable before the drill: %w", err)
-	}
-	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
 		return err
 	}
 	old := l.otherNode(holder)
@@ -437,13 +453,7 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 	if err := l.retireNode(ctx, old); err != nil {
 		return err
 	}
-	if err := l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort)); err != nil {
-		return err
-	}
-	if err := l.startAPIServer(n); err != nil {
-		return err
-	}
-	if err := l.startVigil(n); err != nil {
+	if err := l.startServices(n); err != nil {
 		return err
 	}
 	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
@@ -488,19 +498,96 @@ func (l *Lab) learnerCluster(ctx context.Context, n *Node, peer string) (string,
 	if err != nil {
 		return "", false, err
 	}
-	var initial []string
-	found := false
-	for _, m := range resp.Members {
-		name := m.Name
-		if slices.Contains(m.PeerURLs, peer) {
-			name, found = n.Name, true
-		}
-		if name == "" {
-			continue
-		}
-		for _, p := range m.PeerURLs {
-			initial = append(initial, name+"="+p)
-		}
+	ic, found := initialCluster(resp.Members, n.Name, peer)
+	return ic, found, nil
+}
+
+// DrillScale grows the control plane from 3 to 5 nodes (each joining etcd
+// as kubeadm join does, then starting its API server and vigil) and shrinks
+// it back to 3 with `vigil members remove --force` of two nodes that do not
+// hold the VIP, which are then shut down. Every API server is balanced over
+// as it comes and dropped as it goes; the VIP must not move.
+const DrillScale = "scale"
+
+func (l *Lab) scale(ctx context.Context, r *Result) error {
+	holder, err := l.settledVigilLab(ctx, DrillScale)
+	if err != nil {
+		return err
 	}
-	return strings.Join(initial, ","), found, nil
+	if len(l.st.Nodes) != 3 {
+		return fmt.Errorf("drill %s starts from 3 nodes; the lab has %d", DrillScale, len(l.st.Nodes))
+	}
+	r.Before = holder
+	pr, err := startProber(probeInterval)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	start := time.Now()
+	t := start
+	phase := func(name string) {
+		now := time.Now()
+		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t))})
+		t = now
+	}
+	for range 2 {
+		n, err := l.addNode(ctx)
+		if err != nil {
+			return err
+		}
+		if err := l.joinEtcd(ctx, n); err != nil {
+			return err
+		}
+		if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+			return fmt.Errorf("after %s joined: %w", n.Name, err)
+		}
+		if err := l.startServices(n); err != nil {
+			return err
+		}
+		if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+			return err
+		}
+		phase(fmt.Sprintf("join %s (%d nodes)", n.Name, len(l.st.Nodes)))
+	}
+	for range 2 {
+		var victim *Node
+		for _, n := range l.st.Nodes {
+			if n.Name != holder {
+				victim = n
+				break
+			}
+		}
+		if _, err := l.vigilMembers(ctx, holder, "remove", victim.Name, "--force"); err != nil {
+			return err
+		}
+		if err := l.retireNode(ctx, victim); err != nil {
+			return err
+		}
+		if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+			return fmt.Errorf("after removing %s: %w", victim.Name, err)
+		}
+		if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+			return err
+		}
+		phase(fmt.Sprintf("remove %s (%d nodes)", victim.Name, len(l.st.Nodes)))
+	}
+	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
+	if !sleepCtx(ctx, time.Second) {
+		return ctx.Err()
+	}
+	replies := pr.close()
+	r.OutageMillis = millis(longestGap(replies, start, time.Now()))
+	r.After = lastBefore(replies, time.Now())
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	if r.HoldersAfterHeal, err = w.holders(l.st.Nodes); err != nil {
+		return err
+	}
+	if len(r.HoldersAfterHeal) != 1 || r.HoldersAfterHeal[0] != holder {
+		return fmt.Errorf("the VIP moved while scaling: now on %v", r.HoldersAfterHeal)
+	}
+	return nil
 }

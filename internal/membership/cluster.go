@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -24,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -286,9 +288,24 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		}
 	}
 	say("removing %s", m.Label())
-	rctx, cancel := context.WithTimeout(ctx, removeTimeout)
-	_, err := c.cli.MemberRemove(rctx, m.ID)
-	cancel()
+	var err error
+	for deadline := time.Now().Add(unhealthyWait); ; {
+		rctx, cancel := context.WithTimeout(ctx, removeTimeout)
+		_, err = c.cli.MemberRemove(rctx, m.ID)
+		cancel()
+		// "Unhealthy cluster": etcd holds changes back for 5 s after a
+		// member connects, and a new raft leader (just after moving
+		// leadership) counts from its own election. That passes.
+		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
+			break
+		}
+		say("etcd reports an unhealthy cluster (a member or leader changed moments ago); retrying")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 	if err != nil {
 		// Somebody else (a concurrent prune, the previous VIP holder)
 		// may have removed it first; etcd then answers "not found", or,
