@@ -307,11 +307,13 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		}
 	}
 	if err != nil {
-		// Somebody else (a concurrent prune, the previous VIP holder)
-		// may have removed it first; etcd then answers "not found", or,
-		// when both proposals race, not at all. The list tells.
+		// The answer can be lost while the removal went through: the
+		// request may have reached the very member being removed, which
+		// shuts down. Or somebody else (a concurrent prune, the previous
+		// VIP holder) removed it first; etcd then answers "not found",
+		// or, when both proposals race, not at all. The list tells.
 		if gone, lerr := c.gone(ctx, m.ID); lerr == nil && gone {
-			say("%s was already removed", m.Label())
+			say("removed %s (confirmed by the member list; etcd's answer was: %v)", m.Label(), err)
 			return nil
 		}
 		return fmt.Errorf("remove %s: %w", m.Label(), err)
