@@ -18,16 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// etcd's embedded servers leave these behind for a moment.
-		goleak.IgnoreTopFunction("go.etcd.io/etcd/server/v3/embed.(*serveCtx).serve.func1"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/client/pkg/v3/logutil.NewDefaultZapLogger"),
-		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("google.golang.org/grpc.(*addrConn).resetTransportAndUnlock"),
-		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-	)
+	goleak.VerifyTestMain(m, etcdtest.LeakOptions()...)
 }
 
 func newCluster(t *testing.T, c *etcdtest.Cluster) *Cluster {
