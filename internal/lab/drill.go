@@ -82,6 +82,10 @@ type Result struct {
 	SplitBrain       bool     `json:"splitBrain"`
 	SplitDetail      string   `json:"splitDetail,omitempty"`
 	HoldersAfterHeal []string `json:"holdersAfterHeal"`
+	// LateReplies are probe replies that arrived after the reply to a
+	// later probe (held in a cut-off node's ARP queue until its link came
+	// back); they are not counted as answers.
+	LateReplies int `json:"lateReplies,omitempty"`
 	// API is set by the API server drills.
 	API *APIResult `json:"api,omitempty"`
 	// Phases are the timed steps of multi-step drills (replace-node).
@@ -112,6 +116,9 @@ func (r Result) String() string {
 	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
+	}
+	if r.LateReplies > 0 {
+		s += fmt.Sprintf("  (%d late replies left out)", r.LateReplies)
 	}
 	if r.Error != "" {
 		s += "  ERROR: " + r.Error
@@ -235,6 +242,7 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	doubles := mon.close()
 	replies := pr.close()
+	r.LateReplies = pr.lateReplies()
 	r.Before = lastBefore(replies, fault)
 	r.After = nodeAt(replies, recovered)
 	r.OutageMillis = millis(longestGap(replies, fault, recovered))

@@ -53,8 +53,15 @@ type prober struct {
 	wg   sync.WaitGroup
 	stop chan struct{}
 
-	mu      sync.Mutex // guards replies
+	mu      sync.Mutex // guards replies, maxSeq and late
 	replies []reply
+	maxSeq  uint64
+	// late counts replies that arrived after a reply to a later probe: a
+	// node that was cut off can hold a reply in its ARP queue (waiting to
+	// resolve the client's address) and deliver it when its link comes
+	// back, seconds later. Such a reply says where a probe went before the
+	// fault, not who holds the VIP now, so it is left out.
+	late int
 }
 
 func listenInClient() (*net.UDPConn, error) {
@@ -100,9 +107,15 @@ func startProber(interval time.Duration) (*prober, error) {
 			if n <= 8 {
 				continue
 			}
+			seq := binary.BigEndian.Uint64(buf[:8])
 			r := reply{at: time.Now(), node: string(buf[8:n])}
 			p.mu.Lock()
-			p.replies = append(p.replies, r)
+			if seq < p.maxSeq {
+				p.late++
+			} else {
+				p.maxSeq = seq
+				p.replies = append(p.replies, r)
+			}
 			p.mu.Unlock()
 		}
 	}()
@@ -113,6 +126,13 @@ func (p *prober) snapshot() []reply {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return append([]reply(nil), p.replies...)
+}
+
+// lateReplies counts the replies left out as late.
+func (p *prober) lateReplies() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.late
 }
 
 // close stops the prober and returns every reply. Safe to call twice.

@@ -463,25 +463,7 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 		return err
 	}
 	phase("vigil on "+n.Name+", backends updated", "")
-	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
-	if !sleepCtx(ctx, time.Second) {
-		return ctx.Err()
-	}
-	replies := pr.close()
-	r.OutageMillis = millis(longestGap(replies, start, time.Now()))
-	r.After = lastBefore(replies, time.Now())
-	w, err := newVIPWatch(l.st.Nodes)
-	if err != nil {
-		return err
-	}
-	defer w.close()
-	if r.HoldersAfterHeal, err = w.holders(l.st.Nodes); err != nil {
-		return err
-	}
-	if len(r.HoldersAfterHeal) != 1 || r.HoldersAfterHeal[0] != holder {
-		return fmt.Errorf("the VIP moved during a planned replacement of a node that did not hold it: now on %v", r.HoldersAfterHeal)
-	}
-	return nil
+	return l.finishStill(ctx, r, pr, start, holder, "during a planned replacement of a node that did not hold it")
 }
 
 // learnerCluster reports, once the member with peer is announced, the
@@ -571,6 +553,13 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 		}
 		phase(fmt.Sprintf("remove %s (%d nodes)", victim.Name, len(l.st.Nodes)))
 	}
+	return l.finishStill(ctx, r, pr, start, holder, "while scaling")
+}
+
+// finishStill ends a drill in which the VIP must not move: it records the
+// total, the client outage since start and the holder, and fails if the
+// VIP is anywhere but on holder.
+func (l *Lab) finishStill(ctx context.Context, r *Result, pr *prober, start time.Time, holder, during string) error {
 	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
 	if !sleepCtx(ctx, time.Second) {
 		return ctx.Err()
@@ -587,7 +576,7 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 		return err
 	}
 	if len(r.HoldersAfterHeal) != 1 || r.HoldersAfterHeal[0] != holder {
-		return fmt.Errorf("the VIP moved while scaling: now on %v", r.HoldersAfterHeal)
+		return fmt.Errorf("the VIP moved %s: now on %v", during, r.HoldersAfterHeal)
 	}
 	return nil
 }
