@@ -91,6 +91,9 @@ func TestValidate(t *testing.T) {
 		{"missing health ca", func(c *Config) { c.HealthCA = filepath.Join(dir, "nope.crt") }, ErrConfig},
 		{"negative grace", func(c *Config) { c.HealthGrace = -time.Second }, ErrConfig},
 		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9558" }, ErrConfig},
+		{"prune-after shorter than a reboot", func(c *Config) { c.PruneAfter = time.Second }, ErrConfig},
+		{"prune-after on", func(c *Config) { c.PruneAfter = 10 * time.Minute }, nil},
+		{"negative drain timeout", func(c *Config) { c.LBDrainTimeout = -time.Second }, ErrConfig},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
