@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newMembersCmd(), newVersionCmd(), newGuardCmd())
+	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newVersionCmd(), newGuardCmd())
 	return root
 }
 

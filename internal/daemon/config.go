@@ -275,15 +275,21 @@ func (c *Config) validateLB() error {
 	return nil
 }
 
-// healthTLS is how API server certificates are verified: --health-ca, else
-// kubeadm's CA when present, else the system roots; or not at all.
+// healthTLS is how API server certificates are verified (see HealthTLS).
 func (c *Config) healthTLS() (*tls.Config, error) {
+	return HealthTLS(c.HealthCA, c.HealthInsecure)
+}
+
+// HealthTLS is how API server certificates are verified in health checks:
+// with the CA in file ca, else kubeadm's CA when present, else the system
+// roots; or not at all (insecure). Errors wrap ErrConfig and name
+// --health-ca.
+func HealthTLS(ca string, insecure bool) (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.HealthInsecure {
+	if insecure {
 		tc.InsecureSkipVerify = true
 		return tc, nil
 	}
-	ca := c.HealthCA
 	if ca == "" {
 		if _, err := os.Stat(DefaultHealthCA); err != nil {
 			return tc, nil // system roots

@@ -16,6 +16,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
@@ -200,7 +201,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if metricsLn != nil {
-		done := serveHTTP(cctx, metricsLn, m.reg, func() Report { return report(cfg, el, checker, bal, pl) }, log)
+		done := observe.Serve(cctx, metricsLn, m.reg, func() any { return report(cfg, el, checker, bal, pl) }, log)
 		defer func() { stopComponents(); <-done }()
 	}
 	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,

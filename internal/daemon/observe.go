@@ -1,23 +1,17 @@
 package daemon
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"net/http"
-	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/observe"
 )
 
 // nodeMetrics are the daemon's own metrics; the balancer and the checker
@@ -100,47 +94,11 @@ func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.B
 	return r
 }
 
-// listenMetrics opens the metrics address at start, so a port conflict
-// fails the start instead of surfacing later in a log line.
+// listenMetrics opens the metrics address at start.
 func listenMetrics(addr string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := observe.Listen(addr, "--metrics-address")
 	if err != nil {
-		return nil, fmt.Errorf("%w: --metrics-address %s: %w", ErrConfig, addr, err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return ln, nil
-}
-
-// serveHTTP serves /metrics, /healthz and /status on ln until ctx is
-// cancelled; the returned channel closes when the server has stopped.
-func serveHTTP(ctx context.Context, ln net.Listener, reg *prometheus.Registry, status func() Report, log *slog.Logger) <-chan struct{} {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	// Profiles, for a vigil that uses more CPU than it should. The address
-	// is localhost by default; whoever can reach it can see these.
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(status())
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "err", err)
-		}
-	}()
-	context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	})
-	log.Info("serving /metrics, /healthz and /status", "address", ln.Addr().String())
-	return done
 }

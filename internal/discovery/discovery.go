@@ -165,34 +165,39 @@ func (d *Discovery) publish(b []string, source string) {
 }
 
 // FromMembers turns a member list into backends: the host of each member's
-// client URLs with port. A member that advertises a loopback URL next to a
-// routable one contributes only the routable one; a member not started yet
-// (no client URLs) contributes nothing.
+// client URLs (see ClientURLs) with port.
 func FromMembers(members []*pb.Member, port int) []string {
 	var out []string
 	for _, m := range members {
-		var hosts, loop []string
-		for _, cu := range m.ClientURLs {
-			u, err := url.Parse(cu)
-			if err != nil || u.Hostname() == "" {
-				continue
-			}
-			h := u.Hostname()
-			if a, err := netip.ParseAddr(h); (err == nil && a.IsLoopback()) || h == "localhost" {
-				loop = append(loop, h)
-				continue
-			}
-			hosts = append(hosts, h)
-		}
-		if len(hosts) == 0 {
-			hosts = loop
-		}
-		for _, h := range hosts {
-			out = append(out, net.JoinHostPort(h, strconv.Itoa(port)))
+		for _, u := range ClientURLs(m) {
+			out = append(out, net.JoinHostPort(u.Hostname(), strconv.Itoa(port)))
 		}
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// ClientURLs are the client URLs a member advertises that others can
+// reach: a loopback URL next to a routable one is left out; a member not
+// started yet (no client URLs) has none.
+func ClientURLs(m *pb.Member) []*url.URL {
+	var out, loop []*url.URL
+	for _, cu := range m.ClientURLs {
+		u, err := url.Parse(cu)
+		if err != nil || u.Hostname() == "" {
+			continue
+		}
+		h := u.Hostname()
+		if a, err := netip.ParseAddr(h); (err == nil && a.IsLoopback()) || h == "localhost" {
+			loop = append(loop, u)
+			continue
+		}
+		out = append(out, u)
+	}
+	if len(out) == 0 {
+		return loop
+	}
+	return out
 }
 
 func validPort(p string) bool {

@@ -55,8 +55,17 @@ type Config struct {
 	Rise     int
 	Fall     int
 	// TLS verifies the backends' serving certificates (RootCAs), or skips
-	// verification (InsecureSkipVerify) in labs.
+	// verification (InsecureSkipVerify) in labs. Certificates, if any, are
+	// presented as client certificates (etcd's /health requires one when
+	// client certificate auth is on).
 	TLS *tls.Config
+	// Scheme is "https" (the default) or "http" (an etcd without TLS).
+	Scheme string
+	// KeepAlive reuses one connection per backend from check to check. A
+	// check then costs the backend one request instead of a TCP and TLS
+	// handshake: what the worker agent, run on every node, needs. A check
+	// that times out closes its connection, so the next one dials afresh.
+	KeepAlive bool
 	// OnChange is called on every change of a backend's State or Cause, one
 	// call at a time, in the order the changes happened. It must not call
 	// MarkDead.
@@ -69,6 +78,9 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	if c.Path == "" {
 		c.Path = DefaultPath
+	}
+	if c.Scheme == "" {
+		c.Scheme = "https"
 	}
 	if c.Interval == 0 {
 		c.Interval = DefaultInterval
@@ -91,6 +103,8 @@ func (c Config) Validate() error {
 		return err
 	}
 	switch {
+	case c.Scheme != "https" && c.Scheme != "http":
+		return fmt.Errorf("%w: health check scheme %q must be https or http", ErrInvalidConfig, c.Scheme)
 	case c.Port < 0 || c.Port > 65535:
 		return fmt.Errorf("%w: health check port %d is out of range 1-65535", ErrInvalidConfig, c.Port)
 	case c.Interval <= 0:
@@ -136,6 +150,9 @@ type Checker struct {
 type probe struct {
 	t      tracker
 	cancel context.CancelFunc
+	// rtt is a moving average of how long passed checks took; 0 until one
+	// passed.
+	rtt time.Duration
 }
 
 // New returns a checker with no backends.
@@ -149,9 +166,13 @@ func New(cfg Config, log *slog.Logger) (*Checker, error) {
 		tc = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	tr := &http.Transport{
-		// A fresh connection per check, as HAProxy does: a check must
-		// prove that the backend accepts connections now.
-		DisableKeepAlives:   true,
+		// By default a fresh connection per check, as HAProxy does: a
+		// check must prove that the backend accepts connections now.
+		DisableKeepAlives:   !cfg.KeepAlive,
+		MaxIdleConnsPerHost: 1,
+		// An idle connection outlives its backend's removal by at most
+		// this much.
+		IdleConnTimeout:     3*cfg.Interval + cfg.Timeout,
 		TLSClientConfig:     tc,
 		TLSHandshakeTimeout: cfg.Timeout,
 		Proxy:               nil, // never through an HTTP proxy from the environment
@@ -242,10 +263,23 @@ func (c *Checker) Statuses() []Status {
 	return out
 }
 
+// Latency is a moving average of how long backend's passed checks took: a
+// measure of how near it is. ok is false until one passed.
+func (c *Checker) Latency(backend string) (d time.Duration, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, found := c.probes[backend]
+	if !found || p.rtt == 0 {
+		return 0, false
+	}
+	return p.rtt, true
+}
+
 // Close stops every check and waits for them. It is safe to call twice.
 func (c *Checker) Close() {
 	c.stop()
 	c.wg.Wait()
+	c.client.CloseIdleConnections()
 }
 
 func (c *Checker) loop(ctx context.Context, backend string) {
@@ -263,12 +297,31 @@ func (c *Checker) loop(ctx context.Context, backend string) {
 			return
 		}
 		r.started = start
+		if r.cause == NoCause {
+			c.observeRTT(backend, time.Since(start))
+		}
 		c.checks.WithLabelValues(backend, resultLabel(r.cause)).Inc()
 		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })
 		// The next check starts one interval after this one started, or at
 		// once if this one took longer (a timed-out check).
 		next.Reset(max(0, c.cfg.Interval-time.Since(start)))
 	}
+}
+
+// observeRTT folds one passed check's duration into the backend's average
+// (weight 1/4: a single slow answer does not reorder backends).
+func (c *Checker) observeRTT(backend string, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.probes[backend]
+	if !ok {
+		return
+	}
+	if p.rtt == 0 {
+		p.rtt = max(d, time.Microsecond)
+		return
+	}
+	p.rtt += (d - p.rtt) / 4
 }
 
 // change applies f to a backend's tracker and reports a change to OnChange.
@@ -308,7 +361,7 @@ func (c *Checker) check(ctx context.Context, backend string) result {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+net.JoinHostPort(host, port)+c.cfg.Path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.Scheme+"://"+net.JoinHostPort(host, port)+c.cfg.Path, nil)
 	if err != nil {
 		return result{cause: Dead, err: err.Error()}
 	}

@@ -60,6 +60,10 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Standby starts the balancer not serving (see SetServing).
 	Standby bool
+	// ReusePort sets SO_REUSEPORT on the listener, so that a new process
+	// can bind the same address before the old one exits (an upgrade of
+	// the worker agent without a moment with nothing listening).
+	ReusePort bool
 }
 
 // Balancer forwards TCP connections to usable backends. TLS passes through
@@ -120,7 +124,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 	if err != nil || host == "" {
 		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", ErrInvalidConfig, cfg.Listen)
 	}
-	ln, err := listen(cfg.Listen, cfg.FreeBind)
+	ln, err := listen(cfg.Listen, cfg.FreeBind, cfg.ReusePort)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("%w: cannot listen on %s: something already listens on port %s of all or this address. "+
@@ -316,7 +320,20 @@ func (b *Balancer) CloseAll(reason string) {
 type BackendInfo struct {
 	Address     string `json:"address"`
 	Usable      bool   `json:"usable"`
+	Tier        int    `json:"tier"`
 	Connections int    `json:"connections"`
+}
+
+// SetTiers sets each named backend's preference tier (lower is preferred;
+// see pool). Backends not named keep their tier.
+func (b *Balancer) SetTiers(tiers map[string]int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for addr, t := range tiers {
+		if be, ok := b.pool.m[addr]; ok {
+			be.tier = t
+		}
+	}
 }
 
 // Backends returns the current backends in round-robin order.
@@ -326,7 +343,7 @@ func (b *Balancer) Backends() []BackendInfo {
 	out := make([]BackendInfo, 0, len(b.pool.order))
 	for _, a := range b.pool.order {
 		be := b.pool.m[a]
-		out = append(out, BackendInfo{Address: a, Usable: be.usable, Connections: len(be.conns)})
+		out = append(out, BackendInfo{Address: a, Usable: be.usable, Tier: be.tier, Connections: len(be.conns)})
 	}
 	return out
 }

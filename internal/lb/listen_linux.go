@@ -16,7 +16,7 @@ import (
 // connection: it finds clients that vanished without a FIN (a node that
 // lost power while watching) after keepAliveIdle + keepAliveCount *
 // keepAliveInterval.
-func listen(addr string, freeBind bool) (net.Listener, error) {
+func listen(addr string, freeBind, reusePort bool) (net.Listener, error) {
 	lc := net.ListenConfig{KeepAlive: -1}
 	lc.Control = func(network, _ string, c syscall.RawConn) error {
 		var serr error
@@ -32,6 +32,9 @@ func listen(addr string, freeBind bool) (net.Listener, error) {
 				} else {
 					set(unix.SOL_IP, unix.IP_FREEBIND, 1)
 				}
+			}
+			if reusePort {
+				set(unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 			}
 			// API server clients speak first (TLS ClientHello), so a
 			// connection is handed to vigil only once it has data: one

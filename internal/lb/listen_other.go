@@ -8,6 +8,6 @@ import (
 )
 
 // listen opens a TCP listener; free binding needs Linux.
-func listen(addr string, _ bool) (net.Listener, error) {
+func listen(addr string, _, _ bool) (net.Listener, error) {
 	return (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 }

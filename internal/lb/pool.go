@@ -49,7 +49,11 @@ type pool struct {
 type backend struct {
 	addr   string
 	usable bool // passed its checks; new connections may go here
-	active int  // connections being dialled or proxied
+	// tier orders backends by preference: a new connection goes to the
+	// lowest tier that has a usable backend, and the policy chooses within
+	// it. All backends are tier 0 unless SetTiers says otherwise.
+	tier   int
+	active int // connections being dialled or proxied
 	conns  map[*proxyConn]struct{}
 	m      backendMetrics
 }
@@ -81,16 +85,25 @@ func (p *pool) set(addrs []string) (removed []*backend) {
 	return removed
 }
 
-// pick chooses a usable backend not in skip and counts a connection on it;
-// nil when there is none.
+// pick chooses a usable backend not in skip, from the lowest tier that has
+// one, and counts a connection on it; nil when there is none.
 func (p *pool) pick(skip map[string]bool) *backend {
 	n := len(p.order)
+	tier, any := 0, false
+	for _, b := range p.m {
+		if b.usable && !skip[b.addr] && (!any || b.tier < tier) {
+			tier, any = b.tier, true
+		}
+	}
+	if !any {
+		return nil
+	}
 	var best *backend
 	bestAt := 0
 	for i := range n {
 		at := (p.next + i) % n
 		b := p.m[p.order[at]]
-		if !b.usable || skip[b.addr] {
+		if !b.usable || skip[b.addr] || b.tier != tier {
 			continue
 		}
 		if p.policy == RoundRobin {

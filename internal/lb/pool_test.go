@@ -110,3 +110,32 @@ func TestParsePolicy(t *testing.T) {
 		t.Error("ParsePolicy accepted random")
 	}
 }
+
+func TestPoolTiers(t *testing.T) {
+	p := newPool(LeastConn)
+	p.set([]string{"far:1", "near1:1", "near2:1", "seed:1"})
+	for _, b := range p.m {
+		b.usable = true
+	}
+	p.m["far:1"].tier = 1
+	p.m["near1:1"].tier = 0
+	p.m["near2:1"].tier = 0
+	p.m["seed:1"].tier = 3
+	// The nearest tier takes every connection, spread least-conn.
+	if d := cmp.Diff([]string{"near1:1", "near2:1", "near1:1", "near2:1"}, picks(p, 4, nil)); d != "" {
+		t.Fatal(d)
+	}
+	// A down backend of the nearest tier leaves the other; with the whole
+	// tier down the next tier serves, and the seed only after every other.
+	p.m["near1:1"].usable = false
+	if d := cmp.Diff([]string{"near2:1"}, picks(p, 1, nil)); d != "" {
+		t.Fatal(d)
+	}
+	p.m["near2:1"].usable = false
+	if d := cmp.Diff([]string{"far:1"}, picks(p, 1, nil)); d != "" {
+		t.Fatal(d)
+	}
+	if d := cmp.Diff([]string{"seed:1", "-"}, []string{picks(p, 1, map[string]bool{"far:1": true})[0], picks(p, 1, map[string]bool{"far:1": true, "seed:1": true})[0]}); d != "" {
+		t.Fatal(d)
+	}
+}

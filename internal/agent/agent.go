@@ -1,0 +1,436 @@
+// Package agent is vigil's worker agent: local TCP endpoints for the API
+// server (and optionally etcd) that forward to whichever control-plane
+// backends are healthy now, so that nothing on a worker is configured with
+// the control plane's membership, and nothing restarts when it changes.
+//
+// Backends come from the cluster, not from flags:
+//
+//   - the etcd member list, read through the agent's own etcd client every
+//     DiscoveryInterval: each voting member's client URL is an etcd
+//     backend, and its host with BackendPort an API server backend (on a
+//     kubeadm control plane every member runs beside a kube-apiserver);
+//   - the seeds (--server, --etcd-endpoints): the last resort, used only
+//     when no learned backend is usable;
+//   - the cache (CacheDir): the last learned lists, loaded at start, so a
+//     restarted agent serves at once even while the seeds are down.
+//
+// Each backend is health-checked (GET /readyz on API servers, GET
+// /health?serializable=true on etcd members, over kept-alive connections);
+// a refused connection takes a backend out at once. New connections go to
+// the nearest usable backend tier (see tiers), least connections within it.
+// Connections to a backend that dies or leaves the cluster are closed, so
+// their clients reconnect through the agent to one that is still there.
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/observe"
+)
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("agent: invalid configuration")
+
+// Defaults. Health checks reuse one connection per backend, so a check costs
+// a control-plane node one small request: with 1 s intervals, N agents cost
+// each API server N requests per second (see bench/agent). A silent backend
+// is out within Interval+Timeout = 2 s; a refusing one at once.
+const (
+	DefaultAPIServerListen   = "127.0.0.1:6443"
+	DefaultCacheDir          = "/var/lib/vigil-agent"
+	DefaultDiscoveryInterval = 5 * time.Second
+	DefaultHealthInterval    = time.Second
+	DefaultHealthTimeout     = time.Second
+	DefaultHealthRise        = 2
+	DefaultHealthFall        = 1
+	DefaultMetricsAddress    = "127.0.0.1:9559"
+	// EtcdHealthPath is checked on etcd members: it answers 200 when the
+	// member has a leader and no alarm, from the member's own state.
+	EtcdHealthPath = "/health?serializable=true"
+)
+
+// Config configures an Agent.
+type Config struct {
+	// Server is the seed API server URL, https://VIP:6443.
+	Server string
+	// APIServerListen is the local API server endpoint.
+	APIServerListen string
+	// BackendPort is the API servers' port on control-plane nodes; 0 takes
+	// Server's port.
+	BackendPort int
+	// EtcdListen is the local etcd endpoint; empty for none.
+	EtcdListen string
+	// EtcdSeeds are etcd client URLs to read the member list from first.
+	EtcdSeeds []string
+	// EtcdTLS is the etcd client TLS (CA and client certificate); nil for
+	// plain http.
+	EtcdTLS *tls.Config
+	// APITLS verifies API server certificates in health checks.
+	APITLS *tls.Config
+	// HealthPath is checked on API servers (default /readyz).
+	HealthPath string
+	// Health intervals, timeouts and counts; zero fields take the agent
+	// defaults above, which differ from vigil run's.
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	HealthRise     int
+	HealthFall     int
+	// CacheDir holds the learned backends; empty disables the cache.
+	CacheDir          string
+	DiscoveryInterval time.Duration
+	DrainTimeout      time.Duration
+	// MetricsAddress serves /metrics, /healthz and /status; empty for none.
+	MetricsAddress string
+	// LocalAddrs lists this host's addresses (nil: the interfaces'); a
+	// backend on one of them is preferred.
+	LocalAddrs func() ([]net.IP, error)
+}
+
+// upstream is one forwarded service: the API server or etcd.
+type upstream struct {
+	name    string // "apiserver" or "etcd"
+	bal     *lb.Balancer
+	checker *health.Checker
+	seeds   []string // host:port
+
+	mu      sync.Mutex
+	learned []string // host:port, from the cluster or the cache
+}
+
+// backends is learned ∪ seeds, sorted.
+func (u *upstream) backends() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := slices.Concat(u.learned, u.seeds)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func (u *upstream) setLearned(b []string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if slices.Equal(u.learned, b) {
+		return false
+	}
+	u.learned = slices.Clone(b)
+	return true
+}
+
+func (u *upstream) isLearned(addr string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Contains(u.learned, addr)
+}
+
+// apply pushes the backend set to the checker and the balancer.
+func (u *upstream) apply() {
+	b := u.backends()
+	u.bal.SetBackends(b)
+	u.checker.Set(b)
+}
+
+// Agent runs the local endpoints.
+type Agent struct {
+	cfg       Config
+	log       *slog.Logger
+	api       *upstream
+	etcd      *upstream // nil without EtcdListen
+	metricsLn net.Listener
+	reg       *prometheus.Registry
+	m         *agentMetrics
+	disc      *discoverer // nil without etcd seeds
+	startedAt time.Time
+
+	mu       sync.Mutex // guards etcdURLs
+	etcdURLs []string   // learned etcd client URLs, for the member list client
+}
+
+// New validates cfg and opens every listener, so that a port conflict or a
+// bad flag fails at start and nothing is left half-open.
+func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
+	if err := cfg.withDefaults(); err != nil {
+		return nil, err
+	}
+	if err := ensureCacheDir(cfg.CacheDir); err != nil {
+		return nil, err
+	}
+	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), startedAt: time.Now()}
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.m = newAgentMetrics(a.reg)
+	var opened []func()
+	defer func() {
+		if err != nil {
+			for _, c := range opened {
+				c()
+			}
+		}
+	}()
+	server, _ := url.Parse(cfg.Server) // validated
+	a.api, err = a.newUpstream("apiserver", cfg.APIServerListen, []string{server.Host}, health.Config{
+		Path: cfg.HealthPath, TLS: cfg.APITLS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	opened = append(opened, a.api.close)
+	if len(cfg.EtcdSeeds) > 0 {
+		seeds, scheme, _ := parseEtcdURLs(cfg.EtcdSeeds) // validated
+		if cfg.EtcdListen != "" {
+			a.etcd, err = a.newUpstream("etcd", cfg.EtcdListen, seeds, health.Config{
+				Path: EtcdHealthPath, TLS: cfg.EtcdTLS, Scheme: scheme,
+			})
+			if err != nil {
+				return nil, err
+			}
+			opened = append(opened, a.etcd.close)
+		}
+	}
+	if cfg.MetricsAddress != "" {
+		if a.metricsLn, err = observe.Listen(cfg.MetricsAddress, "--metrics-address"); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
+	a.loadCache()
+	return a, nil
+}
+
+func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Config) (*upstream, error) {
+	u := &upstream{name: name, seeds: seeds}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": name}, a.reg)
+	var err error
+	u.bal, err = lb.New(lb.Config{
+		Listen:       listen,
+		Policy:       lb.LeastConn,
+		ReusePort:    true,
+		DrainTimeout: a.cfg.DrainTimeout,
+		OnDialError:  func(b string, err error) { u.checker.MarkDead(b, err) },
+		Metrics:      reg,
+	}, a.log.With("upstream", name))
+	if err != nil {
+		if errors.Is(err, lb.ErrPortInUse) {
+			return nil, fmt.Errorf("%w: cannot listen on %s for the %s: the port is taken (another agent, or a local %s)", ErrConfig, listen, name, name)
+		}
+		return nil, fmt.Errorf("%w: %s listener: %w", ErrConfig, name, err)
+	}
+	hc.Interval, hc.Timeout = a.cfg.HealthInterval, a.cfg.HealthTimeout
+	hc.Rise, hc.Fall = a.cfg.HealthRise, a.cfg.HealthFall
+	hc.KeepAlive = true
+	hc.OnChange = u.bal.Update
+	hc.Metrics = reg
+	if u.checker, err = health.New(hc, a.log.With("upstream", name)); err != nil {
+		u.bal.Close()
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return u, nil
+}
+
+// waitFirstUsable waits up to d for any backend to pass its first check.
+func (u *upstream) waitFirstUsable(ctx context.Context, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		for _, st := range u.checker.Statuses() {
+			if st.State == health.Up {
+				return
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (u *upstream) close() {
+	u.bal.Close()
+	u.checker.Close()
+}
+
+// APIServerAddr is the local API server endpoint's address.
+func (a *Agent) APIServerAddr() net.Addr { return a.api.bal.Addr() }
+
+// EtcdAddr is the local etcd endpoint's address; nil without one.
+func (a *Agent) EtcdAddr() net.Addr {
+	if a.etcd == nil {
+		return nil
+	}
+	return a.etcd.bal.Addr()
+}
+
+// Run serves until ctx is cancelled.
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ups := a.upstreams()
+	var wg sync.WaitGroup
+	for _, u := range ups {
+		u.apply()
+	}
+	// The listeners are bound: clients connecting now wait in the accept
+	// queue, for the first checks, instead of being turned away for want
+	// of a backend known to be up.
+	a.rank()
+	for _, u := range ups {
+		u.waitFirstUsable(ctx, a.cfg.HealthTimeout+100*time.Millisecond)
+		wg.Go(func() { _ = u.bal.Run(ctx) })
+	}
+	if len(a.cfg.EtcdSeeds) > 0 {
+		d, err := newDiscoverer(a)
+		if err != nil {
+			cancel()
+			wg.Wait()
+			for _, u := range ups {
+				u.checker.Close()
+			}
+			return err
+		}
+		a.disc = d
+		wg.Go(func() { d.run(ctx) })
+	}
+	wg.Go(func() { a.rankLoop(ctx) })
+	if a.metricsLn != nil {
+		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, a.log)
+		defer func() { <-done }()
+	}
+	a.log.Info("agent serving", "apiserver", a.APIServerAddr().String(), "etcd", addrString(a.EtcdAddr()),
+		"seed", a.cfg.Server, "etcd_seeds", a.cfg.EtcdSeeds)
+	<-ctx.Done()
+	wg.Wait()
+	for _, u := range ups {
+		u.checker.Close()
+	}
+	if a.disc != nil {
+		a.disc.close()
+	}
+	return nil
+}
+
+// learn applies backends learned from the cluster and caches them.
+func (a *Agent) learn(api, etcd, etcdURLs []string) {
+	changed := a.api.setLearned(api)
+	if changed {
+		a.api.apply()
+	}
+	if a.etcd != nil && a.etcd.setLearned(etcd) {
+		a.etcd.apply()
+		changed = true
+	}
+	a.mu.Lock()
+	urlsChanged := !slices.Equal(a.etcdURLs, etcdURLs)
+	a.etcdURLs = slices.Clone(etcdURLs)
+	a.mu.Unlock()
+	if changed || urlsChanged {
+		a.log.Info("backends learned from the etcd member list", "apiservers", api, "etcd", etcd)
+		a.saveCache()
+	}
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+func (c *Config) withDefaults() error {
+	if c.APIServerListen == "" {
+		c.APIServerListen = DefaultAPIServerListen
+	}
+	if c.HealthPath == "" {
+		c.HealthPath = health.DefaultPath
+	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = DefaultHealthInterval
+	}
+	if c.HealthTimeout == 0 {
+		c.HealthTimeout = DefaultHealthTimeout
+	}
+	if c.HealthRise == 0 {
+		c.HealthRise = DefaultHealthRise
+	}
+	if c.HealthFall == 0 {
+		c.HealthFall = DefaultHealthFall
+	}
+	if c.DiscoveryInterval == 0 {
+		c.DiscoveryInterval = DefaultDiscoveryInterval
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = lb.DefaultDrainTimeout
+	}
+	if c.Server == "" {
+		return fmt.Errorf("%w: --server is required: the API server URL workers used so far, such as https://VIP:6443", ErrConfig)
+	}
+	u, err := url.Parse(c.Server)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
+		return fmt.Errorf("%w: --server %q must be an https URL such as https://10.0.0.100:6443", ErrConfig, c.Server)
+	}
+	if u.Port() == "" {
+		u.Host = net.JoinHostPort(u.Hostname(), "443")
+		c.Server = u.String()
+	}
+	if c.BackendPort == 0 {
+		c.BackendPort, _ = strconv.Atoi(u.Port())
+	}
+	if c.BackendPort < 1 || c.BackendPort > 65535 {
+		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", ErrConfig, c.BackendPort)
+	}
+	for flag, addr := range map[string]string{"--apiserver-listen": c.APIServerListen, "--etcd-listen": c.EtcdListen} {
+		if addr == "" {
+			continue
+		}
+		if host, port, err := net.SplitHostPort(addr); err != nil || host == "" || port == "" {
+			return fmt.Errorf("%w: %s %q must be IP:PORT, such as 127.0.0.1:6443", ErrConfig, flag, addr)
+		}
+	}
+	if c.EtcdListen != "" && len(c.EtcdSeeds) == 0 {
+		return fmt.Errorf("%w: --etcd-listen needs --etcd-endpoints: the agent learns the etcd members from them", ErrConfig)
+	}
+	if _, _, err := parseEtcdURLs(c.EtcdSeeds); err != nil {
+		return err
+	}
+	if err := health.ValidatePath(c.HealthPath); err != nil {
+		return fmt.Errorf("%w: --health-path: %w", ErrConfig, err)
+	}
+	switch {
+	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
+		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+	case c.DiscoveryInterval < 100*time.Millisecond:
+		return fmt.Errorf("%w: --discovery-interval %v is below 100ms", ErrConfig, c.DiscoveryInterval)
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.DrainTimeout)
+	}
+	if c.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
+			return fmt.Errorf("%w: --metrics-address %q must be HOST:PORT, or empty to disable", ErrConfig, c.MetricsAddress)
+		}
+	}
+	return nil
+}
+
+// parseEtcdURLs checks etcd client URLs and returns their host:port and
+// their common scheme (http or https).
+func parseEtcdURLs(urls []string) (hostPorts []string, scheme string, err error) {
+	for _, s := range urls {
+		u, err := url.Parse(s)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Port() == "" {
+			return nil, "", fmt.Errorf("%w: etcd endpoint %q must be a URL such as https://10.0.0.11:2379", ErrConfig, s)
+		}
+		if scheme != "" && u.Scheme != scheme {
+			return nil, "", fmt.Errorf("%w: etcd endpoints mix http and https", ErrConfig)
+		}
+		scheme = u.Scheme
+		hostPorts = append(hostPorts, u.Host)
+	}
+	return hostPorts, scheme, nil
+}

@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vigil-ha/vigil/internal/health"
+)
+
+// Status is what /status serves.
+type Status struct {
+	Server    string          `json:"server"`
+	StartedAt time.Time       `json:"startedAt"`
+	Upstreams []UpstreamState `json:"upstreams"`
+	// LastMemberList is when the etcd member list was last read; empty
+	// without etcd seeds.
+	LastMemberList *time.Time `json:"lastMemberList,omitempty"`
+	MemberListErr  string     `json:"memberListError,omitempty"`
+}
+
+// UpstreamState is one local endpoint and its backends.
+type UpstreamState struct {
+	Name     string         `json:"name"`
+	Listen   string         `json:"listen"`
+	Backends []BackendState `json:"backends"`
+}
+
+// BackendState is one backend as the agent sees it.
+type BackendState struct {
+	Address string `json:"address"`
+	// Source is "cluster" (learned, or cached from an earlier run) or
+	// "seed".
+	Source        string  `json:"source"`
+	State         string  `json:"state"`
+	Cause         string  `json:"cause,omitempty"`
+	LastError     string  `json:"lastError,omitempty"`
+	Tier          int     `json:"tier"`
+	LatencyMillis float64 `json:"latencyMillis,omitempty"`
+	Connections   int     `json:"connections"`
+}
+
+// Status reports the agent's state.
+func (a *Agent) Status() Status {
+	s := Status{Server: a.cfg.Server, StartedAt: a.startedAt}
+	for _, u := range a.upstreams() {
+		us := UpstreamState{Name: u.name, Listen: u.bal.Addr().String()}
+		for _, b := range u.bal.Backends() {
+			bs := BackendState{Address: b.Address, Source: "seed", Tier: b.Tier, Connections: b.Connections, State: health.Unknown.String()}
+			if u.isLearned(b.Address) {
+				bs.Source = "cluster"
+			}
+			if st, ok := u.checker.Status(b.Address); ok {
+				bs.State = st.State.String()
+				if st.State == health.Down {
+					bs.Cause, bs.LastError = st.Cause.String(), st.LastError
+				}
+			}
+			if d, ok := u.checker.Latency(b.Address); ok {
+				bs.LatencyMillis = float64(d.Microseconds()) / 1000
+			}
+			us.Backends = append(us.Backends, bs)
+		}
+		s.Upstreams = append(s.Upstreams, us)
+	}
+	if a.disc != nil {
+		t, err := a.disc.state()
+		if !t.IsZero() {
+			s.LastMemberList = &t
+		}
+		s.MemberListErr = err
+	}
+	return s
+}
+
+type agentMetrics struct {
+	reads       *prometheus.CounterVec
+	cacheErrors prometheus.Counter
+}
+
+func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
+	m := &agentMetrics{
+		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vigil_agent_member_list_reads_total", Help: "Reads of the etcd member list, by result (ok, error).",
+		}, []string{"result"}),
+		cacheErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_agent_cache_write_errors_total", Help: "Failed writes of the backend cache.",
+		}),
+	}
+	reg.MustRegister(m.reads, m.cacheErrors)
+	return m
+}
+
+func (u *upstream) learnedList() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.learned)
+}
+
+func (a *Agent) upstreams() []*upstream {
+	if a.etcd == nil {
+		return []*upstream{a.api}
+	}
+	return []*upstream{a.api, a.etcd}
+}
+
+// memberListEndpoints are the etcd client URLs the member list is read
+// from: the learned ones, then the seeds.
+func (a *Agent) memberListEndpoints() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := slices.Clone(a.etcdURLs)
+	for _, s := range a.cfg.EtcdSeeds {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
