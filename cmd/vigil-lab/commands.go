@@ -29,6 +29,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.IntVar(&s.BackendPort, "backend-port", lab.APIServerPort, "vigil --backend-port (the stand-in API servers listen on 6443, the benchmark backends on 7000)")
 	f.IntVar(&s.HealthPort, "health-port", 0, "vigil --health-port (0: the backend port)")
 	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
+	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; replace-node then waits for vigil to prune instead of running vigil members prune")
 }
 
@@ -106,22 +107,29 @@ func printStatus(cmd *cobra.Command, l *lab.Lab, asJSON bool) error {
 		if n.Cut {
 			link = "CUT"
 		}
-		var procs []string
-		for role, ok := range n.Running {
-			if ok {
-				procs = append(procs, role)
-			} else {
-				procs = append(procs, role+"(dead)")
-			}
-		}
 		follows := "-"
 		if r.Etcd != nil && i < len(r.Etcd.Members) && r.Etcd.Members[i].Reachable {
 			follows = dash(r.Etcd.Members[i].Leader)
 		}
-		slices.Sort(procs)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, link, strings.Join(procs, ","), follows)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, link, processes(n.Running), follows)
+	}
+	for _, n := range r.Workers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.Name, n.IP, "up", processes(n.Running), "(worker)")
 	}
 	return tw.Flush()
+}
+
+// processes lists roles, sorted, each dead one marked.
+func processes(running map[string]bool) string {
+	var procs []string
+	for role, ok := range running {
+		if !ok {
+			role += "(dead)"
+		}
+		procs = append(procs, role)
+	}
+	slices.Sort(procs)
+	return strings.Join(procs, ",")
 }
 
 func newDrillCmd(g *globals) *cobra.Command {
@@ -306,6 +314,30 @@ func newEtcdCmd() *cobra.Command {
 			etcdmain.Main(append([]string{"etcd"}, args...))
 		},
 	}
+}
+
+func newWorkerClientCmd() *cobra.Command {
+	var cfg lab.WorkerClientConfig
+	cmd := &cobra.Command{
+		Use:    "worker-client",
+		Short:  "Run a worker's long-lived etcd watch client and API poller (inside the lab's worker namespaces)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Name == "" || cfg.Stats == "" || cfg.CA == "" {
+				return errors.New("--name, --stats and --ca are required")
+			}
+			return lab.RunWorkerClient(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Name, "name", "", "worker name")
+	f.StringVar(&cfg.Etcd, "etcd", "http://127.0.0.1:2379", "etcd URL (the agent's local endpoint)")
+	f.StringVar(&cfg.API, "api", "https://127.0.0.1:6443", "API server URL (the agent's local endpoint)")
+	f.StringVar(&cfg.CA, "ca", "", "CA of the API servers")
+	f.StringVar(&cfg.Stats, "stats", "", "file to write the counters to")
+	f.DurationVar(&cfg.Interval, "interval", 100*time.Millisecond, "interval between puts and between API requests")
+	return cmd
 }
 
 func newResponderCmd() *cobra.Command {

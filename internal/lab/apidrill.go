@@ -335,20 +335,28 @@ type vigilReport struct {
 // vigilStatus reads vigil's /status on node (metrics address 127.0.0.1:9558
 // inside the node's namespace).
 func (l *Lab) vigilStatus(ctx context.Context, node string) (vigilReport, error) {
-	dial := netns.Dialer(nodeNS(node))
+	var rep vigilReport
+	return rep, getJSON(ctx, nodeNS(node), "http://127.0.0.1:9558/status", &rep)
+}
+
+// getJSON GETs url from inside namespace ns and decodes the answer into v.
+func getJSON(ctx context.Context, ns, url string, v any) error {
+	dial := netns.Dialer(ns)
 	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,
 		DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
 	}}
-	var rep vigilReport
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9558/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	defer resp.Body.Close()
-	return rep, json.NewDecoder(resp.Body).Decode(&rep)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s in %s: HTTP %d", url, ns, resp.StatusCode)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }

@@ -32,7 +32,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy, DrillScale}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes); vigil labs only.
@@ -40,7 +40,7 @@ func MembershipDrills(s Settings) []string {
 	if s.Impl != ImplVigil {
 		return nil
 	}
-	return []string{DrillScale, DrillReplaceHealthy, DrillReplaceNode}
+	return []string{DrillScale, DrillReplaceHealthy, DrillReplaceNode, DrillScaleWorkers}
 }
 
 // failoverDrills are the drills every implementation can run.
@@ -90,12 +90,19 @@ type Result struct {
 	API *APIResult `json:"api,omitempty"`
 	// Phases are the timed steps of multi-step drills (replace-node).
 	Phases []Phase `json:"phases,omitempty"`
+	// Workers is set by scale-workers-unaffected.
+	Workers []WorkerResult `json:"workers,omitempty"`
 	Error  string  `json:"error,omitempty"`
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one
 // holder after the heal.
 func (r Result) OK() bool {
+	for _, w := range r.Workers {
+		if !w.ok() {
+			return false
+		}
+	}
 	return r.Error == "" && !r.SplitBrain && len(r.HoldersAfterHeal) == 1
 }
 
@@ -113,6 +120,9 @@ func (r Result) String() string {
 	if a := r.API; a != nil {
 		s = fmt.Sprintf("%-17s #%-3d VIP moved after %5.0fms (bound %.0fms)  %s -> %s  requests %d, failed %d in the move window, %d outside; longest without an answer %.0fms  split-brain: %s",
 			r.Drill, r.Run, a.MovedAfterMillis, a.BoundMillis, orDash(r.Before), orDash(r.After), a.Requests, a.FailedInWindow, a.FailedOutside, a.LongestFailureMillis, yesNo(r.SplitBrain))
+	}
+	for _, w := range r.Workers {
+		s += "\n    " + w.String()
 	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
@@ -181,6 +191,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillScale {
 		return l.scale(ctx, r)
+	}
+	if kind == DrillScaleWorkers {
+		return l.scaleWorkers(ctx, r)
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {

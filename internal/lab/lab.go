@@ -47,6 +47,8 @@ type Settings struct {
 	// vigil to prune the dead member instead of running vigil members
 	// prune.
 	PruneAfter time.Duration `json:"pruneAfter,omitempty"`
+	// Workers is how many worker nodes (vigil agent and clients) up starts.
+	Workers int `json:"workers,omitempty"`
 }
 
 // Ports of the stand-in API server on every node of a vigil lab.
@@ -65,6 +67,12 @@ func (s Settings) Validate() error {
 	case ImplVigil, ImplKeepalived, ImplKeepalivedTuned:
 	default:
 		return fmt.Errorf("lab: unknown --impl %q (vigil, keepalived or keepalived-tuned)", s.Impl)
+	}
+	if s.Workers < 0 || s.Workers > 9 {
+		return fmt.Errorf("lab: --workers %d: use 0 to 9", s.Workers)
+	}
+	if s.Workers > 0 && s.Impl != ImplVigil {
+		return fmt.Errorf("lab: --workers needs --impl vigil (the agent learns the control plane from etcd)")
 	}
 	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
 		if p < 0 || p > 65535 {
@@ -90,6 +98,8 @@ type state struct {
 	// Retired are indexes of nodes replaced for good; they are not reused
 	// while the lab is up.
 	Retired []int `json:"retired,omitempty"`
+	// Workers run vigil agent and the worker clients (no etcd, no VIP).
+	Workers []*Node `json:"workers,omitempty"`
 }
 
 // Config locates the lab's files and binaries.
@@ -197,8 +207,14 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if _, err := l.waitStable(ctx, 30*time.Second); err != nil {
 		return err
 	}
+	if s.Workers > 0 {
+		return l.ensureWorkers(ctx, s.Workers)
+	}
 	return nil
 }
+
+// Workers returns the lab's worker nodes.
+func (l *Lab) Workers() []*Node { return l.st.Workers }
 
 // Down removes everything the lab created, whether or not its state file
 // survived.

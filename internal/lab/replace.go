@@ -32,6 +32,13 @@ type Phase struct {
 	Detail string  `json:"detail,omitempty"`
 }
 
+// maxNodeIndex is the highest node index: node addresses run from
+// 10.250.0.11 up to just below the VIP (10.250.0.100). Indexes of retired
+// nodes are not reused while the lab is up, so that no peer's ARP cache or
+// etcd's memory of a removed member can point a new node's address at an
+// old one.
+const maxNodeIndex = 89
+
 // addNode creates the namespace and certificate of a new node with the next
 // free index and records it in the lab state (without processes).
 func (l *Lab) addNode(ctx context.Context) (*Node, error) {
@@ -43,8 +50,8 @@ func (l *Lab) addNode(ctx context.Context) (*Node, error) {
 	for _, n := range l.st.Retired {
 		idx = max(idx, n+1)
 	}
-	if idx > 9 {
-		return nil, errors.New("lab: no free node index (the lab has room for n1..n9); run vigil-lab down and up again")
+	if idx > maxNodeIndex {
+		return nil, fmt.Errorf("lab: no free node index (the lab has room for n1..n%d); run vigil-lab down and up again", maxNodeIndex)
 	}
 	n := &Node{Name: "n" + itoa(idx), Index: idx, IP: nodeIP(idx), PIDs: map[string]int{}}
 	if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
@@ -406,14 +413,26 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t)), Detail: detail})
 		t = now
 	}
-	n, err := l.addNode(ctx)
+	n, out, err := l.replaceWith(ctx, holder, old)
 	if err != nil {
 		return err
 	}
+	phase("add "+n.Name+" as learner, catch up, promote, remove "+old.Name+", start its services", lastLine(out))
+	return l.finishStill(ctx, r, pr, start, holder, "during a planned replacement of a node that did not hold it")
+}
+
+// replaceWith replaces old by a new node with `vigil members replace`, run
+// on holder: the new member joins as a learner, is promoted once caught up,
+// and only then is old removed. The lab starts the new etcd once the
+// learner is announced, as an operator following the printed instructions
+// would; then old is shut down and the new node's services start. It
+// returns the new node and the command's output.
+func (l *Lab) replaceWith(ctx context.Context, holder string, old *Node) (*Node, string, error) {
+	n, err := l.addNode(ctx)
+	if err != nil {
+		return nil, "", err
+	}
 	peer := fmt.Sprintf("http://%s:2380", n.IP)
-	// The replace command runs on the VIP holder and waits for the new
-	// member; the lab starts the new etcd once the learner is announced,
-	// as an operator following the printed instructions would.
 	type res struct {
 		out string
 		err error
@@ -438,32 +457,67 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 		if err != nil || !ok {
 			continue
 		}
-		phase("add "+n.Name+" as learner", "")
 		if err := l.startEtcdWith(n, ic, "existing"); err != nil {
-			return err
+			return nil, "", err
 		}
 		started = true
 	}
 	if rr.err != nil {
-		return rr.err
+		return nil, rr.out, rr.err
 	}
-	phase("catch up, promote "+n.Name+", remove "+old.Name, lastLine(rr.out))
 	// The old node's etcd stops itself once removed; its other processes
 	// and the machine go.
 	if err := l.retireNode(ctx, old); err != nil {
-		return err
+		return nil, rr.out, err
 	}
 	if err := l.startServices(n); err != nil {
-		return err
+		return nil, rr.out, err
 	}
 	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
-		return err
+		return nil, rr.out, err
 	}
-	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
-		return err
+	return n, rr.out, l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout)
+}
+
+// joinNode adds a control-plane node as kubeadm join does (a voting
+// MemberAdd, then etcd, the API server and vigil) and waits until holder
+// balances over its API server.
+func (l *Lab) joinNode(ctx context.Context, holder string) (*Node, error) {
+	n, err := l.addNode(ctx)
+	if err != nil {
+		return nil, err
 	}
-	phase("vigil on "+n.Name+", backends updated", "")
-	return l.finishStill(ctx, r, pr, start, holder, "during a planned replacement of a node that did not hold it")
+	if err := l.joinEtcd(ctx, n); err != nil {
+		return nil, err
+	}
+	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+		return nil, fmt.Errorf("after %s joined: %w", n.Name, err)
+	}
+	if err := l.startServices(n); err != nil {
+		return nil, err
+	}
+	return n, l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout)
+}
+
+// removeNode removes victim with `vigil members remove --force`, run on
+// another node, shuts victim down, and waits until the VIP has one holder
+// that balances over exactly the remaining API servers. It returns that
+// holder: if victim held the VIP, the VIP has moved.
+func (l *Lab) removeNode(ctx context.Context, victim *Node) (string, error) {
+	if _, err := l.vigilMembers(ctx, l.otherNode(victim.Name).Name, "remove", victim.Name, "--force"); err != nil {
+		return "", err
+	}
+	if err := l.retireNode(ctx, victim); err != nil {
+		return "", err
+	}
+	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+		return "", fmt.Errorf("after removing %s: %w", victim.Name, err)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return "", fmt.Errorf("after removing %s: %w", victim.Name, err)
+	}
+	return holder, l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout)
 }
 
 // learnerCluster reports, once the member with peer is announced, the
@@ -513,42 +567,15 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 		t = now
 	}
 	for range 2 {
-		n, err := l.addNode(ctx)
+		n, err := l.joinNode(ctx, holder)
 		if err != nil {
-			return err
-		}
-		if err := l.joinEtcd(ctx, n); err != nil {
-			return err
-		}
-		if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
-			return fmt.Errorf("after %s joined: %w", n.Name, err)
-		}
-		if err := l.startServices(n); err != nil {
-			return err
-		}
-		if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
 			return err
 		}
 		phase(fmt.Sprintf("join %s (%d nodes)", n.Name, len(l.st.Nodes)))
 	}
 	for range 2 {
-		var victim *Node
-		for _, n := range l.st.Nodes {
-			if n.Name != holder {
-				victim = n
-				break
-			}
-		}
-		if _, err := l.vigilMembers(ctx, holder, "remove", victim.Name, "--force"); err != nil {
-			return err
-		}
-		if err := l.retireNode(ctx, victim); err != nil {
-			return err
-		}
-		if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
-			return fmt.Errorf("after removing %s: %w", victim.Name, err)
-		}
-		if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+		victim := l.otherNode(holder)
+		if _, err := l.removeNode(ctx, victim); err != nil {
 			return err
 		}
 		phase(fmt.Sprintf("remove %s (%d nodes)", victim.Name, len(l.st.Nodes)))
@@ -558,7 +585,8 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 
 // finishStill ends a drill in which the VIP must not move: it records the
 // total, the client outage since start and the holder, and fails if the
-// VIP is anywhere but on holder.
+// VIP is anywhere but on holder (with holder "": on more or fewer than one
+// node).
 func (l *Lab) finishStill(ctx context.Context, r *Result, pr *prober, start time.Time, holder, during string) error {
 	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
 	if !sleepCtx(ctx, time.Second) {
@@ -575,7 +603,7 @@ func (l *Lab) finishStill(ctx context.Context, r *Result, pr *prober, start time
 	if r.HoldersAfterHeal, err = w.holders(l.st.Nodes); err != nil {
 		return err
 	}
-	if len(r.HoldersAfterHeal) != 1 || r.HoldersAfterHeal[0] != holder {
+	if len(r.HoldersAfterHeal) != 1 || (holder != "" && r.HoldersAfterHeal[0] != holder) {
 		return fmt.Errorf("the VIP moved %s: now on %v", during, r.HoldersAfterHeal)
 	}
 	return nil

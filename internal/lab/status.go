@@ -150,6 +150,8 @@ type Report struct {
 	Answering  string      `json:"answering"`
 	Etcd       *EtcdStatus `json:"etcd,omitempty"`
 	NodeStates []NodeState `json:"nodes"`
+	// Workers run vigil agent; Etcd FOLLOWS does not apply to them.
+	Workers []NodeState `json:"workers,omitempty"`
 }
 
 // NodeState summarises one node.
@@ -183,6 +185,13 @@ func (l *Lab) Status(ctx context.Context) (Report, error) {
 			ns.Running[role] = alive(pid)
 		}
 		r.NodeStates = append(r.NodeStates, ns)
+	}
+	for _, n := range l.st.Workers {
+		ns := NodeState{Name: n.Name, IP: n.IP.String(), Running: map[string]bool{}}
+		for role, pid := range n.PIDs {
+			ns.Running[role] = alive(pid)
+		}
+		r.Workers = append(r.Workers, ns)
 	}
 	return r, nil
 }
