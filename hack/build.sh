@@ -6,4 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=local
 mkdir -p bin
-go build -o bin/ ./cmd/vigil ./cmd/vigil-lab
+# Static binaries (no cgo): they run on any distribution, and vigil agent on
+# every worker does not map libc.
+CGO_ENABLED=0 go build -trimpath -o bin/ ./cmd/vigil ./cmd/vigil-lab

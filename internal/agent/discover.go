@@ -33,7 +33,9 @@ func newDiscoverer(a *Agent) (*discoverer, error) {
 		TLS:         a.cfg.EtcdTLS,
 		Logger:      zap.NewNop(),
 		// Keepalive finds a silent endpoint; the balancer moves to another.
-		DialKeepAliveTime:    10 * time.Second,
+		// Well above etcd's --grpc-keepalive-min-time (5 s), which answers
+		// more frequent pings with GOAWAY too_many_pings.
+		DialKeepAliveTime:    30 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
 	})
 	if err != nil {

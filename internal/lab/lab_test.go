@@ -66,6 +66,18 @@ func TestDrills(t *testing.T) {
 				if kind != DrillReplaceNode && r.After != r.Before {
 					t.Fatalf("the VIP moved from %s to %s during a planned replacement", r.Before, r.After)
 				}
+			case DrillScaleWorkers:
+				// OK() covered restarts, errors outside the failover
+				// windows, missing keys and the watch; here: the workers
+				// were there and their clients did work.
+				if len(r.Workers) != DefaultDrillWorkers {
+					t.Fatalf("workers judged: %+v", r.Workers)
+				}
+				for _, w := range r.Workers {
+					if w.KeysAcked < 50 || w.APIRequests < 50 {
+						t.Fatalf("worker %s barely worked: %s", w.Name, w)
+					}
+				}
 			case DrillAPIServerDown, DrillAPIServerSlow:
 				// OK() covered the bound on the move and errors outside
 				// the failover window; here: the balancer spread requests.
@@ -89,13 +101,41 @@ func TestDrills(t *testing.T) {
 }
 
 func TestSettingsValidate(t *testing.T) {
-	for _, s := range []Settings{{Nodes: 0, Impl: ImplVigil}, {Nodes: 10, Impl: ImplVigil}, {Nodes: 3, Impl: "haproxy"}} {
+	for _, s := range []Settings{{Nodes: 0, Impl: ImplVigil}, {Nodes: 10, Impl: ImplVigil}, {Nodes: 3, Impl: "haproxy"},
+		{Nodes: 3, Impl: ImplKeepalived, Workers: 2}, {Nodes: 3, Impl: ImplVigil, Workers: 10}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v accepted", s)
 		}
 	}
 	if err := (Settings{Nodes: 3, Impl: ImplKeepalived}).Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestWorkerJudgement(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	ws := []window{{t0, t0.Add(time.Second)}}
+	if !inWindows(ws, t0) || !inWindows(ws, t0.Add(time.Second)) || inWindows(ws, t0.Add(1001*time.Millisecond)) {
+		t.Fatal("window bounds")
+	}
+	good := WorkerResult{Name: "w1", KeysAcked: 100, WatchSeen: 99, APIRequests: 100, ErrorsInWindows: 3}
+	if !good.ok() {
+		t.Fatalf("%s judged bad", good)
+	}
+	for _, bad := range []func(*WorkerResult){
+		func(w *WorkerResult) { w.ClientRestarts = 1 },
+		func(w *WorkerResult) { w.AgentRestarts = 1 },
+		func(w *WorkerResult) { w.ErrorsOutside = 1 },
+		func(w *WorkerResult) { w.KeysMissing = 1 },
+		func(w *WorkerResult) { w.WatchOutOfOrder = 1 },
+		func(w *WorkerResult) { w.WatchSeen = 90 },
+		func(w *WorkerResult) { w.KeysAcked, w.WatchSeen = 0, 0 },
+	} {
+		w := good
+		bad(&w)
+		if w.ok() {
+			t.Errorf("%s judged good", w)
+		}
 	}
 }
 

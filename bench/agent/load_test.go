@@ -1,0 +1,324 @@
+// Package agentbench measures what vigil agents cost the control plane.
+//
+// BenchmarkControlPlaneLoad runs N real agents (agent.New and Run, each with
+// its own etcd client, listeners and health checks, default timings) in one
+// process against a real 3-member etcd (embedded) and three stand-in API
+// servers, and counts for a fixed window what the control plane receives:
+// /readyz requests, etcd /health requests, MemberList RPCs, and the
+// connections held open. Run it with bench/agent/run.sh, or:
+//
+//	go test ./bench/agent -run '^$' -bench ControlPlaneLoad -benchtime 1x
+package agentbench
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/vigil-ha/vigil/internal/agent"
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+// window is how long each size is measured, after every agent has
+// learned the cluster; startSpacing is the time between two agents' starts.
+const (
+	window       = 10 * time.Second
+	startSpacing = 10 * time.Millisecond
+)
+
+func BenchmarkControlPlaneLoad(b *testing.B) {
+	cp := startControlPlane(b)
+	for _, n := range benchSizes() {
+		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {
+			for range b.N {
+				measureLoad(b, cp, n)
+			}
+		})
+	}
+}
+
+func measureLoad(b *testing.B, cp *controlPlane, n int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	agents := make([]*agent.Agent, 0, n)
+	for range n {
+		a, err := agent.New(agent.Config{
+			Server:          "https://" + cp.info.APIServers[0],
+			APIServerListen: "127.0.0.1:0",
+			EtcdListen:      "127.0.0.1:0",
+			EtcdSeeds:       cp.info.Etcd,
+			BackendPort:     cp.info.Port,
+			APITLS:          &tls.Config{InsecureSkipVerify: true},
+		}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			b.Fatal(err)
+		}
+		agents = append(agents, a)
+		wg.Go(func() { _ = a.Run(ctx) })
+		// Agents start over a few seconds, as a rollout does: a
+		// thousand TLS handshakes at once would measure the start-up
+		// storm on two cores, not the steady load.
+		time.Sleep(startSpacing)
+	}
+	defer func() { cancel(); wg.Wait() }()
+	// Wait until every agent has learned the cluster and checked it.
+	deadline := time.Now().Add(3 * time.Minute)
+	for _, a := range agents {
+		for !learned(a) {
+			if time.Now().After(deadline) {
+				st := a.Status()
+				b.Fatalf("agents did not learn the cluster in 3 minutes; one says: last member list %v, error %q, upstreams %+v", st.LastMemberList, st.MemberListErr, st.Upstreams)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	time.Sleep(2 * time.Second) // steady state
+
+	before := cp.snapshot(b)
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	time.Sleep(window)
+	b.StopTimer()
+	after := cp.snapshot(b)
+	sec := window.Seconds()
+	b.ReportMetric(float64(after.Readyz-before.Readyz)/sec/3, "readyz/s/apiserver")
+	b.ReportMetric((after.EtcdHealth-before.EtcdHealth)/sec/3, "health/s/etcd")
+	b.ReportMetric((after.MemberList-before.MemberList)/sec, "memberlist/s")
+	b.ReportMetric(float64(after.Conns)/3, "conns/apiserver")
+	b.ReportMetric(upShare(agents), "backends-up-share")
+	b.ReportMetric((after.CPU-before.CPU)/sec, "cp-cpu-cores")
+	b.ReportMetric((cpuTime()-cpu0).Seconds()/sec/float64(n)*1000, "agent-millicores")
+	b.ReportMetric(0, "ns/op")
+}
+
+// learned: both upstreams have three backends learned from the cluster.
+func learned(a *agent.Agent) bool {
+	for _, u := range a.Status().Upstreams {
+		n := 0
+		for _, bk := range u.Backends {
+			if bk.Source == "cluster" {
+				n++
+			}
+		}
+		if n < 3 {
+			return false
+		}
+	}
+	return true
+}
+
+// upShare is the share of learned backends, over all agents, that are up.
+func upShare(agents []*agent.Agent) float64 {
+	var up, all int
+	for _, a := range agents {
+		for _, u := range a.Status().Upstreams {
+			for _, bk := range u.Backends {
+				if bk.Source == "cluster" {
+					all++
+					if bk.State == "up" {
+						up++
+					}
+				}
+			}
+		}
+	}
+	return float64(up) / float64(max(all, 1))
+}
+
+// The control plane runs in a child process (this test binary again, as
+// TestControlPlaneHelper): a thousand agents and their control plane would
+// not fit one process's file descriptor limit, and a separate process lets
+// its CPU time be read apart from the agents'.
+const helperEnv = "VIGIL_BENCH_CONTROL_PLANE"
+
+type controlPlane struct {
+	cmd  *exec.Cmd
+	info cpInfo
+}
+
+type cpInfo struct {
+	Etcd       []string `json:"etcd"`
+	APIServers []string `json:"apiServers"`
+	Port       int      `json:"port"`
+	Counters   string   `json:"counters"`
+}
+
+type counts struct {
+	Readyz     int64   `json:"readyz"`
+	Conns      int64   `json:"conns"`
+	EtcdHealth float64 `json:"etcdHealth"`
+	MemberList float64 `json:"memberList"`
+	CPU        float64 `json:"cpuSeconds"`
+}
+
+func startControlPlane(b *testing.B) *controlPlane {
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestControlPlaneHelper$", "-test.timeout", "0")
+	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	cp := &controlPlane{cmd: cmd}
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
+			if err := json.Unmarshal([]byte(rest), &cp.info); err != nil {
+				b.Fatal(err)
+			}
+			go func() { _, _ = io.Copy(io.Discard, out) }()
+			return cp
+		}
+	}
+	b.Fatalf("control plane helper ended before it was ready: %v", sc.Err())
+	return nil
+}
+
+func (cp *controlPlane) snapshot(b *testing.B) counts {
+	var c counts
+	resp, err := http.Get("http://" + cp.info.Counters)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// TestControlPlaneHelper is the child process of BenchmarkControlPlaneLoad,
+// not a test: a real 3-member etcd and three stand-in API servers that count
+// what they receive, served until stdin closes.
+func TestControlPlaneHelper(t *testing.T) {
+	if os.Getenv(helperEnv) != "1" {
+		t.Skip("the control plane of BenchmarkControlPlaneLoad; runs only as its child process")
+	}
+	c := etcdtest.StartDistinct(t, 3)
+	port := etcdtest.FreePort(t)
+	var readyz, open atomic.Int64
+	info := cpInfo{Etcd: c.Endpoints, Port: port}
+	for i := range 3 {
+		addr := fmt.Sprintf("%s:%d", etcdtest.Host(i), port)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/readyz" {
+				readyz.Add(1)
+			}
+			_, _ = io.WriteString(w, "ok")
+		}))
+		srv.Listener.Close()
+		srv.Listener = ln
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+			switch s {
+			case http.StateNew:
+				open.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				open.Add(-1)
+			}
+		}
+		srv.StartTLS()
+		defer srv.Close()
+		info.APIServers = append(info.APIServers, addr)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info.Counters = ln.Addr().String()
+	go func() {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			c := counts{Readyz: readyz.Load(), Conns: open.Load(), CPU: cpuTime().Seconds()}
+			mfs, err := prometheus.DefaultGatherer.Gather()
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			for _, mf := range mfs {
+				switch mf.GetName() {
+				case "etcd_server_health_success", "etcd_server_health_failures":
+					c.EtcdHealth += sum(mf, nil)
+				case "grpc_server_handled_total":
+					c.MemberList += sum(mf, func(m *dto.Metric) bool { return label(m, "grpc_method") == "MemberList" })
+				}
+			}
+			_ = json.NewEncoder(w).Encode(c)
+		}))
+	}()
+	defer ln.Close()
+	j, _ := json.Marshal(info)
+	fmt.Printf("READY %s\n", j)
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the benchmark closes stdin
+}
+
+func sum(mf *dto.MetricFamily, keep func(*dto.Metric) bool) float64 {
+	var s float64
+	for _, m := range mf.GetMetric() {
+		if keep == nil || keep(m) {
+			s += m.GetCounter().GetValue()
+		}
+	}
+	return s
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if strings.EqualFold(l.GetName(), name) {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchSizes are the agent counts measured; VIGIL_BENCH_AGENTS=N,M
+// overrides them.
+func benchSizes() []int {
+	out := []int{10, 100, 1000}
+	if s := os.Getenv("VIGIL_BENCH_AGENTS"); s != "" {
+		out = nil
+		for _, f := range strings.Split(s, ",") {
+			var n int
+			if _, err := fmt.Sscan(f, &n); err == nil && n > 0 {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}

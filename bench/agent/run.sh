@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# vigil agent benchmarks; results go to bench/agent/results/<timestamp>/.
+#   1. latency.txt: what the agent adds to a request (p50/p99), direct vs
+#      through the agent, new connection and kept-alive, RUNS runs.
+#   2. load.txt: control-plane load of N = 10, 100, 1000 agents (go test
+#      -bench, RUNS runs each).
+#   3. rss.txt: resident memory of the real vigil agent process on the lab's
+#      workers, with 5 control-plane nodes (5 API server and 5 etcd
+#      backends), after a minute of client traffic.
+# Usage, as root: bash bench/agent/run.sh   (RUNS=3 by default)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source hack/deps.sh ip jq curl
+hack/build.sh
+export GOTOOLCHAIN=local
+RUNS=${RUNS:-3}
+out=bench/agent/results/$(date -u +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+echo "RUNS=$RUNS bash bench/agent/run.sh  # $(git rev-parse --short HEAD), $(nproc) cores, $(uname -r)" > "$out/command"
+
+echo "== latency"
+for run in $(seq 1 "$RUNS"); do
+  echo "-- run $run"
+  go run ./bench/agent/latency -n 3000
+done | tee "$out/latency.txt"
+
+echo "== control-plane load"
+go test ./bench/agent -run '^$' -bench ControlPlaneLoad -benchtime 1x -count "$RUNS" 2>/dev/null \
+  | grep -E '^(Benchmark|goos|goarch|cpu|pkg|PASS|ok)' | tee "$out/load.txt"
+
+echo "== agent memory (lab, 5 control-plane nodes, 2 workers)"
+lab=bin/vigil-lab
+trap '$lab down >/dev/null 2>&1 || true' EXIT
+$lab down >/dev/null 2>&1 || true
+$lab up --nodes 5 --workers 2 >/dev/null
+sleep 60
+{
+  echo "worker agent-pid backends(api+etcd) VmRSS VmHWM"
+  for w in $(jq -r '.workers[].name' /run/vigil-lab/state.json); do
+    pid=$(jq -r ".workers[] | select(.name==\"$w\") | .pids.agent" /run/vigil-lab/state.json)
+    nb=$(ip netns exec "vlab-$w" curl -s 127.0.0.1:9559/status | jq '[.upstreams[].backends[] | select(.source=="cluster")] | length')
+    echo "$w $pid $nb $(awk '/VmRSS/{print $2 $3}' /proc/$pid/status) $(awk '/VmHWM/{print $2 $3}' /proc/$pid/status)"
+  done
+} | tee "$out/rss.txt"
+$lab down
