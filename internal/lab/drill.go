@@ -92,7 +92,7 @@ type Result struct {
 	Phases []Phase `json:"phases,omitempty"`
 	// Workers is set by scale-workers-unaffected.
 	Workers []WorkerResult `json:"workers,omitempty"`
-	Error  string  `json:"error,omitempty"`
+	Error   string         `json:"error,omitempty"`
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one

@@ -30,7 +30,9 @@ func workerIP(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 250, 0, byte(200 + i)})
 }
 
-func (l *Lab) clientStatsPath(w *Node) string { return filepath.Join(l.nodeDir(w), "client-stats.json") }
+func (l *Lab) clientStatsPath(w *Node) string {
+	return filepath.Join(l.nodeDir(w), "client-stats.json")
+}
 
 // ensureWorkers brings the lab to at least n workers, each running vigil
 // agent and the worker clients, and waits until every client has written
