@@ -46,11 +46,15 @@ const (
 )
 
 func BenchmarkControlPlaneLoad(b *testing.B) {
-	cp := startControlPlane(b)
 	for _, n := range benchSizes() {
 		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {
 			for range b.N {
+				// A fresh control plane for every measurement: the
+				// thousands of connections of an earlier run must not
+				// linger in this one.
+				cp := startControlPlane(b)
 				measureLoad(b, cp, n)
+				cp.stop()
 			}
 		})
 	}
@@ -151,8 +155,15 @@ func upShare(agents []*agent.Agent) float64 {
 const helperEnv = "VIGIL_BENCH_CONTROL_PLANE"
 
 type controlPlane struct {
-	cmd  *exec.Cmd
-	info cpInfo
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	once  sync.Once
+	info  cpInfo
+}
+
+// stop ends the helper (it exits when its stdin closes); safe to call twice.
+func (cp *controlPlane) stop() {
+	cp.once.Do(func() { cp.stdin.Close(); _ = cp.cmd.Wait() })
 }
 
 type cpInfo struct {
@@ -185,9 +196,9 @@ func startControlPlane(b *testing.B) *controlPlane {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	cp := &controlPlane{cmd: cmd, stdin: stdin}
+	b.Cleanup(cp.stop)
 	sc := bufio.NewScanner(out)
-	cp := &controlPlane{cmd: cmd}
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
 			if err := json.Unmarshal([]byte(rest), &cp.info); err != nil {

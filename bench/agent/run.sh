@@ -25,8 +25,8 @@ for run in $(seq 1 "$RUNS"); do
 done | tee "$out/latency.txt"
 
 echo "== control-plane load"
-go test ./bench/agent -run '^$' -bench ControlPlaneLoad -benchtime 1x -count "$RUNS" 2>/dev/null \
-  | grep -E '^(Benchmark|goos|goarch|cpu|pkg|PASS|ok)' | tee "$out/load.txt"
+go test ./bench/agent -run "^$" -bench ControlPlaneLoad -benchtime 1x -count "$RUNS" -timeout 60m 2>&1 \
+  | grep -E '^(Benchmark|goos|goarch|cpu|pkg|PASS|ok|FAIL|--- FAIL|    load_test)' | tee "$out/load.txt"
 
 echo "== agent memory (lab, 5 control-plane nodes, 2 workers)"
 lab=bin/vigil-lab

@@ -36,7 +36,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newVersionCmd(), newGuardCmd())
+	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newManifestCmd(), newVersionCmd(), newGuardCmd())
 	return root
 }
 

@@ -32,7 +32,8 @@ func newRunCmd() *cobra.Command {
 
 Every control-plane node runs "vigil run" with the same --vip. The nodes elect
 one leader through etcd (a compare-and-swap lock record, no consensus of our
-own); the leader adds the VIP to --interface, announces it with gratuitous ARP
+own), or with --election kubernetes through a coordination.k8s.io/v1 Lease
+(resourceVersion preconditions; each node should use its own API server); the leader adds the VIP to --interface, announces it with gratuitous ARP
 (IPv4) or unsolicited neighbour advertisements (IPv6), and re-announces it
 periodically. A node joins or leaves the election by starting or stopping this
 command; there is no peer list.
@@ -92,7 +93,10 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 	f.StringVar(&cfg.Interface, "interface", "", "interface that carries the VIP, e.g. eth0")
 	host, _ := os.Hostname() // "" if unknown; Validate then asks for --node-name
 	f.StringVar(&cfg.NodeName, "node-name", host, "this node's name in the election; unique per control-plane node")
-	f.StringVar(&cfg.Election, "election", "etcd", "election backend: etcd")
+	f.StringVar(&cfg.Election, "election", daemon.ElectionEtcd, "election backend: etcd (works before the API server exists) or kubernetes (a coordination.k8s.io/v1 Lease)")
+	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for this node's own API server (--election kubernetes); its user needs the Role from vigil manifest rbac")
+	f.StringVar(&cfg.LeaseNamespace, "lease-namespace", election.DefaultLeaseNamespace, "namespace of the election Lease (--election kubernetes)")
+	f.StringVar(&cfg.LeaseName, "lease-name", election.DefaultLeaseName, "name of the election Lease (--election kubernetes)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "comma-separated etcd client URLs to start from; vigil then follows the client URLs the members advertise")
 	f.StringVar(&cfg.EtcdCACert, "etcd-cacert", "", "CA bundle that signed the etcd server certificates")
 	f.StringVar(&cfg.EtcdCert, "etcd-cert", "", "etcd client certificate")

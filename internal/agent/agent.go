@@ -303,6 +303,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, a.log)
 		defer func() { <-done }()
 	}
+	// Start-up is over: give back the executable pages only it needed.
+	if n, err := trimExecutable(); err != nil {
+		a.log.Debug("cannot release start-up pages", "err", err)
+	} else {
+		a.log.Debug("released start-up pages of the executable", "bytes", n)
+	}
 	a.log.Info("agent serving", "apiserver", a.APIServerAddr().String(), "etcd", addrString(a.EtcdAddr()),
 		"seed", a.cfg.Server, "etcd_seeds", a.cfg.EtcdSeeds)
 	<-ctx.Done()

@@ -34,8 +34,13 @@ type Config struct {
 	Interface string
 	NodeName  string
 
-	// Election is the backend: "etcd".
-	Election      string
+	// Election is the backend: ElectionEtcd or ElectionKubernetes.
+	Election string
+	// Kubeconfig, LeaseNamespace and LeaseName locate the Lease of the
+	// Kubernetes election.
+	Kubeconfig     string
+	LeaseNamespace string
+	LeaseName      string
 	EtcdEndpoints []string
 	EtcdCACert    string
 	EtcdCert      string
@@ -98,6 +103,12 @@ type Config struct {
 // look like a dead node.
 const MinPruneAfter = 10 * time.Second
 
+// Election backends.
+const (
+	ElectionEtcd       = "etcd"
+	ElectionKubernetes = "kubernetes"
+)
+
 // DefaultHealthCA is the CA used to verify API server certificates when
 // --health-ca is not given and this file exists: kubeadm's cluster CA.
 const DefaultHealthCA = "/etc/kubernetes/pki/ca.crt"
@@ -143,14 +154,27 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: --node-name is required (and must be unique among control-plane nodes)", ErrConfig)
 	}
 	switch c.Election {
-	case "etcd":
+	case ElectionEtcd:
+		if len(c.EtcdEndpoints) == 0 {
+			return fmt.Errorf("%w: --etcd-endpoints is required with --election etcd", ErrConfig)
+		}
+	case ElectionKubernetes:
+		if c.Kubeconfig == "" {
+			return fmt.Errorf("%w: --kubeconfig is required with --election kubernetes (a kubeconfig for this node's own API server)", ErrConfig)
+		}
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
+		}
+		if c.LeaseNamespace == "" || c.LeaseName == "" {
+			return fmt.Errorf("%w: --lease-namespace and --lease-name must not be empty", ErrConfig)
+		}
+		if c.LBPort != 0 && len(c.EtcdEndpoints) == 0 && len(c.Backends) == 0 {
+			return fmt.Errorf("%w: --lb-port needs backends: give --etcd-endpoints (the member list) or --backend", ErrConfig)
+		}
 	case "":
-		return fmt.Errorf("%w: --election is required (supported: etcd)", ErrConfig)
+		return fmt.Errorf("%w: --election is required (etcd or kubernetes)", ErrConfig)
 	default:
-		return fmt.Errorf("%w: unknown --election backend %q (supported: etcd)", ErrConfig, c.Election)
-	}
-	if len(c.EtcdEndpoints) == 0 {
-		return fmt.Errorf("%w: --etcd-endpoints is required with --election etcd", ErrConfig)
+		return fmt.Errorf("%w: unknown --election backend %q (etcd or kubernetes)", ErrConfig, c.Election)
 	}
 	for _, ep := range c.EtcdEndpoints {
 		u, err := url.Parse(ep)

@@ -150,14 +150,34 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		}
 		defer func() { stopGuard(); g.Close() }()
 	}
-	lock, err := election.NewEtcdLock(election.EtcdConfig{Endpoints: cfg.EtcdEndpoints, TLS: tc, Key: cfg.LockKey}, log)
-	if err != nil {
-		return err
+	// etcd, when given, serves the etcd election, API server discovery,
+	// membership checks and raft leadership shedding; with the Kubernetes
+	// election it is optional.
+	var etcdLock *election.EtcdLock
+	var members discovery.MemberLister
+	var err error
+	if len(cfg.EtcdEndpoints) > 0 {
+		if etcdLock, err = election.NewEtcdLock(election.EtcdConfig{Endpoints: cfg.EtcdEndpoints, TLS: tc, Key: cfg.LockKey}, log); err != nil {
+			return err
+		}
+		defer etcdLock.Close()
+		members = etcdLock
 	}
-	defer lock.Close()
+	var lock election.Lock
+	var prober election.Prober
+	switch cfg.Election {
+	case ElectionKubernetes:
+		kc, err := kubeClient(cfg.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		lock = election.NewLeaseLock(kc.CoordinationV1(), cfg.LeaseNamespace, cfg.LeaseName)
+	default:
+		lock, prober = etcdLock, etcdLock
+	}
 
 	disc, err := discovery.New(discovery.Config{
-		Members: lock, Port: cfg.BackendPort, Static: cfg.Backends,
+		Members: members, Port: cfg.BackendPort, Static: cfg.Backends,
 		OnChange: func(b []string) {
 			if bal != nil {
 				bal.SetBackends(b)
@@ -171,16 +191,17 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 
-	members, err := membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, log.With("component", "membership"))
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+	h := &holder{vip: vm, ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, said: map[string]bool{}}
+	if etcdLock != nil {
+		if h.members, err = membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, log.With("component", "membership")); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		defer h.members.Close()
 	}
-	defer members.Close()
-	h := &holder{vip: vm, ann: ann, lock: lock, bal: bal, m: m, cfg: cfg, log: log, members: members, disc: disc, said: map[string]bool{}}
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
 		Lock:            lock,
-		Prober:          lock,
+		Prober:          prober,
 		LeaseDuration:   cfg.LeaseDuration,
 		RenewDeadline:   cfg.RenewDeadline,
 		RetryPeriod:     cfg.RetryPeriod,
@@ -263,18 +284,20 @@ func (h *holder) start(ctx context.Context) {
 		defer h.wg.Done()
 		h.keep(ctx)
 	}()
-	if h.cfg.ShedRaftLeadership {
+	if h.cfg.ShedRaftLeadership && h.lock != nil {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
 			h.shed(ctx)
 		}()
 	}
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		h.watchMembers(ctx)
-	}()
+	if h.members != nil {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.watchMembers(ctx)
+		}()
+	}
 }
 
 // stop runs on losing leadership; it returns only once the VIP is gone.

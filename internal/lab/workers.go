@@ -78,7 +78,14 @@ func (l *Lab) startWorker(w *Node) error {
 	if s.LBPort == 0 {
 		server = fmt.Sprintf("https://%s", netip.AddrPortFrom(l.st.Nodes[0].IP, APIServerPort))
 	}
-	if err := l.start(w, roleAgent, l.vigilBin, "agent",
+	// A copy of the binary per worker, as on a machine of its own: its
+	// pages are not shared with the control-plane nodes' vigil, so the
+	// agent's memory is measured alone.
+	bin := filepath.Join(l.nodeDir(w), "vigil")
+	if err := copyFile(l.vigilBin, bin); err != nil {
+		return err
+	}
+	if err := l.start(w, roleAgent, bin, "agent",
 		"--server", server,
 		"--apiserver-listen", "127.0.0.1:6443",
 		"--backend-port", itoa(APIServerPort),
@@ -357,4 +364,28 @@ func (l *Lab) judgeWorkers(ctx context.Context, r *Result, start time.Time, wind
 		r.Workers = append(r.Workers, wr)
 	}
 	return nil
+}
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	f, err := os.OpenFile(to+".tmp", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		// Written back, like an installed binary: dirty page-cache pages
+		// would stay resident in the process that maps them.
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	return os.Rename(to+".tmp", to)
 }

@@ -1,0 +1,230 @@
+package election
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/kubetest"
+)
+
+const testLeaseName = "vigil-test"
+
+// cutProxy forwards TCP to a kube-apiserver until cut; then it holds every
+// connection, old and new, without forwarding a byte: a black-holed link.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	cut    atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.track(c)
+			p.wg.Go(func() { p.serve(c) })
+		}
+	})
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *cutProxy) track(c net.Conn) {
+	p.mu.Lock()
+	p.conns = append(p.conns, c)
+	p.mu.Unlock()
+}
+
+func (p *cutProxy) serve(c net.Conn) {
+	if p.cut.Load() {
+		_, _ = io.Copy(io.Discard, c) // hold it, say nothing
+		return
+	}
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.track(s)
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if err != nil {
+				dst.Close()
+				return
+			}
+			for p.cut.Load() { // black hole: drop nothing, deliver nothing
+				time.Sleep(10 * time.Millisecond)
+				if isClosed(dst) {
+					return
+				}
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	p.wg.Go(func() { pipe(s, c) })
+	pipe(c, s)
+}
+
+func isClosed(c net.Conn) bool {
+	return c.SetReadDeadline(time.Time{}) != nil
+}
+
+func (p *cutProxy) close() {
+	p.ln.Close()
+	p.cut.Store(false)
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *cutProxy) url() string { return "https://" + p.ln.Addr().String() }
+
+type leaseCandidate struct {
+	el     *Elector
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startLeaseCandidate runs an elector on the test Lease through the API
+// server at url.
+func startLeaseCandidate(t *testing.T, s *kubetest.Server, url, name string, tr *tracker) *leaseCandidate {
+	t.Helper()
+	rc := s.Config(kubetest.AdminToken)
+	rc.Host = url
+	rc.QPS, rc.Burst = 100, 200
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	el, err := New(Config{
+		Identity: name, Lock: NewLeaseLock(cs.CoordinationV1(), DefaultLeaseNamespace, testLeaseName),
+		LeaseDuration: tLease, RenewDeadline: tRenew, RetryPeriod: tRetry,
+		ReleaseOnCancel: true, Callbacks: tr.callbacks(name),
+	}, testLogger(t).With("node", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &leaseCandidate{el: el, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		if err := el.Run(ctx); err != nil {
+			t.Errorf("%s: Run: %v", name, err)
+		}
+	}()
+	t.Cleanup(c.stop)
+	return c
+}
+
+func (c *leaseCandidate) stop() { c.cancel(); <-c.done }
+
+func readLease(t *testing.T, s *kubetest.Server) Observation {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	obs, err := NewLeaseLock(s.Client(t, kubetest.AdminToken).CoordinationV1(), DefaultLeaseNamespace, testLeaseName).Get(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obs
+}
+
+// TestLease runs the Lease backend against a real kube-apiserver: acquire,
+// renew, release, failover when the holder is cut off from the API server
+// (it steps down before anyone takes over), and a user without RBAC.
+func TestLease(t *testing.T) {
+	s := kubetest.Start(t, etcdtest.Start(t, 1).Endpoints[0])
+	s.WaitNamespace(t, DefaultLeaseNamespace)
+
+	t.Run("acquire renew release", func(t *testing.T) {
+		tr := newTracker(t)
+		a := startLeaseCandidate(t, s, s.URL, "a", tr)
+		tr.waitLeader(t, 10*time.Second, "")
+		first := readLease(t, s)
+		if first.Holder() != "a" || first.Record.LeaseDuration() != tLease {
+			t.Fatalf("lease after acquire: %+v", first.Record)
+		}
+		// The object is a standard Lease: kubectl and client-go read it.
+		lease, err := s.Client(t, kubetest.AdminToken).CoordinationV1().Leases(DefaultLeaseNamespace).Get(context.Background(), testLeaseName, metav1.GetOptions{})
+		if err != nil || *lease.Spec.HolderIdentity != "a" || *lease.Spec.LeaseDurationSeconds != 1 || lease.Spec.RenewTime == nil {
+			t.Fatalf("lease object: %+v, %v", lease, err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for readLease(t, s).Revision == first.Revision {
+			if time.Now().After(deadline) {
+				t.Fatal("the leader never renewed")
+			}
+			time.Sleep(tRetry)
+		}
+		a.stop()
+		if h := readLease(t, s).Holder(); h != "" {
+			t.Fatalf("after a clean stop the holder is %q, want the lease released", h)
+		}
+	})
+
+	t.Run("cut-off holder steps down before takeover", func(t *testing.T) {
+		tr := newTracker(t)
+		pa, pb := newCutProxy(t, s.URL[len("https://"):]), newCutProxy(t, s.URL[len("https://"):])
+		proxies := map[string]*cutProxy{"a": pa, "b": pb}
+		startLeaseCandidate(t, s, pa.url(), "a", tr)
+		startLeaseCandidate(t, s, pb.url(), "b", tr)
+		for round := range 2 {
+			holder := tr.waitLeader(t, 15*time.Second, "")
+			cut := time.Now()
+			proxies[holder].cut.Store(true)
+			next := tr.waitLeader(t, 15*time.Second, holder)
+			tr.mu.Lock()
+			stops, starts := tr.stops[holder], tr.starts[next]
+			tr.mu.Unlock()
+			stopAt, startAt := stops[len(stops)-1], starts[len(starts)-1]
+			if !stopAt.Before(startAt) {
+				t.Fatalf("round %d: %s led at %v, before %s stepped down at %v", round, next, startAt.Sub(cut), holder, stopAt.Sub(cut))
+			}
+			if d := stopAt.Sub(cut); d > tRenew+tLease {
+				t.Fatalf("round %d: %s stepped down %v after losing the API server; renew deadline %v", round, holder, d, tRenew)
+			}
+			t.Logf("round %d: %s cut at 0, stepped down at %v, %s took over at %v", round, holder, stopAt.Sub(cut), next, startAt.Sub(cut))
+			proxies[holder].cut.Store(false)
+		}
+		if tr.overlap.Load() {
+			t.Fatal("two candidates led at once")
+		}
+	})
+
+	t.Run("forbidden", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := NewLeaseLock(s.Client(t, kubetest.NobodyToken).CoordinationV1(), DefaultLeaseNamespace, testLeaseName).Get(ctx)
+		if !errors.Is(err, ErrForbidden) {
+			t.Fatalf("err = %v, want ErrForbidden", err)
+		}
+	})
+}

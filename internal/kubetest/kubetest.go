@@ -1,0 +1,249 @@
+// Package kubetest runs a real kube-apiserver (built by
+// hack/build-kube-apiserver.sh into bin/) on loopback for tests, against an
+// etcd the test provides. Authentication is a static token file with two
+// users: an administrator (group system:masters) and "nobody", who has no
+// RBAC grants at all, for the "missing RBAC" cases.
+package kubetest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+// Tokens of the two users.
+const (
+	AdminToken  = "vigil-test-admin-token"
+	NobodyToken = "vigil-test-nobody-token"
+)
+
+// RequireEnv makes a missing kube-apiserver binary a test failure instead of
+// a skip; hack/test.sh sets it, having built the binary.
+const RequireEnv = "VIGIL_REQUIRE_KUBE_APISERVER"
+
+// Binary returns the kube-apiserver to run: $KUBE_APISERVER, else bin/
+// at the repository root. A test without it skips, or fails under
+// RequireEnv.
+func Binary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("KUBE_APISERVER"); p != "" {
+		return p
+	}
+	_, file, _, _ := runtime.Caller(0)
+	p := filepath.Join(filepath.Dir(file), "..", "..", "bin", "kube-apiserver")
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv(RequireEnv) != "" {
+			t.Fatalf("kube-apiserver not found at %s (%s is set): run hack/build-kube-apiserver.sh", p, RequireEnv)
+		}
+		t.Skipf("kube-apiserver not built: run hack/build-kube-apiserver.sh (or set KUBE_APISERVER)")
+	}
+	return p
+}
+
+// Server is a running kube-apiserver.
+type Server struct {
+	URL    string // https://127.0.0.1:PORT
+	CAFile string // the self-signed serving certificate, as a CA
+	Dir    string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	t      testing.TB
+}
+
+// Start runs a kube-apiserver against etcdURL and waits until it is ready.
+// It is stopped when the test ends.
+func Start(t testing.TB, etcdURL string) *Server {
+	t.Helper()
+	bin := Binary(t)
+	dir := t.TempDir()
+	port := etcdtest.FreePort(t)
+	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(
+		AdminToken+",admin,admin-uid,system:masters\n"+NobodyToken+",nobody,nobody-uid\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeSAKey(dir); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{URL: fmt.Sprintf("https://127.0.0.1:%d", port), CAFile: filepath.Join(dir, "certs", "apiserver.crt"), Dir: dir, t: t, done: make(chan struct{})}
+	s.cmd = exec.Command(bin,
+		"--etcd-servers="+etcdURL,
+		fmt.Sprintf("--etcd-prefix=/registry-%d", port),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", port),
+		"--cert-dir="+filepath.Join(dir, "certs"),
+		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-cluster-ip-range=10.96.0.0/12",
+		"--enable-priority-and-fairness=false",
+		"--endpoint-reconciler-type=none",
+		"--v=0",
+	)
+	logf, err := os.Create(filepath.Join(dir, "kube-apiserver.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start kube-apiserver: %v", err)
+	}
+	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.done) }()
+	t.Cleanup(s.Stop)
+	if err := s.waitReady(90 * time.Second); err != nil {
+		s.Stop()
+		b, _ := os.ReadFile(filepath.Join(dir, "kube-apiserver.log"))
+		t.Fatalf("kube-apiserver not ready: %v\n%s", err, tail(string(b), 3000))
+	}
+	return s
+}
+
+// Stop kills the server and waits for it; safe to call twice.
+func (s *Server) Stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+func (s *Server) waitReady(d time.Duration) error {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return fmt.Errorf("exited: %v", s.cmd.ProcessState)
+		default:
+		}
+		req, _ := http.NewRequest(http.MethodGet, s.URL+"/readyz", nil)
+		req.Header.Set("Authorization", "Bearer "+AdminToken)
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("/readyz: HTTP %d", resp.StatusCode)
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return last
+}
+
+// Config is a rest.Config for the user with token.
+func (s *Server) Config(token string) *rest.Config {
+	return &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile}}
+}
+
+// Client is a clientset for the user with token.
+func (s *Server) Client(t testing.TB, token string) kubernetes.Interface {
+	t.Helper()
+	c, err := kubernetes.NewForConfig(s.Config(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Kubeconfig writes a kubeconfig file for the user with token and returns
+// its path.
+func (s *Server) Kubeconfig(t testing.TB, token string) string {
+	t.Helper()
+	return WriteKubeconfig(t, s.URL, s.CAFile, token)
+}
+
+// WriteKubeconfig writes a kubeconfig for server, trusting caFile, with a
+// bearer token, into a temporary directory.
+func WriteKubeconfig(t testing.TB, server, caFile, token string) string {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: caFile}
+	cfg.AuthInfos["test"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	cfg.CurrentContext = "test"
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// WaitNamespace waits until the namespace exists (kube-system is created
+// by the server shortly after it is ready).
+func (s *Server) WaitNamespace(t testing.TB, ns string) {
+	t.Helper()
+	c := s.Client(t, AdminToken)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := c.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespace %s: %v", ns, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func writeSAKey(dir string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644)
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}

@@ -1,0 +1,352 @@
+// Package manifest generates the Kubernetes objects that install vigil: the
+// kubeadm static pod that runs `vigil run` on control-plane nodes, the
+// DaemonSet that runs `vigil agent` on workers, and the RBAC both need.
+//
+// The objects are built as typed API structs and printed as YAML, so what is
+// printed is what the API server validates (tests send each one to a real
+// kube-apiserver with a server-side dry run). Privileges are minimal: host
+// network, NET_ADMIN and NET_RAW for the VIP daemon (add an address, send
+// gratuitous ARP), nothing for the agent; never privileged.
+package manifest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+// ErrInvalid wraps every bad-input error.
+var ErrInvalid = errors.New("manifest: invalid input")
+
+// Names and defaults shared by the manifests.
+const (
+	Namespace          = "kube-system"
+	DaemonName         = "vigil"
+	AgentName          = "vigil-agent"
+	DefaultImage       = "ghcr.io/vigil-ha/vigil:latest"
+	PKIDir             = "/etc/kubernetes/pki"
+	DefaultEtcdURL     = "https://127.0.0.1:2379"
+	DefaultAgentCache  = "/var/lib/vigil-agent"
+	controlPlaneLabel  = "node-role.kubernetes.io/control-plane"
+	appLabel           = "app.kubernetes.io/name"
+	componentLabel     = "app.kubernetes.io/component"
+	metricsPortDaemon  = 9558
+	metricsPortAgent   = 9559
+	leaseResourceGroup = "coordination.k8s.io"
+)
+
+// PodOptions configures the static pod.
+type PodOptions struct {
+	VIP       string // address, or address/prefix
+	Interface string
+	Image     string
+	// LBPort runs vigil's load balancer on VIP:LBPort (0: none).
+	LBPort int
+	// EtcdEndpoints are the etcd client URLs; the local member by default.
+	EtcdEndpoints []string
+}
+
+// Pod is the kubeadm static pod for /etc/kubernetes/manifests/vigil.yaml.
+// It elects over the local etcd with kubeadm's apiserver-etcd-client
+// certificate, so the VIP is up before the API server exists and `kubeadm
+// init` with controlPlaneEndpoint: VIP works from its first second.
+func Pod(o PodOptions) (*corev1.Pod, error) {
+	if o.Interface == "" {
+		return nil, fmt.Errorf("%w: --interface is required (the interface that carries the VIP, e.g. eth0)", ErrInvalid)
+	}
+	vip, err := parseVIP(o.VIP)
+	if err != nil {
+		return nil, err
+	}
+	if o.LBPort < 0 || o.LBPort > 65535 {
+		return nil, fmt.Errorf("%w: --lb-port %d is out of range", ErrInvalid, o.LBPort)
+	}
+	if len(o.EtcdEndpoints) == 0 {
+		o.EtcdEndpoints = []string{DefaultEtcdURL}
+	}
+	for _, e := range o.EtcdEndpoints {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return nil, fmt.Errorf("%w: etcd endpoint %q must be a URL such as https://127.0.0.1:2379", ErrInvalid, e)
+		}
+	}
+	args := []string{"run",
+		"--vip", vip,
+		"--interface", o.Interface,
+		"--election", "etcd",
+		"--etcd-endpoints", join(o.EtcdEndpoints),
+		"--etcd-cacert", PKIDir + "/etcd/ca.crt",
+		"--etcd-cert", PKIDir + "/apiserver-etcd-client.crt",
+		"--etcd-key", PKIDir + "/apiserver-etcd-client.key",
+	}
+	if o.LBPort > 0 {
+		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
+	}
+	labels := map[string]string{appLabel: DaemonName, componentLabel: "control-plane-vip"}
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: DaemonName, Namespace: Namespace, Labels: labels},
+		Spec: corev1.PodSpec{
+			HostNetwork:       true,
+			PriorityClassName: "system-node-critical",
+			// A static pod cannot use a ServiceAccount; it reads the
+			// certificates from the host.
+			AutomountServiceAccountToken: ptr(false),
+			Containers: []corev1.Container{{
+				Name:  DaemonName,
+				Image: image(o.Image),
+				Args:  args,
+				// Node name: the pod's hostname, which with host networking
+				// is the node's, as kubeadm names nodes.
+				SecurityContext: &corev1.SecurityContext{
+					Capabilities:             &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN", "NET_RAW"}, Drop: []corev1.Capability{"ALL"}},
+					AllowPrivilegeEscalation: ptr(false),
+					ReadOnlyRootFilesystem:   ptr(true),
+				},
+				Resources:                resources("50m", "32Mi", "128Mi"),
+				LivenessProbe:            healthz(metricsPortDaemon),
+				VolumeMounts:             []corev1.VolumeMount{{Name: "pki", MountPath: PKIDir, ReadOnly: true}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+			Volumes: []corev1.Volume{hostPath("pki", PKIDir, corev1.HostPathDirectory)},
+		},
+	}, nil
+}
+
+// DaemonSetOptions configures the worker agent DaemonSet.
+type DaemonSetOptions struct {
+	Server string // https://VIP:6443
+	Image  string
+	Listen string // --apiserver-listen
+}
+
+// DaemonSet runs `vigil agent` on every node that is not a control-plane
+// node. kubelet itself needs the API server to start DaemonSet pods, so a
+// kubelet that uses the agent needs it as a static pod or systemd unit
+// instead (docs/agent.md); this DaemonSet serves the clients that start
+// later: kube-proxy, flannel, etcd clients.
+func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
+	u, err := url.Parse(o.Server)
+	if o.Server == "" {
+		return nil, fmt.Errorf("%w: --server is required: the API server URL, such as https://10.0.0.100:6443", ErrInvalid)
+	}
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("%w: --server %q must be an https URL such as https://10.0.0.100:6443", ErrInvalid, o.Server)
+	}
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:6443"
+	}
+	if _, err := netip.ParseAddrPort(o.Listen); err != nil {
+		return nil, fmt.Errorf("%w: --apiserver-listen %q must be IP:PORT", ErrInvalid, o.Listen)
+	}
+	labels := map[string]string{appLabel: AgentName, componentLabel: "worker-endpoint"}
+	return &appsv1.DaemonSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "DaemonSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: AgentName, Namespace: Namespace, Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			UpdateStrategy: appsv1.DaemonSetUpdateStrategy{
+				Type: appsv1.RollingUpdateDaemonSetStrategyType,
+				// The new pod starts before the old one stops; both bind
+				// the port with SO_REUSEPORT, so it is never closed.
+				RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: ptr(intstr.FromInt32(0)), MaxSurge: ptr(intstr.FromInt32(1))},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					HostNetwork:        true,
+					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
+					PriorityClassName:  "system-node-critical",
+					ServiceAccountName: AgentName,
+					Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+						RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+							MatchExpressions: []corev1.NodeSelectorRequirement{{Key: controlPlaneLabel, Operator: corev1.NodeSelectorOpDoesNotExist}},
+						}}},
+					}},
+					Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{
+						Name:  AgentName,
+						Image: image(o.Image),
+						Args: []string{"agent",
+							"--server", o.Server,
+							"--apiserver-listen", o.Listen,
+							"--cache-dir", DefaultAgentCache,
+							"--health-ca", PKIDir + "/ca.crt",
+						},
+						SecurityContext: &corev1.SecurityContext{
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+							AllowPrivilegeEscalation: ptr(false),
+							ReadOnlyRootFilesystem:   ptr(true),
+						},
+						Resources:     resources("10m", "24Mi", "64Mi"),
+						LivenessProbe: healthz(metricsPortAgent),
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "ca", MountPath: PKIDir + "/ca.crt", ReadOnly: true},
+							{Name: "cache", MountPath: DefaultAgentCache},
+						},
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+					}},
+					Volumes: []corev1.Volume{
+						hostPath("ca", PKIDir+"/ca.crt", corev1.HostPathFile),
+						hostPath("cache", DefaultAgentCache, corev1.HostPathDirectoryOrCreate),
+					},
+				},
+			},
+		},
+	}, nil
+}
+
+// RBAC returns what vigil needs from the API server, no more:
+//   - vigil run (ServiceAccount kube-system/vigil, or the user "vigil" of a
+//     kubeconfig made with `kubeadm kubeconfig user --client-name vigil`):
+//     its election Lease in kube-system; EndpointSlices (read) to find API
+//     servers; Events (create) to report leadership; Nodes (get, delete),
+//     used only by the opt-in removal of a pruned member's Node;
+//   - vigil agent (ServiceAccount kube-system/vigil-agent): EndpointSlices
+//     (read).
+func RBAC() []runtime.Object {
+	daemonSubjects := []rbacv1.Subject{
+		{Kind: rbacv1.ServiceAccountKind, Name: DaemonName, Namespace: Namespace},
+		{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: DaemonName},
+	}
+	read := []string{"get", "list", "watch"}
+	return []runtime.Object{
+		serviceAccount(DaemonName),
+		serviceAccount(AgentName),
+		&rbacv1.Role{
+			TypeMeta:   typeMeta("Role"),
+			ObjectMeta: meta(DaemonName),
+			Rules: []rbacv1.PolicyRule{{
+				APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"},
+				Verbs: []string{"get", "list", "watch", "create", "update"},
+			}},
+		},
+		&rbacv1.RoleBinding{
+			TypeMeta: typeMeta("RoleBinding"), ObjectMeta: meta(DaemonName),
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: DaemonName},
+			Subjects: daemonSubjects,
+		},
+		&rbacv1.ClusterRole{
+			TypeMeta:   typeMeta("ClusterRole"),
+			ObjectMeta: metav1.ObjectMeta{Name: DaemonName},
+			Rules: []rbacv1.PolicyRule{
+				{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
+				{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+				{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+				{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "delete"}},
+			},
+		},
+		&rbacv1.ClusterRoleBinding{
+			TypeMeta:   typeMeta("ClusterRoleBinding"),
+			ObjectMeta: metav1.ObjectMeta{Name: DaemonName},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: DaemonName},
+			Subjects:   daemonSubjects,
+		},
+		&rbacv1.ClusterRole{
+			TypeMeta:   typeMeta("ClusterRole"),
+			ObjectMeta: metav1.ObjectMeta{Name: AgentName},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read}},
+		},
+		&rbacv1.ClusterRoleBinding{
+			TypeMeta:   typeMeta("ClusterRoleBinding"),
+			ObjectMeta: metav1.ObjectMeta{Name: AgentName},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: AgentName},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace}},
+		},
+	}
+}
+
+// YAML prints objects as one YAML stream, with a header comment.
+func YAML(header string, objs ...runtime.Object) ([]byte, error) {
+	var b bytes.Buffer
+	if header != "" {
+		fmt.Fprintf(&b, "# %s\n", header)
+	}
+	for i, o := range objs {
+		if i > 0 {
+			b.WriteString("---\n")
+		}
+		y, err := yaml.Marshal(o)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(y)
+	}
+	return b.Bytes(), nil
+}
+
+func parseVIP(s string) (string, error) {
+	if s == "" {
+		return "", fmt.Errorf("%w: --vip is required, e.g. 10.0.0.100 or 10.0.0.100/24", ErrInvalid)
+	}
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.String(), nil
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.String(), nil
+	}
+	return "", fmt.Errorf("%w: --vip %q is not an IP address or address/prefix", ErrInvalid, s)
+}
+
+func image(s string) string {
+	if s == "" {
+		return DefaultImage
+	}
+	return s
+}
+
+func join(ss []string) string {
+	out := ""
+	for i, s := range ss {
+		if i > 0 {
+			out += ","
+		}
+		out += s
+	}
+	return out
+}
+
+func resources(cpu, mem, memLimit string) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem)},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memLimit)},
+	}
+}
+
+func healthz(port int) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Host: "127.0.0.1", Path: "/healthz", Port: intstr.FromInt32(int32(port)),
+		}},
+		PeriodSeconds: 10, FailureThreshold: 3, TimeoutSeconds: 2,
+	}
+}
+
+func hostPath(name, path string, t corev1.HostPathType) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &t}}}
+}
+
+func serviceAccount(name string) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta(name)}
+}
+
+func typeMeta(kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: kind}
+}
+
+func meta(name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: name, Namespace: Namespace, Labels: map[string]string{appLabel: DaemonName}}
+}
+
+func ptr[T any](v T) *T { return &v }
