@@ -115,3 +115,41 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateKubernetesElection(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kube := func(mod func(*Config)) Config {
+		c := validConfig()
+		c.Election, c.Kubeconfig, c.LeaseNamespace, c.LeaseName = ElectionKubernetes, kc, "kube-system", "vigil"
+		c.EtcdEndpoints = nil
+		mod(&c)
+		return c
+	}
+	ok := kube(func(*Config) {})
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid kubernetes config refused: %v", err)
+	}
+	for name, c := range map[string]Config{
+		"no kubeconfig":         kube(func(c *Config) { c.Kubeconfig = "" }),
+		"missing kubeconfig":    kube(func(c *Config) { c.Kubeconfig = kc + ".nope" }),
+		"empty lease name":      kube(func(c *Config) { c.LeaseName = "" }),
+		"lb without backends":   kube(func(c *Config) { c.LBPort = 6443 }),
+		"unknown backend":       kube(func(c *Config) { c.Election = "consul" }),
+		"etcd without endpoint": kube(func(c *Config) { c.Election = ElectionEtcd }),
+	} {
+		if err := c.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: err = %v, want ErrConfig", name, err)
+		}
+	}
+	// An unreadable kubeconfig is caught when the client is built.
+	bad := filepath.Join(t.TempDir(), "bad")
+	if err := os.WriteFile(bad, []byte("not: [yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kubeClient(bad); !errors.Is(err, ErrConfig) {
+		t.Fatalf("kubeClient(garbage) err = %v, want ErrConfig", err)
+	}
+}
