@@ -413,11 +413,9 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t)), Detail: detail})
 		t = now
 	}
-	n, out, err := l.replaceWith(ctx, holder, old)
-	if err != nil {
+	if _, _, err := l.replaceWith(ctx, holder, old, phase); err != nil {
 		return err
 	}
-	phase("add "+n.Name+" as learner, catch up, promote, remove "+old.Name+", start its services", lastLine(out))
 	return l.finishStill(ctx, r, pr, start, holder, "during a planned replacement of a node that did not hold it")
 }
 
@@ -427,7 +425,7 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 // learner is announced, as an operator following the printed instructions
 // would; then old is shut down and the new node's services start. It
 // returns the new node and the command's output.
-func (l *Lab) replaceWith(ctx context.Context, holder string, old *Node) (*Node, string, error) {
+func (l *Lab) replaceWith(ctx context.Context, holder string, old *Node, phase func(name, detail string)) (*Node, string, error) {
 	n, err := l.addNode(ctx)
 	if err != nil {
 		return nil, "", err
@@ -457,6 +455,7 @@ func (l *Lab) replaceWith(ctx context.Context, holder string, old *Node) (*Node,
 		if err != nil || !ok {
 			continue
 		}
+		phase("add "+n.Name+" as learner", "")
 		if err := l.startEtcdWith(n, ic, "existing"); err != nil {
 			return nil, "", err
 		}
@@ -465,6 +464,7 @@ func (l *Lab) replaceWith(ctx context.Context, holder string, old *Node) (*Node,
 	if rr.err != nil {
 		return nil, rr.out, rr.err
 	}
+	phase("catch up, promote "+n.Name+", remove "+old.Name, lastLine(rr.out))
 	// The old node's etcd stops itself once removed; its other processes
 	// and the machine go.
 	if err := l.retireNode(ctx, old); err != nil {
@@ -476,7 +476,11 @@ func (l *Lab) replaceWith(ctx context.Context, holder string, old *Node) (*Node,
 	if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
 		return nil, rr.out, err
 	}
-	return n, rr.out, l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout)
+	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+		return nil, rr.out, err
+	}
+	phase("vigil on "+n.Name+", backends updated", "")
+	return n, rr.out, nil
 }
 
 // joinNode adds a control-plane node as kubeadm join does (a voting

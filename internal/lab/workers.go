@@ -250,7 +250,7 @@ func (l *Lab) scaleWorkers(ctx context.Context, r *Result) error {
 	// Replace one node (learner, promote, remove the old one): 5 → 5.
 	from := time.Now()
 	old, conns := l.busiestForWorkers(ctx, holder)
-	n, out, err := l.replaceWith(ctx, holder, old)
+	n, out, err := l.replaceWith(ctx, holder, old, func(string, string) {})
 	if err != nil {
 		return err
 	}

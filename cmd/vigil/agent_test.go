@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// TestAgentAndManifestBadInput runs the vigil binary with bad flags: each
+// case exits 1 with one line naming the problem, prints nothing on stdout,
+// and leaves no listener behind.
+func TestAgentAndManifestBadInput(t *testing.T) {
+	vigil := nstest.Binary(t, "vigil")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken := ln.Addr().String()
+	defer ln.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiAddr := free.Addr().String()
+	free.Close()
+	cache := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"agent"}, "--server is required"},
+		{[]string{"agent", "--server", "10.0.0.100:6443"}, "must be an https URL"},
+		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--etcd-listen", "127.0.0.1:2379"}, "needs --etcd-endpoints"},
+		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--cache-dir", cache, "--apiserver-listen", apiAddr,
+			"--etcd-listen", taken, "--etcd-endpoints", "http://10.0.0.11:2379", "--metrics-address", ""}, "port is taken"},
+		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--etcd-cert", "/nonexistent.crt", "--etcd-key", "/nonexistent.key"}, "--etcd-cert"},
+		{[]string{"manifest", "pod", "--vip", "10.0.0.100"}, "--interface is required"},
+		{[]string{"manifest", "pod", "--vip", "10.0.0.999", "--interface", "eth0"}, "not an IP address"},
+		{[]string{"manifest", "daemonset"}, "--server is required"},
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes"}, "--kubeconfig is required"},
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes", "--kubeconfig", "/nonexistent"}, "--kubeconfig"},
+	} {
+		cmd := exec.Command(vigil, tc.args...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 1 {
+			t.Errorf("vigil %s: err = %v, want exit status 1", strings.Join(tc.args, " "), err)
+			continue
+		}
+		msg := strings.TrimSpace(errb.String())
+		if !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") > 0 || out.Len() != 0 {
+			t.Errorf("vigil %s: stderr %q stdout %q, want one line mentioning %q", strings.Join(tc.args, " "), msg, out.String(), tc.want)
+		}
+	}
+	// The port-conflict case opened the API server endpoint first: it
+	// must be closed again.
+	l, err := net.Listen("tcp", apiAddr)
+	if err != nil {
+		t.Fatalf("the agent left %s open after failing: %v", apiAddr, err)
+	}
+	l.Close()
+}
