@@ -150,20 +150,6 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 	}
 }
 
-func retry(t *testing.T, d time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
 
 // TestFollowsMembershipAndFailsOver runs the agent against a real etcd
 // cluster, each member on its own loopback address with an API server beside
@@ -232,7 +218,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	written := 0
 	write := func() {
 		t.Helper()
-		retry(t, 20*time.Second, "put", func() error {
+		etcdtest.Retry(t, 20*time.Second, "put", func() error {
 			_, err := direct.Put(ctx, fmt.Sprintf("/counter/%04d", written), "x")
 			return err
 		})
@@ -244,7 +230,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	// member has started (announced members have no client URL yet).
 	peer, clientURL := c.NewMemberURLs()
 	var added *clientv3.MemberAddResponse
-	retry(t, 20*time.Second, "member add", func() error { added, err = direct.MemberAdd(ctx, []string{peer}); return err })
+	etcdtest.Retry(t, 20*time.Second, "member add", func() error { added, err = direct.MemberAdd(ctx, []string{peer}); return err })
 	var initial []string
 	for _, m := range added.Members {
 		name := m.Name
@@ -265,7 +251,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	// connections, and the watch moves on to a member that is still there.
 	for _, i := range []int{0, 1} {
 		id := uint64(c.Members[i].Server.MemberID())
-		retry(t, 30*time.Second, "member remove", func() error { _, err := direct.MemberRemove(ctx, id); return err })
+		etcdtest.Retry(t, 30*time.Second, "member remove", func() error { _, err := direct.MemberRemove(ctx, id); return err })
 		stand[i].kill()
 		waitFor(t, 10*time.Second, fmt.Sprintf("backend %s gone", api(i)), func() bool {
 			return !slices.Contains(backendsIn(a, "apiserver", "cluster", ""), api(i))

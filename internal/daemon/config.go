@@ -41,10 +41,10 @@ type Config struct {
 	Kubeconfig     string
 	LeaseNamespace string
 	LeaseName      string
-	EtcdEndpoints []string
-	EtcdCACert    string
-	EtcdCert      string
-	EtcdKey       string
+	EtcdEndpoints  []string
+	EtcdCACert     string
+	EtcdCert       string
+	EtcdKey        string
 	// LockKey is the etcd key of the lock record.
 	LockKey string
 	// EtcdMemberName is this node's etcd member; while this node holds the

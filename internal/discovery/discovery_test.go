@@ -147,7 +147,7 @@ func TestFollowsRealMembership(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var added *clientv3.MemberAddResponse
-	retry(t, 20*time.Second, "member add", func() error { added, err = cli.MemberAdd(ctx, []string{peer}); return err })
+	etcdtest.Retry(t, 20*time.Second, "member add", func() error { added, err = cli.MemberAdd(ctx, []string{peer}); return err })
 	var initial []string
 	for _, m := range added.Members {
 		name := m.Name
@@ -162,7 +162,7 @@ func TestFollowsRealMembership(t *testing.T) {
 
 	// Remove the second member; Refresh makes it visible without waiting.
 	id := uint64(c.Members[1].Server.MemberID())
-	retry(t, 20*time.Second, "member remove", func() error { _, err := cli.MemberRemove(ctx, id); return err })
+	etcdtest.Retry(t, 20*time.Second, "member remove", func() error { _, err := cli.MemberRemove(ctx, id); return err })
 	d.Refresh()
 	s.wait(t, 5*time.Second, []string{backend(0), backend(2), backend(3)})
 	if got := d.Backends(); !slices.Equal(got, []string{backend(0), backend(2), backend(3)}) {
@@ -177,19 +177,3 @@ func TestFollowsRealMembership(t *testing.T) {
 	}
 }
 
-// retry calls f until it succeeds: etcd refuses membership changes until its
-// members have been connected for a few seconds.
-func retry(t *testing.T, d time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}

@@ -86,6 +86,25 @@ func (tr *tracker) waitLeader(t *testing.T, d time.Duration, not string) string 
 	return ""
 }
 
+// checkHandover waits for a new leader after holder was cut off from the
+// store at cut, and fails the test unless holder stepped down first, within
+// the renew deadline (plus slack).
+func (tr *tracker) checkHandover(t *testing.T, round int, holder string, cut time.Time) {
+	t.Helper()
+	next := tr.waitLeader(t, 15*time.Second, holder)
+	tr.mu.Lock()
+	stops, starts := tr.stops[holder], tr.starts[next]
+	tr.mu.Unlock()
+	stopAt, startAt := stops[len(stops)-1], starts[len(starts)-1]
+	if !stopAt.Before(startAt) {
+		t.Fatalf("round %d: %s started leading at %v, before %s stepped down at %v", round, next, startAt.Sub(cut), holder, stopAt.Sub(cut))
+	}
+	if d := stopAt.Sub(cut); d > tRenew+tLease {
+		t.Fatalf("round %d: %s stepped down %v after losing the store; renew deadline is %v", round, holder, d, tRenew)
+	}
+	t.Logf("round %d: %s cut at 0, stepped down at %v, %s took over at %v", round, holder, stopAt.Sub(cut), next, startAt.Sub(cut))
+}
+
 // cuttable wraps a lock; while cut, every call hangs until its context ends,
 // as over a black-holed link.
 type cuttable struct {
@@ -245,18 +264,7 @@ func TestCutOffHolderStepsDownBeforeTakeover(t *testing.T) {
 		holder := tr.waitLeader(t, 15*time.Second, "")
 		cut := time.Now()
 		cands[holder].lock.cut.Store(true)
-		next := tr.waitLeader(t, 15*time.Second, holder)
-		tr.mu.Lock()
-		stops, starts := tr.stops[holder], tr.starts[next]
-		tr.mu.Unlock()
-		stopAt, startAt := stops[len(stops)-1], starts[len(starts)-1]
-		if !stopAt.Before(startAt) {
-			t.Fatalf("round %d: %s started leading at %v, before %s stepped down at %v", round, next, startAt.Sub(cut), holder, stopAt.Sub(cut))
-		}
-		if d := stopAt.Sub(cut); d > tRenew+tLease {
-			t.Fatalf("round %d: %s stepped down %v after losing etcd; renew deadline is %v", round, holder, d, tRenew)
-		}
-		t.Logf("round %d: %s cut at 0, stepped down at %v, %s took over at %v", round, holder, stopAt.Sub(cut), next, startAt.Sub(cut))
+		tr.checkHandover(t, round, holder, cut)
 		cands[holder].lock.cut.Store(false)
 	}
 	if tr.overlap.Load() {

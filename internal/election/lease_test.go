@@ -200,18 +200,7 @@ func TestLease(t *testing.T) {
 			holder := tr.waitLeader(t, 15*time.Second, "")
 			cut := time.Now()
 			proxies[holder].cut.Store(true)
-			next := tr.waitLeader(t, 15*time.Second, holder)
-			tr.mu.Lock()
-			stops, starts := tr.stops[holder], tr.starts[next]
-			tr.mu.Unlock()
-			stopAt, startAt := stops[len(stops)-1], starts[len(starts)-1]
-			if !stopAt.Before(startAt) {
-				t.Fatalf("round %d: %s led at %v, before %s stepped down at %v", round, next, startAt.Sub(cut), holder, stopAt.Sub(cut))
-			}
-			if d := stopAt.Sub(cut); d > tRenew+tLease {
-				t.Fatalf("round %d: %s stepped down %v after losing the API server; renew deadline %v", round, holder, d, tRenew)
-			}
-			t.Logf("round %d: %s cut at 0, stepped down at %v, %s took over at %v", round, holder, stopAt.Sub(cut), next, startAt.Sub(cut))
+			tr.checkHandover(t, round, holder, cut)
 			proxies[holder].cut.Store(false)
 		}
 		if tr.overlap.Load() {

@@ -203,3 +203,21 @@ func (c *Cluster) Close() {
 		}
 	}
 }
+
+// Retry calls f until it succeeds or d has passed, then fails the test.
+// etcd refuses membership changes for a few seconds after members
+// (re)connect ("unhealthy cluster"), so tests that change membership retry.
+func Retry(t testing.TB, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
