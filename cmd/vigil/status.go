@@ -1,0 +1,97 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vigil-ha/vigil/internal/daemon"
+)
+
+func newStatusCmd() *cobra.Command {
+	var addr string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show what the local vigil run sees: who leads, since when, the API server backends",
+		Long: `Ask the vigil run on this node (its --metrics-address, 127.0.0.1:9558 by
+default) for its view: this node, the VIP, the current holder, since when this
+node leads (if it does), whether it yields the VIP because its own API server
+fails, and every API server backend with its health and connections.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, raw, err := fetchStatus(addr)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				_, err := cmd.OutOrStdout().Write(raw)
+				return err
+			}
+			return printReport(cmd.OutOrStdout(), r, time.Now())
+		},
+	}
+	cmd.Flags().StringVar(&addr, "address", "127.0.0.1:9558", "the --metrics-address of the local vigil run")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the JSON as vigil run serves it")
+	return cmd
+}
+
+func fetchStatus(addr string) (daemon.Report, []byte, error) {
+	var r daemon.Report
+	hc := &http.Client{Timeout: 3 * time.Second}
+	resp, err := hc.Get("http://" + addr + "/status")
+	if err != nil {
+		return r, nil, fmt.Errorf("no vigil run answers on %s (is it running, with this --metrics-address?): %w", addr, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return r, nil, fmt.Errorf("read %s/status: %w", addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return r, nil, fmt.Errorf("%s/status: HTTP %d", addr, resp.StatusCode)
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return r, nil, fmt.Errorf("%s/status is not vigil's status: %w", addr, err)
+	}
+	return r, raw, nil
+}
+
+func printReport(w io.Writer, r daemon.Report, now time.Time) error {
+	holder := r.Holder
+	if holder == "" {
+		holder = "(none)"
+	}
+	fmt.Fprintf(w, "node %s  vip %s  holder %s\n", r.Node, r.VIP, holder)
+	switch {
+	case r.Leader && r.LeaderSince != nil:
+		fmt.Fprintf(w, "this node leads since %s (%s)\n", r.LeaderSince.Format(time.RFC3339), now.Sub(*r.LeaderSince).Round(time.Second))
+	case r.Yielding:
+		fmt.Fprintln(w, "this node yields the VIP: its own API server fails its checks")
+	default:
+		fmt.Fprintln(w, "this node does not lead")
+	}
+	if len(r.Backends) == 0 {
+		fmt.Fprintln(w, "no API server backends known")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BACKEND\tSTATE\tCONNECTIONS\tLAST ERROR")
+	for _, b := range r.Backends {
+		state := b.State
+		if b.Cause != "" {
+			state += " (" + b.Cause + ")"
+		}
+		last := b.LastError
+		if last == "" {
+			last = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", b.Address, state, b.Connections, last)
+	}
+	return tw.Flush()
+}

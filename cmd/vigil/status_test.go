@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/daemon"
+)
+
+func TestStatusPrintsTheLocalView(t *testing.T) {
+	since := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	rep := daemon.Report{Node: "cp1", VIP: "10.0.0.100/24", Leader: true, Holder: "cp1", LeaderSince: &since,
+		Backends: []daemon.BackendReport{
+			{Address: "10.0.0.11:6443", State: "up", Connections: 3},
+			{Address: "10.0.0.12:6443", State: "down", Cause: "dead", LastError: "connection refused"},
+		}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/status" {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(rep)
+	}))
+	defer srv.Close()
+	got, _, err := fetchStatus(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := printReport(&out, got, since.Add(90*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"holder cp1", "leads since 2026-11-30T12:00:00Z (1m30s)", "10.0.0.11:6443  up", "down (dead)", "connection refused"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestStatusWithoutDaemon(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	if _, _, err := fetchStatus(addr); err == nil || !strings.Contains(err.Error(), "no vigil run answers on "+addr) {
+		t.Fatalf("err = %v, want a clear 'no vigil run' message", err)
+	}
+}
