@@ -4,6 +4,9 @@
 #   vigil-tuned       lease 350ms, renew 200ms, retry 50ms
 #   keepalived        kubeadm's documented recipe (VRRP, 1 s adverts)
 #   keepalived-tuned  VRRPv3 with 0.1 s adverts
+#   vigil-lease       default timings, --election kubernetes: a Lease through
+#                     each node's own real kube-apiserver (bin/, built by
+#                     hack/build-kube-apiserver.sh)
 # COUNT runs of each drill, then MIXED consecutive mixed drills on vigil.
 # Every run is kept as JSON in results/<timestamp>/, with summary.md.
 # Usage, as root: bash bench/failover/run.sh   (COUNT=10 MIXED=50 by default)
@@ -13,7 +16,8 @@ source hack/deps.sh ip keepalived jq
 hack/build.sh
 COUNT=${COUNT:-10}
 MIXED=${MIXED:-50}
-SETS=${SETS:-"vigil vigil-tuned keepalived keepalived-tuned"}
+SETS=${SETS:-"vigil vigil-tuned keepalived keepalived-tuned vigil-lease"}
+case " $SETS " in *" vigil-lease "*) hack/build-kube-apiserver.sh ;; esac
 out=bench/failover/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 lab=bin/vigil-lab
@@ -25,6 +29,7 @@ up_args() {
     vigil-tuned) echo "--impl vigil --lease-duration 350ms --renew-deadline 200ms --retry-period 50ms" ;;
     keepalived) echo "--impl keepalived" ;;
     keepalived-tuned) echo "--impl keepalived-tuned" ;;
+    vigil-lease) echo "--impl vigil --apiserver kube --election kubernetes" ;;
   esac
 }
 

@@ -29,6 +29,8 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.IntVar(&s.BackendPort, "backend-port", lab.APIServerPort, "vigil --backend-port (the stand-in API servers listen on 6443, the benchmark backends on 7000)")
 	f.IntVar(&s.HealthPort, "health-port", 0, "vigil --health-port (0: the backend port)")
 	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
+	f.StringVar(&s.APIServer, "apiserver", lab.APIServerStandIn, "each node's API server: standin (the lab's, with drillable modes) or kube (the real kube-apiserver from bin/, built by hack/build-kube-apiserver.sh)")
+	f.StringVar(&s.Election, "election", lab.ElectionEtcd, "vigil --election on every node: etcd, or kubernetes (a Lease through the node's own kube-apiserver; needs --apiserver kube)")
 	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; replace-node then waits for vigil to prune instead of running vigil members prune")
 }

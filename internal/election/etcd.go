@@ -378,6 +378,9 @@ func (l *EtcdLock) follow(urls []string) {
 // it so that losing the holder's machine does not also cost an etcd leader
 // election. It reports the member leadership moved to, or "".
 func (l *EtcdLock) ShedRaftLeadership(ctx context.Context, name string) (string, error) {
+	// With the Kubernetes election this lock does nothing else that would
+	// keep its voter list current.
+	l.maybeRefreshVoters(ctx)
 	l.mu.Lock()
 	voters := l.voters
 	l.mu.Unlock()

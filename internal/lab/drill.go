@@ -54,7 +54,7 @@ func DrillsFor(s Settings) []string {
 		return failoverDrills
 	}
 	out := []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
-	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) {
+	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() {
 		out = append(out, DrillAPIServerDown, DrillAPIServerSlow)
 	}
 	return out

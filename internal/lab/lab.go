@@ -49,7 +49,15 @@ type Settings struct {
 	PruneAfter time.Duration `json:"pruneAfter,omitempty"`
 	// Workers is how many worker nodes (vigil agent and clients) up starts.
 	Workers int `json:"workers,omitempty"`
+	// APIServer is what runs as each node's API server: APIServerStandIn
+	// (default) or APIServerKube, the real kube-apiserver.
+	APIServer string `json:"apiServer,omitempty"`
+	// Election is vigil's --election: ElectionEtcd (default) or
+	// ElectionKubernetes (a Lease; needs APIServerKube).
+	Election string `json:"election,omitempty"`
 }
+
+func (s Settings) kube() bool { return s.APIServer == APIServerKube }
 
 // Ports of the stand-in API server on every node of a vigil lab.
 const (
@@ -67,6 +75,24 @@ func (s Settings) Validate() error {
 	case ImplVigil, ImplKeepalived, ImplKeepalivedTuned:
 	default:
 		return fmt.Errorf("lab: unknown --impl %q (vigil, keepalived or keepalived-tuned)", s.Impl)
+	}
+	switch s.APIServer {
+	case "", APIServerStandIn:
+	case APIServerKube:
+		if s.Impl != ImplVigil {
+			return fmt.Errorf("lab: --apiserver kube needs --impl vigil")
+		}
+	default:
+		return fmt.Errorf("lab: unknown --apiserver %q (standin or kube)", s.APIServer)
+	}
+	switch s.Election {
+	case "", ElectionEtcd:
+	case ElectionKubernetes:
+		if !s.kube() {
+			return fmt.Errorf("lab: --election kubernetes needs --apiserver kube (a real API server to hold the Lease)")
+		}
+	default:
+		return fmt.Errorf("lab: unknown --election %q (etcd or kubernetes)", s.Election)
 	}
 	if s.Workers < 0 || s.Workers > 9 {
 		return fmt.Errorf("lab: --workers %d: use 0 to 9", s.Workers)
@@ -178,6 +204,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if err != nil {
 		return err
 	}
+	if s.kube() {
+		if err := l.prepareKube(); err != nil {
+			return err
+		}
+	}
 	for i := 1; i <= s.Nodes; i++ {
 		n := &Node{Name: "n" + itoa(i), Index: i, IP: nodeIP(i), PIDs: map[string]int{}}
 		if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
@@ -204,7 +235,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 			return err
 		}
 	}
-	if _, err := l.waitStable(ctx, 30*time.Second); err != nil {
+	stable := 30 * time.Second
+	if s.kube() {
+		stable = 120 * time.Second // three kube-apiservers start on two cores
+	}
+	if _, err := l.waitStable(ctx, stable); err != nil {
 		return err
 	}
 	if s.Workers > 0 {
@@ -276,6 +311,9 @@ func (l *Lab) apiControl(n *Node) string { return filepath.Join(l.nodeDir(n), "a
 // startAPIServer starts the node's stand-in kube-apiserver, bound to the
 // node's own address as vigil's load balancer requires.
 func (l *Lab) startAPIServer(n *Node) error {
+	if l.st.Settings.kube() {
+		return l.startKubeAPIServer(n)
+	}
 	return l.start(n, roleAPIServer, l.selfBin, "apiserver", "--name", n.Name,
 		"--listen", netip.AddrPortFrom(n.IP, APIServerPort).String(),
 		"--bulk-listen", netip.AddrPortFrom(n.IP, BulkPort).String(),
@@ -317,9 +355,18 @@ func (l *Lab) startEtcdWith(n *Node, cluster, clusterState string) error {
 
 func (l *Lab) startVigil(n *Node) error {
 	s := l.st.Settings
+	election := ElectionEtcd
+	if s.Election == ElectionKubernetes {
+		election = ElectionKubernetes
+	}
 	args := []string{"run",
 		"--vip", VIP.String(), "--interface", nodeIface, "--node-name", n.Name,
-		"--election", "etcd", "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
+		"--election", election, "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
+	}
+	if election == ElectionKubernetes {
+		// The Lease, through this node's own API server; etcd stays
+		// for API server discovery and membership.
+		args = append(args, "--kubeconfig", l.kubeconfig(n))
 	}
 	if s.LeaseDuration > 0 {
 		args = append(args, "--lease-duration", s.LeaseDuration.String())

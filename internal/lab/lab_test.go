@@ -4,9 +4,12 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -170,5 +173,48 @@ func TestLongestGap(t *testing.T) {
 	}
 	if g := longestGap(rs[:2], ms(0), ms(1000)); g != 1010*time.Millisecond {
 		t.Fatalf("gap with no answer after the fault = %v, want up to the end", g)
+	}
+}
+
+// TestLeaseLab runs the lab with the real kube-apiserver on every node and
+// vigil electing through a Lease, and kills the holder: the VIP must move
+// to a peer, once, with no split brain. The Lease failover figures live in
+// bench/failover (set vigil-lease).
+func TestLeaseLab(t *testing.T) {
+	nstest.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("builds a 3-node lab with kube-apiservers; skipped with -short")
+	}
+	ctx := context.Background()
+	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
+		t.Skipf("a lab is already up (%v); not touching it", nss)
+	}
+	self := nstest.Binary(t, "vigil-lab")
+	if _, err := os.Stat(filepath.Join(filepath.Dir(self), "kube-apiserver")); err != nil {
+		if os.Getenv(kubetest.RequireEnv) != "" {
+			t.Fatalf("no kube-apiserver next to %s: %v", self, err)
+		}
+		t.Skip("kube-apiserver not built (hack/build-kube-apiserver.sh)")
+	}
+	l, err := New(Config{Dir: t.TempDir() + "/lab", VigilBin: nstest.Binary(t, "vigil"), SelfBin: self}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("down: %v", err)
+		}
+	})
+	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, APIServer: APIServerKube, Election: ElectionKubernetes}
+	if err := l.Up(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := DrillsFor(s); slices.Contains(got, DrillAPIServerDown) {
+		t.Fatalf("drills for a real API server include %s, which needs the stand-in", DrillAPIServerDown)
+	}
+	r := l.Drill(ctx, DrillKillLeader, 1)
+	t.Log(r)
+	if !r.OK() || r.After == r.Target || r.OutageMillis > 5000 {
+		t.Fatalf("kill-leader with the Lease election: %s", r)
 	}
 }
