@@ -214,12 +214,15 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": name}, a.reg)
 	var err error
 	u.bal, err = lb.New(lb.Config{
-		Listen:       listen,
-		Policy:       lb.LeastConn,
-		ReusePort:    true,
-		DrainTimeout: a.cfg.DrainTimeout,
-		OnDialError:  func(b string, err error) { u.checker.MarkDead(b, err) },
-		Metrics:      reg,
+		Listen:    listen,
+		Policy:    lb.LeastConn,
+		ReusePort: true,
+		// Health checks failing everywhere at once say more about this
+		// host than about the control plane: try the backends anyway.
+		TryAllWhenNoneUsable: true,
+		DrainTimeout:         a.cfg.DrainTimeout,
+		OnDialError:          func(b string, err error) { u.checker.MarkDead(b, err) },
+		Metrics:              reg,
 	}, a.log.With("upstream", name))
 	if err != nil {
 		if errors.Is(err, lb.ErrPortInUse) {

@@ -60,6 +60,14 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Standby starts the balancer not serving (see SetServing).
 	Standby bool
+	// TryAllWhenNoneUsable: when no backend passes its checks, try the
+	// known ones anyway (least connections first) instead of resetting the
+	// client. Health checks can all fail at once for reasons that are not
+	// the backends' (an overloaded or briefly cut-off client host); a
+	// client turned away then backs off, often for many seconds (gRPC's
+	// reconnect backoff), while a dial would have worked. Backends that
+	// refuse still fail fast.
+	TryAllWhenNoneUsable bool
 	// ReusePort sets SO_REUSEPORT on the listener, so that a new process
 	// can bind the same address before the old one exits (an upgrade of
 	// the worker agent without a moment with nothing listening).
@@ -371,6 +379,9 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 	for range b.cfg.Attempts {
 		b.mu.Lock()
 		be := b.pool.pick(tried)
+		if be == nil && b.cfg.TryAllWhenNoneUsable && b.pool.usableCount() == 0 {
+			be = b.pool.pickAny(tried)
+		}
 		b.mu.Unlock()
 		if be == nil {
 			break
@@ -415,7 +426,8 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 	b.mu.Lock()
 	// The backend may have gone down or been removed while we dialled,
 	// or this node may have stopped serving.
-	if _, ok := b.clients[pc.client]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || !be.usable {
+	lastResort := b.cfg.TryAllWhenNoneUsable && b.pool.usableCount() == 0
+	if _, ok := b.clients[pc.client]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || (!be.usable && !lastResort) {
 		b.pool.done(be)
 		b.mu.Unlock()
 		pc.close()

@@ -362,6 +362,20 @@ func TestNoUsableBackendClosesClient(t *testing.T) {
 	refused(t, b)
 }
 
+func TestTryAllWhenNoneUsable(t *testing.T) {
+	a := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{TryAllWhenNoneUsable: true}, a)
+	// Every check failed (say the client host was overloaded), but the
+	// backend answers: the client is served, not reset.
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Dead})
+	if _, _, got := dial(t, b, true); got != "a" {
+		t.Fatalf("served by %q, want a", got)
+	}
+	// A refusing backend still fails the client at once.
+	a.kill()
+	refused(t, b)
+}
+
 func TestNewErrors(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

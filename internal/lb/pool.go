@@ -122,6 +122,25 @@ func (p *pool) pick(skip map[string]bool) *backend {
 	return best
 }
 
+// pickAny is the last resort when no backend is usable: any backend not in
+// skip, least connections first, checked or not. It counts a connection.
+func (p *pool) pickAny(skip map[string]bool) *backend {
+	var best *backend
+	for _, a := range p.order {
+		b := p.m[a]
+		if skip[a] {
+			continue
+		}
+		if best == nil || b.active < best.active {
+			best = b
+		}
+	}
+	if best != nil {
+		best.active++
+	}
+	return best
+}
+
 // done ends a connection counted by pick.
 func (p *pool) done(b *backend) { b.active-- }
 
