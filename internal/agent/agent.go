@@ -110,6 +110,9 @@ type upstream struct {
 
 	mu      sync.Mutex
 	learned []string // host:port, from the cluster or the cache
+	// leftSeeds are seeds that were learned and left the cluster: they
+	// stay backends (seeds always are), but their connections go.
+	leftSeeds []string
 }
 
 // backends is learned ∪ seeds, sorted.
@@ -127,6 +130,11 @@ func (u *upstream) setLearned(b []string) bool {
 	if slices.Equal(u.learned, b) {
 		return false
 	}
+	for _, old := range u.learned {
+		if !slices.Contains(b, old) && slices.Contains(u.seeds, old) {
+			u.leftSeeds = append(u.leftSeeds, old)
+		}
+	}
 	u.learned = slices.Clone(b)
 	return true
 }
@@ -137,11 +145,21 @@ func (u *upstream) isLearned(addr string) bool {
 	return slices.Contains(u.learned, addr)
 }
 
-// apply pushes the backend set to the checker and the balancer.
+// apply pushes the backend set to the checker and the balancer. A seed
+// address whose member left the cluster keeps its place as a last resort,
+// but its connections are closed like those of any removed backend: a
+// member removed from etcd may keep its port open without serving.
 func (u *upstream) apply() {
 	b := u.backends()
 	u.bal.SetBackends(b)
 	u.checker.Set(b)
+	u.mu.Lock()
+	left := u.leftSeeds
+	u.leftSeeds = nil
+	u.mu.Unlock()
+	for _, a := range left {
+		u.bal.CloseConnections(a, "left the cluster")
+	}
 }
 
 // Agent runs the local endpoints.

@@ -176,4 +176,3 @@ func TestFollowsRealMembership(t *testing.T) {
 		t.Fatalf("backends after etcd went away: %v", got)
 	}
 }
-

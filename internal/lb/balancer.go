@@ -356,6 +356,25 @@ func (b *Balancer) Backends() []BackendInfo {
 	return out
 }
 
+// CloseConnections closes every connection to backend addr now, whatever
+// its health: for a backend that stays in the set under the same address
+// but is no longer what it was (an etcd member removed from the cluster
+// whose address is also a seed).
+func (b *Balancer) CloseConnections(addr, reason string) {
+	b.mu.Lock()
+	var conns []*proxyConn
+	if be, ok := b.pool.m[addr]; ok {
+		for c := range be.conns {
+			conns = append(conns, c)
+		}
+	}
+	b.mu.Unlock()
+	if len(conns) > 0 {
+		b.log.Info("closing connections to a backend", "backend", addr, "reason", reason, "connections", len(conns))
+	}
+	closeAll(conns)
+}
+
 func (b *Balancer) closeBackend(addr, reason string) {
 	b.mu.Lock()
 	delete(b.drains, addr)
