@@ -49,7 +49,11 @@ type ClientStats struct {
 	// WatchOutOfOrder counts events that skipped or repeated a seq.
 	WatchSeen       int `json:"watchSeen"`
 	WatchOutOfOrder int `json:"watchOutOfOrder"`
-	APIRequests     int `json:"apiRequests"`
+	// WatchRewrites are events for the key just seen: a put that failed
+	// ambiguously (a timeout while a member left) had taken effect, and
+	// its retry wrote the same key again. Not a watch fault.
+	WatchRewrites int `json:"watchRewrites"`
+	APIRequests   int `json:"apiRequests"`
 	// Errors are every failed put, watch and API request, oldest first
 	// (at most maxClientErrors).
 	Errors []ClientError `json:"errors"`
@@ -191,13 +195,18 @@ func (w *workerClient) watcher(ctx context.Context, rev int64, next int) {
 				rev = ev.Kv.ModRevision
 				seq, err := strconv.Atoi(strings.TrimPrefix(string(ev.Kv.Key), prefix))
 				w.mu.Lock()
-				if err != nil || seq != next {
-					w.st.WatchOutOfOrder++
-				} else {
+				switch {
+				case err == nil && seq == next:
 					w.st.WatchSeen++
+				case err == nil && seq == next-1:
+					w.st.WatchRewrites++
+				default:
+					w.st.WatchOutOfOrder++
 				}
 				w.mu.Unlock()
-				next = seq + 1
+				if err == nil && seq >= next {
+					next = seq + 1
+				}
 			}
 		}
 		cancel()
