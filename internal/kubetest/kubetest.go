@@ -7,12 +7,7 @@ package kubetest
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net/http"
 	"os"
@@ -30,6 +25,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/sakey"
 )
 
 // Tokens of the two users.
@@ -82,7 +78,7 @@ func Start(t testing.TB, etcdURL string) *Server {
 		AdminToken+",admin,admin-uid,system:masters\n"+NobodyToken+",nobody,nobody-uid\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeSAKey(dir); err != nil {
+	if err := sakey.Write(filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")); err != nil {
 		t.Fatal(err)
 	}
 	s := &Server{URL: fmt.Sprintf("https://127.0.0.1:%d", port), CAFile: filepath.Join(dir, "certs", "apiserver.crt"), Dir: dir, t: t, done: make(chan struct{})}
@@ -220,25 +216,6 @@ func (s *Server) WaitNamespace(t testing.TB, ns string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-func writeSAKey(dir string) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "sa.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644)
 }
 
 func tail(s string, n int) string {

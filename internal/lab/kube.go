@@ -1,14 +1,12 @@
 package lab
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+
+	"github.com/vigil-ha/vigil/internal/sakey"
 )
 
 // API servers the lab can run on its nodes.
@@ -45,22 +43,10 @@ func (l *Lab) prepareKube() error {
 	if err := os.WriteFile(l.tokenFile(), []byte(labToken+",admin,admin-uid,system:masters\n"), 0o600); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
+	if err := sakey.Write(l.saKey(), l.saPub()); err != nil {
+		return fmt.Errorf("lab: service-account key: %w", err)
 	}
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	if err := writePEM(l.saKey(), "EC PRIVATE KEY", der); err != nil {
-		return err
-	}
-	return writePEM(l.saPub(), "PUBLIC KEY", pub)
+	return nil
 }
 
 // startKubeAPIServer runs the real kube-apiserver on n, bound to the node's
