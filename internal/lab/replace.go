@@ -25,6 +25,17 @@ import (
 // the failover itself.
 const DrillReplaceNode = "replace-node"
 
+// phaser returns a function that records a phase lasting from the end of
+// the previous one (or start) until now.
+func (r *Result) phaser(start time.Time) func(name, detail string) {
+	t := start
+	return func(name, detail string) {
+		now := time.Now()
+		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t)), Detail: detail})
+		t = now
+	}
+}
+
 // Phase is one timed step of a multi-step drill.
 type Phase struct {
 	Name   string  `json:"name"`
@@ -407,12 +418,7 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 	}
 	defer pr.close()
 	start := time.Now()
-	t := start
-	phase := func(name string, detail string) {
-		now := time.Now()
-		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t)), Detail: detail})
-		t = now
-	}
+	phase := r.phaser(start)
 	if _, _, err := l.replaceWith(ctx, holder, old, phase); err != nil {
 		return err
 	}
@@ -564,25 +570,20 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 	}
 	defer pr.close()
 	start := time.Now()
-	t := start
-	phase := func(name string) {
-		now := time.Now()
-		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t))})
-		t = now
-	}
+	phase := r.phaser(start)
 	for range 2 {
 		n, err := l.joinNode(ctx, holder)
 		if err != nil {
 			return err
 		}
-		phase(fmt.Sprintf("join %s (%d nodes)", n.Name, len(l.st.Nodes)))
+		phase(fmt.Sprintf("join %s (%d nodes)", n.Name, len(l.st.Nodes)), "")
 	}
 	for range 2 {
 		victim := l.otherNode(holder)
 		if _, err := l.removeNode(ctx, victim); err != nil {
 			return err
 		}
-		phase(fmt.Sprintf("remove %s (%d nodes)", victim.Name, len(l.st.Nodes)))
+		phase(fmt.Sprintf("remove %s (%d nodes)", victim.Name, len(l.st.Nodes)), "")
 	}
 	return l.finishStill(ctx, r, pr, start, holder, "while scaling")
 }

@@ -216,12 +216,7 @@ func (l *Lab) scaleWorkers(ctx context.Context, r *Result) error {
 	}
 	defer pr.close()
 	start := time.Now()
-	t := start
-	phase := func(name, detail string) {
-		now := time.Now()
-		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(now.Sub(t)), Detail: detail})
-		t = now
-	}
+	phase := r.phaser(start)
 	var windows []window
 	remove := func() error {
 		from := time.Now()
