@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -9,9 +11,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
 	"github.com/vigil-ha/vigil/internal/daemon"
+	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/membership"
 )
 
@@ -140,8 +144,69 @@ func newMembersListCmd(ef *etcdFlags) *cobra.Command {
 	return cmd
 }
 
+// nodeFlags are --delete-node and --kubeconfig of remove and prune.
+type nodeFlags struct {
+	deleteNode bool
+	kubeconfig string
+}
+
+func (n *nodeFlags) add(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&n.deleteNode, "delete-node", false, "also delete the Node named like each removed member, unless that Node is Ready (needs --kubeconfig)")
+	cmd.Flags().StringVar(&n.kubeconfig, "kubeconfig", "", "kubeconfig whose user may delete Nodes (with --delete-node)")
+}
+
+// client checks the flags and the permission before anything is changed,
+// so a refusal leaves the members as they were. nil without --delete-node.
+func (n *nodeFlags) client(ctx context.Context) (kubernetes.Interface, error) {
+	if !n.deleteNode {
+		if n.kubeconfig != "" {
+			return nil, fmt.Errorf("--kubeconfig is only used with --delete-node")
+		}
+		return nil, nil
+	}
+	if n.kubeconfig == "" {
+		return nil, fmt.Errorf("--delete-node needs --kubeconfig")
+	}
+	cs, err := kube.NewClient(n.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := kube.CheckCanDeleteNodes(cctx, cs); err != nil {
+		return nil, fmt.Errorf("refusing before any change: %w", err)
+	}
+	return cs, nil
+}
+
+// deleteNodes deletes the Nodes of removed members. A Ready Node is left
+// with a note (its machine is alive); an API error is returned.
+func deleteNodes(ctx context.Context, cs kubernetes.Interface, names []string, say func(string, ...any)) error {
+	var errs []error
+	for _, name := range names {
+		if name == "" {
+			continue
+		}
+		got, err := kube.DeleteDeadNode(ctx, cs, name)
+		switch {
+		case errors.Is(err, kube.ErrNodeReady):
+			say("Node %s left in place: its kubelet still reports it Ready", name)
+		case err != nil:
+			errs = append(errs, fmt.Errorf("member %s was removed, but: %w", name, err))
+		case got == kube.NodeAbsent:
+			say("no Node named %s", name)
+		default:
+			say("deleted Node %s", name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func newMembersRemoveCmd(ef *etcdFlags) *cobra.Command {
-	var force bool
+	var (
+		force bool
+		nf    nodeFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "remove NAME|ID",
 		Short: "Remove one member, if the cluster keeps a healthy quorum",
@@ -150,18 +215,47 @@ func newMembersRemoveCmd(ef *etcdFlags) *cobra.Command {
 Refused when the cluster has no quorum now, when the removal would leave
 fewer healthy voters than the quorum of the remaining voters, and for a
 healthy member unless --force is given. A member that leads raft hands
-leadership to the most up-to-date healthy voter first.`,
+leadership to the most up-to-date healthy voter first.
+
+With --delete-node the Node of the same name is deleted too, unless it is
+Ready; permission to delete Nodes is checked before the member is touched.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			kc, err := nf.client(cmd.Context())
+			if err != nil {
+				return err
+			}
 			cl, err := ef.cluster()
 			if err != nil {
 				return err
 			}
 			defer cl.Close()
-			return cl.Remove(cmd.Context(), args[0], force, sayTo(cmd.OutOrStdout()))
+			say := sayTo(cmd.OutOrStdout())
+			name := args[0]
+			if kc != nil {
+				// The Node is named after the member; find its name
+				// before it goes (args may be an ID).
+				v, err := cl.View(cmd.Context())
+				if err != nil {
+					return err
+				}
+				m, err := v.Find(args[0])
+				if err != nil {
+					return err
+				}
+				name = m.Name
+			}
+			if err := cl.Remove(cmd.Context(), args[0], force, say); err != nil {
+				return err
+			}
+			if kc == nil {
+				return nil
+			}
+			return deleteNodes(cmd.Context(), kc, []string{name}, say)
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "also remove a member that is healthy")
+	nf.add(cmd)
 	return cmd
 }
 
@@ -169,6 +263,7 @@ func newMembersPruneCmd(ef *etcdFlags) *cobra.Command {
 	var (
 		dryRun  bool
 		minDown time.Duration
+		nf      nodeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "prune",
@@ -176,21 +271,39 @@ func newMembersPruneCmd(ef *etcdFlags) *cobra.Command {
 		Long: `Remove every member that has been unreachable for at least --min-down
 (going by vigil's last-seen-healthy records), one at a time. Before each
 removal the cluster is read again and the quorum rules of remove apply, so
-prune never goes below a healthy majority and two prunes at once are safe.`,
+prune never goes below a healthy majority and two prunes at once are safe.
+
+With --delete-node the Node named like each pruned member is deleted too,
+unless it is Ready (kubeadm names etcd members after their nodes), so that
+no stale control-plane Node is left; permission to delete Nodes is checked
+before anything is removed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if minDown < 0 {
 				return fmt.Errorf("--min-down %v must not be negative", minDown)
+			}
+			kc, err := nf.client(cmd.Context())
+			if err != nil {
+				return err
 			}
 			cl, err := ef.cluster()
 			if err != nil {
 				return err
 			}
 			defer cl.Close()
-			_, err = cl.Prune(cmd.Context(), minDown, dryRun, sayTo(cmd.OutOrStdout()))
-			return err
+			say := sayTo(cmd.OutOrStdout())
+			removed, err := cl.Prune(cmd.Context(), minDown, dryRun, say)
+			if kc == nil || dryRun {
+				return err
+			}
+			var names []string
+			for _, m := range removed {
+				names = append(names, m.Name)
+			}
+			return errors.Join(err, deleteNodes(cmd.Context(), kc, names, say))
 		},
 	}
+	nf.add(cmd)
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be removed, remove nothing")
 	cmd.Flags().DurationVar(&minDown, "min-down", 5*time.Minute, "how long a member must have been unreachable")
 	return cmd

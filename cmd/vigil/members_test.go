@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -10,7 +12,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/kubetest"
+	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -100,5 +107,100 @@ func TestMembersCLI(t *testing.T) {
 	out, stderr, code := run("prune", "--min-down", "0s")
 	if code != 0 || !strings.Contains(out, "nothing to prune") {
 		t.Fatalf("prune: exit %d\n%s%s", code, out, stderr)
+	}
+}
+
+// TestMembersDeleteNode runs remove and prune with --delete-node against a
+// real etcd and a real kube-apiserver: refusals change nothing; a dead
+// member's Node goes with it, a Ready Node stays.
+func TestMembersDeleteNode(t *testing.T) {
+	vigil := nstest.Binary(t, "vigil")
+	c := etcdtest.StartDistinct(t, 3)
+	s := kubetest.Start(t, etcdtest.Start(t, 1).Endpoints[0])
+	admin := s.Client(t, kubetest.AdminToken)
+	adminKC, nobodyKC := s.Kubeconfig(t, kubetest.AdminToken), s.Kubeconfig(t, kubetest.NobodyToken)
+	eps := strings.Join(c.Endpoints, ",")
+	run := func(args ...string) (string, string, int) {
+		cmd := exec.Command(vigil, append([]string{"members", "--etcd-endpoints", eps}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for name, ready := range map[string]corev1.ConditionStatus{"m1": corev1.ConditionTrue, "m2": corev1.ConditionTrue, "m3": corev1.ConditionUnknown} {
+		n, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready}}
+		if _, err := admin.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodeExists := func(name string) bool {
+		_, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		return err == nil
+	}
+	// What vigil run on the VIP holder does: record who is healthy, so
+	// that prune knows m3 was alive once.
+	cl, err := membership.New(membership.Config{Endpoints: c.Endpoints}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	etcdtest.Retry(t, 20*time.Second, "record member health", func() error {
+		v, err := cl.View(ctx)
+		if err != nil {
+			return err
+		}
+		return cl.RecordHealth(ctx, v, time.Now())
+	})
+	time.Sleep(5500 * time.Millisecond) // etcd accepts membership changes only after 5 s
+	c.Kill(2)
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no kubeconfig", []string{"remove", "m3", "--delete-node"}, "--delete-node needs --kubeconfig"},
+		{"kubeconfig without delete-node", []string{"prune", "--kubeconfig", adminKC}, "only used with --delete-node"},
+		{"no RBAC", []string{"prune", "--min-down", "0s", "--delete-node", "--kubeconfig", nobodyKC}, "not allowed to delete nodes"},
+		{"unreadable kubeconfig", []string{"remove", "m3", "--delete-node", "--kubeconfig", filepath.Join(t.TempDir(), "nope")}, "--kubeconfig"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stderr, code := run(tc.args...)
+			msg := strings.TrimSpace(stderr)
+			if code != 1 || strings.Count(msg, "\n") != 0 || !strings.Contains(msg, tc.want) {
+				t.Fatalf("exit %d, stderr %q; want exit 1 and one line containing %q", code, msg, tc.want)
+			}
+			if out, _, _ := run("list"); !strings.Contains(out, "m3") || !nodeExists("m3") {
+				t.Fatalf("something changed after a refusal:\n%s", out)
+			}
+		})
+	}
+
+	out, stderr, code := run("prune", "--min-down", "0s", "--delete-node", "--kubeconfig", adminKC)
+	if code != 0 || !strings.Contains(out, "deleted Node m3") {
+		t.Fatalf("prune --delete-node: exit %d\n%s%s", code, out, stderr)
+	}
+	if nodeExists("m3") {
+		t.Fatal("Node m3 still exists")
+	}
+	if out, _, _ := run("list"); strings.Contains(out, "m3") {
+		t.Fatalf("member m3 still listed:\n%s", out)
+	}
+	// A healthy member removed by force: its Ready Node stays.
+	out, stderr, code = run("remove", "m2", "--force", "--delete-node", "--kubeconfig", adminKC)
+	if code != 0 || !strings.Contains(out, "Node m2 left in place") || !nodeExists("m2") {
+		t.Fatalf("remove --force --delete-node of a Ready node: exit %d\n%s%s", code, out, stderr)
 	}
 }

@@ -53,9 +53,11 @@ kubeadm it starts after vigil): vigil retries with backoff and never holds the
 VIP meanwhile.
 
 API servers. Every node health-checks every API server (HTTPS GET
---health-path, default /readyz). The list comes from the etcd member list:
-each member's client URL host with --backend-port; --backend is only for
-bootstrap. A node whose own API server fails its checks for --health-grace
+--health-path, default /readyz). The list is discovered (--discovery): from
+the etcd member list (each member's client URL host with --backend-port),
+and, with --kubeconfig, from the kubernetes Service's EndpointSlices, where
+every kube-apiserver publishes itself (this also finds API servers that do
+not run beside an etcd member). --backend is only for bootstrap. A node whose own API server fails its checks for --health-grace
 while a peer's passes gives the VIP up and does not campaign, unless no peer
 takes it (then it holds it rather than leave the cluster without a VIP).
 
@@ -64,7 +66,20 @@ forwards each connection (TLS untouched) to a healthy API server, least
 connections first. The listener binds the VIP on every node, so the local
 kube-apiserver must not listen on 0.0.0.0 at that port: start it with
 --bind-address=<node IP> (kubeadm: apiServer.extraArgs bind-address), or use
-another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
+another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.
+
+Kubernetes API (--kubeconfig, optional with --election etcd). vigil records
+Events on leadership changes (on the Lease, or on this Node with the etcd
+election), follows the EndpointSlices above and, with --prune-delete-node,
+deletes the Node of each member it prunes unless that Node is Ready. The
+API server being down, or refusing (403), never affects the VIP: Events are
+dropped and the watch retries. The user needs the rules of
+"vigil manifest rbac".
+
+Bootstrap (kubeadm init with controlPlaneEndpoint: VIP). Use --election etcd
+with kubeadm's etcd client certificates: the VIP comes up as soon as the
+local etcd does, before any API server exists and before admin.conf has
+any rights. See docs/kubeadm.md.`,
 		Example: `  vigil run --vip 10.250.0.100/24 --interface eth0 --node-name cp1 \
     --election etcd --etcd-endpoints https://10.250.0.11:2379,https://10.250.0.12:2379 \
     --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt \
@@ -94,7 +109,7 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 	host, _ := os.Hostname() // "" if unknown; Validate then asks for --node-name
 	f.StringVar(&cfg.NodeName, "node-name", host, "this node's name in the election; unique per control-plane node")
 	f.StringVar(&cfg.Election, "election", daemon.ElectionEtcd, "election backend: etcd (works before the API server exists) or kubernetes (a coordination.k8s.io/v1 Lease)")
-	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for this node's own API server (--election kubernetes); its user needs the Role from vigil manifest rbac")
+	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API: required by --election kubernetes (this node's own API server), optional otherwise (Events, EndpointSlice discovery, --prune-delete-node); its user needs the rules from vigil manifest rbac")
 	f.StringVar(&cfg.LeaseNamespace, "lease-namespace", election.DefaultLeaseNamespace, "namespace of the election Lease (--election kubernetes)")
 	f.StringVar(&cfg.LeaseName, "lease-name", election.DefaultLeaseName, "name of the election Lease (--election kubernetes)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "comma-separated etcd client URLs to start from; vigil then follows the client URLs the members advertise")
@@ -114,7 +129,8 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 	f.StringVar(&cfg.LBPolicy, "lb-policy", "least-conn", "load balancing policy: least-conn or round-robin")
 	f.DurationVar(&cfg.LBDrainTimeout, "lb-drain-timeout", lb.DefaultDrainTimeout, "connections to an API server that answers but fails its check (shutting down) are closed after this at the latest")
 	f.IntVar(&cfg.BackendPort, "backend-port", 6443, "port of the API servers; backends are the etcd members' hosts with this port")
-	f.StringSliceVar(&cfg.Backends, "backend", nil, "static HOST:PORT backends, used only until the etcd member list has been read (bootstrap)")
+	f.StringSliceVar(&cfg.Backends, "backend", nil, "static HOST:PORT backends, used only until discovery has found any (bootstrap)")
+	f.StringSliceVar(&cfg.Discovery, "discovery", []string{daemon.DiscoveryAuto}, "where the API server backends come from: etcd (the member list), kubernetes (the kubernetes Service's EndpointSlices), both (etcd,kubernetes), auto (each source whose access is given) or none (--backend only)")
 	f.StringVar(&cfg.HealthPath, "health-path", health.DefaultPath, "HTTPS path checked on every API server; 200 means healthy")
 	f.IntVar(&cfg.HealthPort, "health-port", 0, "port for health checks (0: the backend port)")
 	f.StringVar(&cfg.HealthCA, "health-ca", "", "CA that signed the API servers' serving certificates (default: "+daemon.DefaultHealthCA+" when present, else the system roots)")
@@ -125,6 +141,7 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.`,
 	f.IntVar(&cfg.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
 	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's passes, give the VIP to that peer (0: off)")
 	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members unreachable for longer than this, never below a healthy quorum (0: off; minutes in production)")
+	f.BoolVar(&cfg.PruneDeleteNode, "prune-delete-node", false, "with --prune-after and --kubeconfig: also delete the Node named like each pruned member, unless it is Ready")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

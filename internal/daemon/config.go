@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,8 +37,10 @@ type Config struct {
 
 	// Election is the backend: ElectionEtcd or ElectionKubernetes.
 	Election string
-	// Kubeconfig, LeaseNamespace and LeaseName locate the Lease of the
-	// Kubernetes election.
+	// Kubeconfig gives access to the Kubernetes API: required by the
+	// Kubernetes election, optional with etcd's (then it serves Events,
+	// EndpointSlice discovery and Node deletion only). LeaseNamespace and
+	// LeaseName locate the Lease of the Kubernetes election.
 	Kubeconfig     string
 	LeaseNamespace string
 	LeaseName      string
@@ -77,6 +80,9 @@ type Config struct {
 	// Backends are static host:port backends used until discovery has read
 	// the member list (bootstrap only).
 	Backends []string
+	// Discovery names the backend sources: DiscoveryAuto, or any of
+	// DiscoveryEtcd and DiscoveryKubernetes, or DiscoveryNone.
+	Discovery []string
 
 	HealthPath     string
 	HealthPort     int
@@ -97,7 +103,18 @@ type Config struct {
 	// PruneAfter, when not 0, makes the VIP holder remove etcd members
 	// unreachable for longer than this (membership.Prune's rules).
 	PruneAfter time.Duration
+	// PruneDeleteNode also deletes the Node object named like each pruned
+	// member, unless that Node is Ready (needs Kubeconfig).
+	PruneDeleteNode bool
 }
+
+// Backend discovery sources (--discovery).
+const (
+	DiscoveryAuto       = "auto" // every source whose access is configured
+	DiscoveryEtcd       = "etcd"
+	DiscoveryKubernetes = "kubernetes"
+	DiscoveryNone       = "none" // --backend only
+)
 
 // MinPruneAfter is the shortest --prune-after accepted: a reboot must never
 // look like a dead node.
@@ -168,13 +185,18 @@ func (c *Config) Validate() error {
 		if c.LeaseNamespace == "" || c.LeaseName == "" {
 			return fmt.Errorf("%w: --lease-namespace and --lease-name must not be empty", ErrConfig)
 		}
-		if c.LBPort != 0 && len(c.EtcdEndpoints) == 0 && len(c.Backends) == 0 {
-			return fmt.Errorf("%w: --lb-port needs backends: give --etcd-endpoints (the member list) or --backend", ErrConfig)
-		}
 	case "":
 		return fmt.Errorf("%w: --election is required (etcd or kubernetes)", ErrConfig)
 	default:
 		return fmt.Errorf("%w: unknown --election backend %q (etcd or kubernetes)", ErrConfig, c.Election)
+	}
+	if c.Kubeconfig != "" && c.Election != ElectionKubernetes {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
+		}
+	}
+	if err := c.validateDiscovery(); err != nil {
+		return err
 	}
 	for _, ep := range c.EtcdEndpoints {
 		u, err := url.Parse(ep)
@@ -210,6 +232,53 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
+
+// validateDiscovery resolves DiscoveryAuto and checks that each source
+// named has its access configured.
+func (c *Config) validateDiscovery() error {
+	if len(c.Discovery) == 0 {
+		c.Discovery = []string{DiscoveryAuto}
+	}
+	var out []string
+	for _, d := range c.Discovery {
+		switch d {
+		case DiscoveryAuto:
+			if len(c.Discovery) > 1 {
+				return fmt.Errorf("%w: --discovery auto stands alone", ErrConfig)
+			}
+			if len(c.EtcdEndpoints) > 0 {
+				out = append(out, DiscoveryEtcd)
+			}
+			if c.Kubeconfig != "" {
+				out = append(out, DiscoveryKubernetes)
+			}
+		case DiscoveryEtcd:
+			if len(c.EtcdEndpoints) == 0 {
+				return fmt.Errorf("%w: --discovery etcd needs --etcd-endpoints", ErrConfig)
+			}
+			out = append(out, d)
+		case DiscoveryKubernetes:
+			if c.Kubeconfig == "" {
+				return fmt.Errorf("%w: --discovery kubernetes needs --kubeconfig", ErrConfig)
+			}
+			out = append(out, d)
+		case DiscoveryNone:
+			if len(c.Discovery) > 1 {
+				return fmt.Errorf("%w: --discovery none stands alone", ErrConfig)
+			}
+		default:
+			return fmt.Errorf("%w: unknown --discovery source %q (auto, etcd, kubernetes or none)", ErrConfig, d)
+		}
+	}
+	c.Discovery = out
+	if c.LBPort != 0 && len(out) == 0 && len(c.Backends) == 0 {
+		return fmt.Errorf("%w: --lb-port needs backends: give --etcd-endpoints (the member list), --kubeconfig (the kubernetes Service's EndpointSlices) or --backend", ErrConfig)
+	}
+	return nil
+}
+
+// discovers reports whether source is one of the resolved Discovery.
+func (c *Config) discovers(source string) bool { return slices.Contains(c.Discovery, source) }
 
 // tlsConfig loads the etcd client TLS files; nil when none are given.
 func (c *Config) tlsConfig() (*tls.Config, error) {
@@ -284,6 +353,8 @@ func (c *Config) validateLB() error {
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
 		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+	case c.PruneDeleteNode && (c.PruneAfter == 0 || c.Kubeconfig == ""):
+		return fmt.Errorf("%w: --prune-delete-node needs --prune-after (it acts on pruned members) and --kubeconfig (to delete their Nodes)", ErrConfig)
 	case c.PruneAfter != 0 && c.PruneAfter < MinPruneAfter:
 		return fmt.Errorf("%w: --prune-after %v is shorter than %v; a member must be gone for longer than a reboot takes (minutes in production)", ErrConfig, c.PruneAfter, MinPruneAfter)
 	case c.LBDrainTimeout < 0:

@@ -5,10 +5,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/kube"
 )
 
 func TestParseVIP(t *testing.T) {
@@ -121,24 +123,47 @@ func TestValidateKubernetesElection(t *testing.T) {
 	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	kube := func(mod func(*Config)) Config {
+	kubeCfg := func(mod func(*Config)) Config {
 		c := validConfig()
 		c.Election, c.Kubeconfig, c.LeaseNamespace, c.LeaseName = ElectionKubernetes, kc, "kube-system", "vigil"
 		c.EtcdEndpoints = nil
 		mod(&c)
 		return c
 	}
-	ok := kube(func(*Config) {})
+	ok := kubeCfg(func(*Config) {})
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid kubernetes config refused: %v", err)
 	}
+	if !slices.Equal(ok.Discovery, []string{DiscoveryKubernetes}) {
+		t.Fatalf("auto discovery with a kubeconfig only = %v, want kubernetes", ok.Discovery)
+	}
+	both := validConfig()
+	both.Kubeconfig = kc
+	if err := both.Validate(); err != nil || !slices.Equal(both.Discovery, []string{DiscoveryEtcd, DiscoveryKubernetes}) {
+		t.Fatalf("etcd election with a kubeconfig: %v, discovery %v; want both sources", err, both.Discovery)
+	}
 	for name, c := range map[string]Config{
-		"no kubeconfig":         kube(func(c *Config) { c.Kubeconfig = "" }),
-		"missing kubeconfig":    kube(func(c *Config) { c.Kubeconfig = kc + ".nope" }),
-		"empty lease name":      kube(func(c *Config) { c.LeaseName = "" }),
-		"lb without backends":   kube(func(c *Config) { c.LBPort = 6443 }),
-		"unknown backend":       kube(func(c *Config) { c.Election = "consul" }),
-		"etcd without endpoint": kube(func(c *Config) { c.Election = ElectionEtcd }),
+		"no kubeconfig":            kubeCfg(func(c *Config) { c.Kubeconfig = "" }),
+		"missing kubeconfig":       kubeCfg(func(c *Config) { c.Kubeconfig = kc + ".nope" }),
+		"empty lease name":         kubeCfg(func(c *Config) { c.LeaseName = "" }),
+		"lb without backends":      kubeCfg(func(c *Config) { c.LBPort = 6443; c.Discovery = []string{DiscoveryNone} }),
+		"unknown backend":          kubeCfg(func(c *Config) { c.Election = "consul" }),
+		"etcd without endpoint":    kubeCfg(func(c *Config) { c.Election = ElectionEtcd }),
+		"etcd discovery, no etcd":  kubeCfg(func(c *Config) { c.Discovery = []string{DiscoveryEtcd} }),
+		"unknown discovery":        kubeCfg(func(c *Config) { c.Discovery = []string{"dns"} }),
+		"auto with another":        kubeCfg(func(c *Config) { c.Discovery = []string{DiscoveryAuto, DiscoveryEtcd} }),
+		"delete node, no prune":    kubeCfg(func(c *Config) { c.PruneDeleteNode = true }),
+		"missing kubeconfig, etcd": func() Config { c := validConfig(); c.Kubeconfig = kc + ".nope"; return c }(),
+		"kubernetes discovery, no kubeconfig": func() Config {
+			c := validConfig()
+			c.Discovery = []string{DiscoveryKubernetes}
+			return c
+		}(),
+		"delete node, no kubeconfig": func() Config {
+			c := validConfig()
+			c.PruneAfter, c.PruneDeleteNode = time.Minute, true
+			return c
+		}(),
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: err = %v, want ErrConfig", name, err)
@@ -149,7 +174,7 @@ func TestValidateKubernetesElection(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("not: [yaml"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kubeClient(bad); !errors.Is(err, ErrConfig) {
-		t.Fatalf("kubeClient(garbage) err = %v, want ErrConfig", err)
+	if _, err := kube.NewClient(bad); !errors.Is(err, kube.ErrConfig) {
+		t.Fatalf("kube.NewClient(garbage) err = %v, want kube.ErrConfig", err)
 	}
 }

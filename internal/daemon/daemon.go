@@ -11,10 +11,13 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/observe"
@@ -154,44 +157,63 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	// membership checks and raft leadership shedding; with the Kubernetes
 	// election it is optional.
 	var etcdLock *election.EtcdLock
-	var members discovery.MemberLister
 	var err error
 	if len(cfg.EtcdEndpoints) > 0 {
 		if etcdLock, err = election.NewEtcdLock(election.EtcdConfig{Endpoints: cfg.EtcdEndpoints, TLS: tc, Key: cfg.LockKey}, log); err != nil {
 			return err
 		}
 		defer etcdLock.Close()
-		members = etcdLock
+	}
+	// The Kubernetes API, when given, serves the Lease election, Events,
+	// EndpointSlice discovery and Node deletion.
+	var kc kubernetes.Interface
+	var events *kube.Events
+	if cfg.Kubeconfig != "" {
+		if kc, err = kube.NewClient(cfg.Kubeconfig); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		ref := kube.NodeRef(cfg.NodeName)
+		if cfg.Election == ElectionKubernetes {
+			ref = kube.LeaseRef(cfg.LeaseNamespace, cfg.LeaseName)
+		}
+		events = kube.NewEvents(kc, ref, cfg.NodeName, log)
+		// After the elector has stepped down (the last Event is queued
+		// then), before the process ends.
+		defer events.Close(eventsFlushTimeout)
 	}
 	var lock election.Lock
 	var prober election.Prober
 	switch cfg.Election {
 	case ElectionKubernetes:
-		kc, err := kubeClient(cfg.Kubeconfig)
-		if err != nil {
-			return err
-		}
 		lock = election.NewLeaseLock(kc.CoordinationV1(), cfg.LeaseNamespace, cfg.LeaseName)
 	default:
 		lock, prober = etcdLock, etcdLock
 	}
 
-	disc, err := discovery.New(discovery.Config{
-		Members: members, Port: cfg.BackendPort, Static: cfg.Backends,
+	dcfg := discovery.Config{
+		Port: cfg.BackendPort, Static: cfg.Backends,
 		OnChange: func(b []string) {
 			if bal != nil {
 				bal.SetBackends(b)
 			}
 			checker.Set(b)
 		},
-	}, log)
-	if err != nil {
+	}
+	if cfg.discovers(DiscoveryEtcd) {
+		dcfg.Members = etcdLock
+	}
+	var disc *discovery.Discovery
+	if cfg.discovers(DiscoveryKubernetes) {
+		// disc is set before Run starts the follower, the only caller.
+		dcfg.Published = kube.NewAPIServers(kc, func([]string) { disc.Refresh() }, log)
+	}
+	if disc, err = discovery.New(dcfg, log); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 
-	h := &holder{vip: vm, ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, said: map[string]bool{}}
+	h := &holder{vip: vm, ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, kube: kc, events: events, said: map[string]bool{}}
 	if etcdLock != nil {
 		if h.members, err = membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, log.With("component", "membership")); err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -209,6 +231,8 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		Callbacks: election.Callbacks{
 			OnStartedLeading: h.start,
 			OnStoppedLeading: h.stop,
+			OnNewLeader:      func(string) { m.transitions.Inc() },
+			OnRenew:          m.observeRenew,
 		},
 	}
 	var pl *placement
@@ -229,12 +253,19 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
 	err = el.Run(ctx)
-	h.stop("shutting down") // idempotent; covers a Run that returned while leading
+	h.stop(reasonShutdown) // idempotent; covers a Run that returned while leading
 	stopComponents()
 	wg.Wait()
 	log.Info("vigil stopped")
 	return err
 }
+
+// eventsFlushTimeout bounds how long a stopping vigil waits for its last
+// Events (the step-down) to reach the API server.
+const eventsFlushTimeout = 2 * time.Second
+
+// reasonShutdown is the elector's step-down reason on a clean stop.
+const reasonShutdown = "shutting down"
 
 // yieldFor is how long a node whose API server fails stands by before it
 // takes a free lock anyway. A healthy peer takes a released lock within a
@@ -253,7 +284,9 @@ type holder struct {
 
 	members *membership.Cluster
 	disc    *discovery.Discovery
-	said    map[string]bool // prune messages not to repeat; used by watchMembers only
+	kube    kubernetes.Interface // nil without --kubeconfig
+	events  *kube.Events         // nil without --kubeconfig
+	said    map[string]bool      // prune messages not to repeat; used by watchMembers only
 	cfg     Config
 	log     *slog.Logger
 
@@ -274,6 +307,9 @@ func (h *holder) start(ctx context.Context) {
 		h.log.Error("cannot add the VIP; retrying every second", "err", err)
 	} else {
 		h.m.vipHeld.Set(1)
+	}
+	if h.events != nil {
+		h.events.Emit(false, kube.ReasonBecameLeader, "%s became leader and holds the VIP %s on %s", h.cfg.NodeName, h.cfg.VIP, h.cfg.Interface)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -303,6 +339,7 @@ func (h *holder) start(ctx context.Context) {
 // stop runs on losing leadership; it returns only once the VIP is gone.
 func (h *holder) stop(reason string) {
 	h.mu.Lock()
+	wasLeading := h.cancel != nil
 	if h.cancel != nil {
 		h.cancel()
 		h.cancel = nil
@@ -323,6 +360,12 @@ func (h *holder) stop(reason string) {
 		h.m.vipHeld.Set(0)
 	}
 	h.m.leader.Set(0)
+	if h.events != nil && wasLeading {
+		// Losing the lock is worth a warning; a clean stop or a yield is
+		// not.
+		warn := reason != reasonShutdown && !strings.HasPrefix(reason, "yielding")
+		h.events.Emit(warn, kube.ReasonSteppedDown, "%s stepped down and removed the VIP %s: %s", h.cfg.NodeName, h.cfg.VIP, reason)
+	}
 }
 
 // keep re-adds the VIP every vip.RefreshInterval, which also renews its
@@ -404,11 +447,33 @@ func (h *holder) membersOnce(ctx context.Context) error {
 	for _, m := range removed {
 		h.m.prunes.Inc()
 		h.log.Info("pruned a dead etcd member", "member", m.Label(), "down_since", m.LastHealthy)
+		if h.cfg.PruneDeleteNode {
+			h.deleteNode(ctx, m.Name)
+		}
 	}
 	if len(removed) > 0 {
 		h.disc.Refresh() // its API server leaves the load balancer now
 	}
 	return err
+}
+
+// deleteNode deletes the Node of a pruned member (--prune-delete-node),
+// unless it is Ready. A failure is logged, not retried: the member is gone,
+// and `vigil members prune --delete-node` or kubectl can finish the job.
+func (h *holder) deleteNode(ctx context.Context, name string) {
+	got, err := kube.DeleteDeadNode(ctx, h.kube, name)
+	switch {
+	case err != nil:
+		h.log.Warn("pruned member's Node not deleted", "node", name, "err", err)
+	case got == kube.NodeAbsent:
+		h.log.Info("pruned member has no Node of its name", "node", name)
+	default:
+		h.m.nodesDeleted.Inc()
+		h.log.Info("deleted the Node of a pruned member", "node", name)
+		if h.events != nil {
+			h.events.Emit(false, kube.ReasonNodeDeleted, "%s deleted Node %s: its etcd member was dead and pruned", h.cfg.NodeName, name)
+		}
+	}
 }
 
 // shed keeps etcd raft leadership off this node while it holds the VIP.

@@ -23,6 +23,11 @@ type nodeMetrics struct {
 	leaderRuns prometheus.Counter
 	yielding   prometheus.Gauge
 	prunes     prometheus.Counter
+	// transitions counts holder changes this node observed, its own
+	// included; renew is the leader's lock renewal latency.
+	transitions  prometheus.Counter
+	renew        *prometheus.HistogramVec
+	nodesDeleted prometheus.Counter
 }
 
 func newNodeMetrics() *nodeMetrics {
@@ -43,10 +48,32 @@ func newNodeMetrics() *nodeMetrics {
 		prunes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_members_pruned_total", Help: "Dead etcd members removed by this node (--prune-after).",
 		}),
+		transitions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_leader_transitions_total", Help: "Changes of the lock holder this node observed (its own included).",
+		}),
+		renew: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "vigil_lock_renew_duration_seconds",
+			Help: "Time each lock renewal of the leader took, by result (ok or error).",
+			// From a local etcd commit (~1 ms) to the renew deadline.
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"result"}),
+		nodesDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_nodes_deleted_total", Help: "Node objects of pruned members deleted by this node (--prune-delete-node).",
+		}),
 	}
-	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes,
+	m.renew.WithLabelValues("ok")
+	m.renew.WithLabelValues("error")
+	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+func (m *nodeMetrics) observeRenew(took time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.renew.WithLabelValues(result).Observe(took.Seconds())
 }
 
 // Report is what /status serves.

@@ -1,16 +1,24 @@
 // Package discovery finds the API servers to balance across, from the
 // cluster itself rather than from a list typed on every node.
 //
-// Source: the etcd member list. On a kubeadm control plane every member
-// runs next to a kube-apiserver, so each member's advertised client URL host
-// plus the API server port is a backend. The list is re-read every Interval
-// (etcd has no watch on membership); a member added, removed or replaced is
-// reflected within one interval, on every node, with no flag changed. Static
-// backends (--backend) serve only until the first successful read: they are
-// for bootstrap, not a second source of truth.
+// Two sources, either or both:
 //
-// More sources (the kubernetes Service's EndpointSlices) plug in as further
-// Sources whose results are merged.
+//   - the etcd member list. On a kubeadm control plane every member runs
+//     next to a kube-apiserver, so each member's advertised client URL host
+//     plus the API server port is a backend. The list is re-read every
+//     Interval (etcd has no watch on membership). It works before any API
+//     server exists, which is what bootstrap needs.
+//   - the API servers published in the kubernetes Service's EndpointSlices
+//     (kube.APIServers, a watch): each kube-apiserver adds itself there, so
+//     this also finds API servers that run apart from etcd (external etcd).
+//
+// The backends are the union of what the sources said last: a source that
+// fails keeps its last answer, so an outage of one never empties the load
+// balancer, and health checks take dead backends out in the meantime. A
+// member added, removed or replaced is reflected within one interval (at
+// once through the watch), on every node, with no flag changed. Static
+// backends (--backend) serve only until a source has answered: they are for
+// bootstrap, not another source of truth.
 package discovery
 
 import (
@@ -42,9 +50,22 @@ type MemberLister interface {
 	MemberList(ctx context.Context) ([]*pb.Member, error)
 }
 
+// Follower is a source that follows its backends by itself and says when
+// they change (kube.APIServers does).
+type Follower interface {
+	// Run follows until ctx is cancelled.
+	Run(ctx context.Context) error
+	// Backends returns the current host:port set, and whether it was read
+	// at least once.
+	Backends() ([]string, bool)
+}
+
 // Config configures a Discovery.
 type Config struct {
 	Members MemberLister
+	// Published, when set, is run by Run; the caller wires its change
+	// notification to Refresh.
+	Published Follower
 	// Port is the API server port added to each member's host.
 	Port int
 	// Static backends (host:port) are used until the member list was read.
@@ -80,8 +101,8 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 			}
 		}
 	}
-	if cfg.Members == nil && len(cfg.Static) == 0 {
-		return nil, fmt.Errorf("%w: no source of backends (neither etcd nor --backend)", ErrInvalidConfig)
+	if cfg.Members == nil && cfg.Published == nil && len(cfg.Static) == 0 {
+		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", ErrInvalidConfig)
 	}
 	return &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1)}, nil
 }
@@ -93,8 +114,9 @@ func (d *Discovery) Backends() []string {
 	return slices.Clone(d.cur)
 }
 
-// Refresh asks Run to read the member list now, for callers that just
-// changed it (a member removal must take its backend away at once).
+// Refresh asks Run to read the sources now: for callers that just changed
+// the member list (a member removal must take its backend away at once),
+// and for the Published source's change notifications.
 func (d *Discovery) Refresh() {
 	select {
 	case d.poke <- struct{}{}:
@@ -102,22 +124,25 @@ func (d *Discovery) Refresh() {
 	}
 }
 
-// Run publishes the static set, then follows the member list until ctx is
-// cancelled. Read failures keep the last set (an etcd outage must not empty
-// the load balancer) and are logged once per outage.
+// Run publishes the static set, then follows the sources until ctx is
+// cancelled. Read failures keep the last set and are logged once per outage.
 func (d *Discovery) Run(ctx context.Context) error {
 	if len(d.cfg.Static) > 0 {
 		st := slices.Clone(d.cfg.Static)
 		slices.Sort(st)
 		d.publish(slices.Compact(st), "static bootstrap backends")
 	}
-	if d.cfg.Members == nil {
-		<-ctx.Done()
-		return nil
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if d.cfg.Published != nil {
+		wg.Go(func() { _ = d.cfg.Published.Run(ctx) })
 	}
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var failing bool
+	var (
+		failing           bool
+		fromEtcd, fromK8s []string
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -125,27 +150,48 @@ func (d *Discovery) Run(ctx context.Context) error {
 		case <-t.C:
 		case <-d.poke:
 		}
-		rctx, cancel := context.WithTimeout(ctx, d.cfg.Interval)
-		members, err := d.cfg.Members.MemberList(rctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			if !failing {
-				d.log.Warn("cannot read the etcd member list; keeping the last backends", "err", err)
-				failing = true
-			}
-		default:
-			if failing {
-				d.log.Info("etcd member list readable again")
-				failing = false
-			}
-			if b := FromMembers(members, d.cfg.Port); len(b) > 0 {
-				d.publish(b, "etcd member list")
+		if d.cfg.Members != nil {
+			rctx, cancel := context.WithTimeout(ctx, d.cfg.Interval)
+			members, err := d.cfg.Members.MemberList(rctx)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case err != nil:
+				if !failing {
+					d.log.Warn("cannot read the etcd member list; keeping the last backends", "err", err)
+					failing = true
+				}
+			default:
+				if failing {
+					d.log.Info("etcd member list readable again")
+					failing = false
+				}
+				if b := FromMembers(members, d.cfg.Port); len(b) > 0 {
+					fromEtcd = b
+				}
 			}
 		}
+		if d.cfg.Published != nil {
+			if b, ok := d.cfg.Published.Backends(); ok && len(b) > 0 {
+				fromK8s = b
+			}
+		}
+		if b := slices.Compact(slices.Sorted(slices.Values(slices.Concat(fromEtcd, fromK8s)))); len(b) > 0 {
+			d.publish(b, sourceName(fromEtcd, fromK8s))
+		}
 		t.Reset(d.cfg.Interval)
+	}
+}
+
+func sourceName(fromEtcd, fromK8s []string) string {
+	switch {
+	case fromEtcd != nil && fromK8s != nil:
+		return "etcd member list and kubernetes EndpointSlices"
+	case fromK8s != nil:
+		return "kubernetes EndpointSlices"
+	default:
+		return "etcd member list"
 	}
 }
 

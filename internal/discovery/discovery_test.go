@@ -176,3 +176,83 @@ func TestFollowsRealMembership(t *testing.T) {
 		t.Fatalf("backends after etcd went away: %v", got)
 	}
 }
+
+// published is a Follower whose set the test sets.
+type published struct {
+	mu     sync.Mutex
+	set    []string
+	synced bool
+	poke   func()
+}
+
+func (p *published) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+
+func (p *published) Backends() ([]string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.set), p.synced
+}
+
+func (p *published) publish(b ...string) {
+	p.mu.Lock()
+	p.set, p.synced = b, true
+	p.mu.Unlock()
+	p.poke()
+}
+
+// members is a member list that can fail.
+type members struct {
+	mu   sync.Mutex
+	list []*pb.Member
+	err  error
+}
+
+func (m *members) MemberList(context.Context) ([]*pb.Member, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.list, m.err
+}
+
+func (m *members) fail(err error) {
+	m.mu.Lock()
+	m.err = err
+	m.mu.Unlock()
+}
+
+// The backends are the union of both sources; a source that fails or
+// publishes nothing keeps its last answer.
+func TestMergesPublishedWithMembers(t *testing.T) {
+	ml := &members{list: []*pb.Member{{ClientURLs: []string{"https://10.0.0.11:2379"}}, {ClientURLs: []string{"https://10.0.0.12:2379"}}}}
+	pub := &published{}
+	// An hour: only Refresh (the follower's notification) makes Run read.
+	d, s := run(t, Config{Members: ml, Published: pub, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: time.Hour})
+	pub.poke = d.Refresh
+	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443"})
+
+	// An API server apart from etcd (external etcd topology) joins.
+	pub.publish("10.0.0.12:6443", "10.0.0.21:6443")
+	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"})
+
+	// etcd unreachable and the slices emptied: both last answers stay.
+	ml.fail(errors.New("etcd down"))
+	pub.publish()
+	time.Sleep(200 * time.Millisecond)
+	if got := s.last(); !slices.Equal(got, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"}) {
+		t.Fatalf("backends after both sources went quiet: %v", got)
+	}
+	pub.publish("10.0.0.21:6443")
+	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"})
+	pub.publish("10.0.0.22:6443")
+	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.22:6443"})
+}
+
+// With only the published source, the static backends serve until it has
+// answered.
+func TestPublishedOnly(t *testing.T) {
+	pub := &published{}
+	d, s := run(t, Config{Published: pub, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: time.Hour})
+	pub.poke = d.Refresh
+	s.wait(t, 5*time.Second, []string{"192.0.2.1:6443"})
+	pub.publish("10.0.0.21:6443")
+	s.wait(t, 5*time.Second, []string{"10.0.0.21:6443"})
+}

@@ -43,6 +43,9 @@ type Callbacks struct {
 	OnStoppedLeading func(reason string)
 	// OnNewLeader runs when the observed holder changes ("" when none).
 	OnNewLeader func(identity string)
+	// OnRenew runs after every renewal attempt of the leader, with how long
+	// the write took and its error (nil on success). For metrics.
+	OnRenew func(took time.Duration, err error)
 }
 
 // Config configures an Elector.
@@ -347,6 +350,9 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) (string,
 			actx, cancel := context.WithDeadline(ctx, minTime(l.deadline, now.Add(e.opTimeout())))
 			got, err := e.cfg.Lock.Write(actx, next, l.rev)
 			cancel()
+			if cb := e.cfg.Callbacks.OnRenew; cb != nil {
+				cb(time.Since(now), err)
+			}
 			switch {
 			case err == nil:
 				l.renewed(got.Revision, now, e.cfg.RenewDeadline)

@@ -34,11 +34,12 @@ type tracker struct {
 	starts  map[string][]time.Time
 	stops   map[string][]time.Time
 	reasons map[string][]string
+	renews  map[string][]error // OnRenew's errors, nil for a success
 	overlap atomic.Bool
 }
 
 func newTracker(t *testing.T) *tracker {
-	return &tracker{t: t, leading: map[string]time.Time{}, starts: map[string][]time.Time{}, stops: map[string][]time.Time{}, reasons: map[string][]string{}}
+	return &tracker{t: t, leading: map[string]time.Time{}, starts: map[string][]time.Time{}, stops: map[string][]time.Time{}, reasons: map[string][]string{}, renews: map[string][]error{}}
 }
 
 func (tr *tracker) callbacks(name string) Callbacks {
@@ -60,6 +61,14 @@ func (tr *tracker) callbacks(name string) Callbacks {
 			delete(tr.leading, name)
 			tr.stops[name] = append(tr.stops[name], time.Now())
 			tr.reasons[name] = append(tr.reasons[name], reason)
+		},
+		OnRenew: func(took time.Duration, err error) {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			if took < 0 || took > time.Minute {
+				tr.t.Errorf("%s: renewal took %v", name, took)
+			}
+			tr.renews[name] = append(tr.renews[name], err)
 		},
 	}
 }
@@ -228,6 +237,12 @@ func TestAcquireRenewRelease(t *testing.T) {
 	a.stop()
 	if r := readRecord(t, c.Endpoints); r.Holder != "" {
 		t.Fatalf("after a clean stop the holder is %q, want the lock released", r.Holder)
+	}
+	tr.mu.Lock()
+	renews := tr.renews["a"]
+	tr.mu.Unlock()
+	if len(renews) == 0 || renews[0] != nil {
+		t.Fatalf("OnRenew saw %v, want successful renewals", renews)
 	}
 	if n := len(tr.stops["a"]); n != 1 {
 		t.Fatalf("OnStoppedLeading ran %d times, want 1", n)
