@@ -7,6 +7,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/agent"
 	"github.com/vigil-ha/vigil/internal/daemon"
+	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
 )
 
@@ -16,6 +17,8 @@ func newAgentCmd() *cobra.Command {
 		etcdCA, etcdCert, etcdK string
 		healthCA                string
 		healthInsecure          bool
+		kubeconfig              string
+		inCluster               bool
 		logLevel, logFormat     string
 	)
 	cmd := &cobra.Command{
@@ -32,7 +35,10 @@ added, removed or replaced.
 
 Backends. With --etcd-endpoints the agent reads the etcd member list every
 --discovery-interval: each voting member's client URL is an etcd backend and
-its host with --backend-port an API server backend. --server and
+its host with --backend-port an API server backend. With --kubeconfig or
+--in-cluster the agent also watches the kubernetes Service's EndpointSlices,
+where every kube-apiserver publishes its address; this is how a worker
+without etcd certificates (kubeadm's) learns the API servers. --server and
 --etcd-endpoints are seeds: used to find the cluster and, when no learned
 backend is usable, as the last resort. The learned lists are cached in
 --cache-dir, so a restarted agent serves at once, even while the seeds are
@@ -71,6 +77,25 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 			if cfg.EtcdTLS, err = daemon.EtcdClientTLS(etcdCA, etcdCert, etcdK); err != nil {
 				return err
 			}
+			switch {
+			case kubeconfig != "" && inCluster:
+				return fmt.Errorf("%w: --kubeconfig and --in-cluster exclude each other", agent.ErrConfig)
+			case kubeconfig != "":
+				if cfg.Kube, err = kube.NewClient(kubeconfig); err != nil {
+					return err
+				}
+			case inCluster:
+				// Through the agent's own listener, so the watch follows
+				// whichever API server is healthy; "kubernetes" is a SAN of
+				// every kubeadm API server certificate.
+				listen := cfg.APIServerListen
+				if listen == "" {
+					listen = agent.DefaultAPIServerListen
+				}
+				if cfg.Kube, err = kube.NewServiceAccountClient(kube.ServiceAccountDir, "https://"+listen, "kubernetes"); err != nil {
+					return err
+				}
+			}
 			a, err := agent.New(cfg, log)
 			if err != nil {
 				return err
@@ -86,6 +111,8 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 	f.StringVar(&etcdCA, "etcd-cacert", "", "CA bundle that signed the etcd server certificates")
 	f.StringVar(&etcdCert, "etcd-cert", "", "etcd client certificate (for the member list and etcd health checks)")
 	f.StringVar(&etcdK, "etcd-key", "", "etcd client key")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig to watch the kubernetes Service's EndpointSlices with (the API servers publish themselves there); its user needs the vigil-agent rules of vigil manifest rbac")
+	f.BoolVar(&inCluster, "in-cluster", false, "watch the EndpointSlices with the pod's service-account token, through the agent's own --apiserver-listen (the DaemonSet from vigil manifest daemonset does this)")
 	f.StringVar(&cfg.CacheDir, "cache-dir", agent.DefaultCacheDir, "directory for the learned backend list (empty: no cache)")
 	f.IntVar(&cfg.BackendPort, "backend-port", 0, "API server port on control-plane nodes (0: the port of --server)")
 	f.StringVar(&cfg.HealthPath, "health-path", "/readyz", "HTTPS path checked on every API server; 200 means healthy")

@@ -9,6 +9,9 @@
 //     DiscoveryInterval: each voting member's client URL is an etcd
 //     backend, and its host with BackendPort an API server backend (on a
 //     kubeadm control plane every member runs beside a kube-apiserver);
+//   - with Kube, the API servers published in the kubernetes Service's
+//     EndpointSlices, through a watch (kube.APIServers); the API server
+//     backends are the union of both sources;
 //   - the seeds (--server, --etcd-endpoints): the last resort, used only
 //     when no learned backend is usable;
 //   - the cache (CacheDir): the last learned lists, loaded at start, so a
@@ -38,7 +41,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
 )
@@ -99,6 +105,10 @@ type Config struct {
 	// LocalAddrs lists this host's addresses (nil: the interfaces'); a
 	// backend on one of them is preferred.
 	LocalAddrs func() ([]net.IP, error)
+	// Kube, when set, is used to follow the API servers published in the
+	// kubernetes Service's EndpointSlices. It may talk to the API server
+	// through the agent's own listener (see cmd/vigil agent --in-cluster).
+	Kube kubernetes.Interface
 }
 
 // upstream is one forwarded service: the API server or etcd.
@@ -174,8 +184,11 @@ type Agent struct {
 	disc      *discoverer // nil without etcd seeds
 	startedAt time.Time
 
-	mu       sync.Mutex // guards etcdURLs
+	mu       sync.Mutex // guards etcdURLs, apiFromEtcd and apiFromKube
 	etcdURLs []string   // learned etcd client URLs, for the member list client
+	// The API servers each source gave last; the learned set is their
+	// union.
+	apiFromEtcd, apiFromKube []string
 }
 
 // New validates cfg and opens every listener, so that a port conflict or a
@@ -319,6 +332,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.disc = d
 		wg.Go(func() { d.run(ctx) })
 	}
+	if a.cfg.Kube != nil {
+		ks := kube.NewAPIServers(a.cfg.Kube, a.learnPublished, a.log)
+		wg.Go(func() { _ = ks.Run(ctx) })
+	}
 	wg.Go(func() { a.rankLoop(ctx) })
 	if a.metricsLn != nil {
 		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, a.log)
@@ -343,9 +360,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// learn applies backends learned from the cluster and caches them.
+// learn applies backends learned from the etcd member list and caches
+// them.
 func (a *Agent) learn(api, etcd, etcdURLs []string) {
-	changed := a.api.setLearned(api)
+	a.mu.Lock()
+	urlsChanged := !slices.Equal(a.etcdURLs, etcdURLs)
+	a.etcdURLs = slices.Clone(etcdURLs)
+	a.apiFromEtcd = slices.Clone(api)
+	union := a.apiUnion()
+	a.mu.Unlock()
+	changed := a.api.setLearned(union)
 	if changed {
 		a.api.apply()
 	}
@@ -353,14 +377,33 @@ func (a *Agent) learn(api, etcd, etcdURLs []string) {
 		a.etcd.apply()
 		changed = true
 	}
-	a.mu.Lock()
-	urlsChanged := !slices.Equal(a.etcdURLs, etcdURLs)
-	a.etcdURLs = slices.Clone(etcdURLs)
-	a.mu.Unlock()
 	if changed || urlsChanged {
-		a.log.Info("backends learned from the etcd member list", "apiservers", api, "etcd", etcd)
+		a.log.Info("backends learned from the etcd member list", "apiservers", union, "etcd", etcd)
 		a.saveCache()
 	}
+}
+
+// learnPublished applies the API servers published in the kubernetes
+// Service. An empty set (the last API server shutting down removes itself)
+// keeps the last one: health checks decide meanwhile.
+func (a *Agent) learnPublished(api []string) {
+	if len(api) == 0 {
+		return
+	}
+	a.mu.Lock()
+	a.apiFromKube = slices.Clone(api)
+	union := a.apiUnion()
+	a.mu.Unlock()
+	if a.api.setLearned(union) {
+		a.api.apply()
+		a.log.Info("API servers learned from the kubernetes EndpointSlices", "apiservers", union)
+		a.saveCache()
+	}
+}
+
+// apiUnion is the learned API server set; a.mu must be held.
+func (a *Agent) apiUnion() []string {
+	return slices.Compact(slices.Sorted(slices.Values(slices.Concat(a.apiFromEtcd, a.apiFromKube))))
 }
 
 func addrString(a net.Addr) string {

@@ -9,11 +9,13 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +27,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/sakey"
 )
 
@@ -62,18 +65,59 @@ type Server struct {
 	URL    string // https://127.0.0.1:PORT
 	CAFile string // the self-signed serving certificate, as a CA
 	Dir    string
+	netns  string
 	cmd    *exec.Cmd
 	done   chan struct{}
 	t      testing.TB
 }
 
-// Start runs a kube-apiserver against etcdURL and waits until it is ready.
-// It is stopped when the test ends.
+// Options say where and how StartWith runs the server.
+type Options struct {
+	EtcdURL string
+	// Netns, when set, is the network namespace to run in (ip netns exec);
+	// the test process reaches the server through netns.Dialer.
+	Netns string
+	// BindAddress defaults to 127.0.0.1; AdvertiseAddress to BindAddress
+	// (or to 127.0.0.1 when binding 0.0.0.0).
+	BindAddress      string
+	AdvertiseAddress string
+	// Port defaults to a free port (free on the host: in a fresh
+	// namespace every port is).
+	Port int
+	// Reconcile lets the server publish itself in the kubernetes Service's
+	// EndpointSlices (--endpoint-reconciler-type=lease). It needs a
+	// non-loopback AdvertiseAddress; off, nothing writes those slices.
+	Reconcile bool
+	// CertFile and KeyFile serve TLS, verified with CAFile; all empty: a
+	// self-signed certificate from --cert-dir (for 127.0.0.1).
+	CertFile, KeyFile, CAFile string
+}
+
+// Start runs a kube-apiserver on loopback against etcdURL and waits until
+// it is ready. It is stopped when the test ends.
 func Start(t testing.TB, etcdURL string) *Server {
+	t.Helper()
+	return StartWith(t, Options{EtcdURL: etcdURL})
+}
+
+// StartWith runs a kube-apiserver as opts say and waits until it is ready.
+// It is stopped when the test ends.
+func StartWith(t testing.TB, opts Options) *Server {
 	t.Helper()
 	bin := Binary(t)
 	dir := t.TempDir()
-	port := etcdtest.FreePort(t)
+	if opts.Port == 0 {
+		opts.Port = etcdtest.FreePort(t)
+	}
+	if opts.BindAddress == "" {
+		opts.BindAddress = "127.0.0.1"
+	}
+	if opts.AdvertiseAddress == "" {
+		opts.AdvertiseAddress = opts.BindAddress
+		if opts.BindAddress == "0.0.0.0" {
+			opts.AdvertiseAddress = "127.0.0.1"
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(
 		AdminToken+",admin,admin-uid,system:masters\n"+NobodyToken+",nobody,nobody-uid\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -81,29 +125,48 @@ func Start(t testing.TB, etcdURL string) *Server {
 	if err := sakey.Write(filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")); err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{URL: fmt.Sprintf("https://127.0.0.1:%d", port), CAFile: filepath.Join(dir, "certs", "apiserver.crt"), Dir: dir, t: t, done: make(chan struct{})}
-	s.cmd = exec.Command(bin,
-		"--etcd-servers="+etcdURL,
-		fmt.Sprintf("--etcd-prefix=/registry-%d", port),
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", port),
-		"--cert-dir="+filepath.Join(dir, "certs"),
-		"--token-auth-file="+filepath.Join(dir, "tokens.csv"),
+	s := &Server{
+		URL:    "https://" + net.JoinHostPort(opts.AdvertiseAddress, strconv.Itoa(opts.Port)),
+		CAFile: filepath.Join(dir, "certs", "apiserver.crt"),
+		Dir:    dir, netns: opts.Netns, t: t, done: make(chan struct{}),
+	}
+	reconciler := "none"
+	if opts.Reconcile {
+		reconciler = "lease"
+	}
+	args := []string{
+		"--etcd-servers=" + opts.EtcdURL,
+		fmt.Sprintf("--etcd-prefix=/registry-%d", opts.Port),
+		"--bind-address=" + opts.BindAddress,
+		"--advertise-address=" + opts.AdvertiseAddress,
+		fmt.Sprintf("--secure-port=%d", opts.Port),
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+filepath.Join(dir, "sa.pub"),
-		"--service-account-signing-key-file="+filepath.Join(dir, "sa.key"),
+		"--service-account-key-file=" + filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
 		"--service-cluster-ip-range=10.96.0.0/12",
 		"--enable-priority-and-fairness=false",
-		"--endpoint-reconciler-type=none",
+		"--endpoint-reconciler-type=" + reconciler,
 		"--v=0",
-	)
+	}
+	if opts.CertFile != "" {
+		args = append(args, "--tls-cert-file="+opts.CertFile, "--tls-private-key-file="+opts.KeyFile)
+		s.CAFile = opts.CAFile
+	}
+	if opts.Netns != "" {
+		s.cmd = exec.Command("ip", append([]string{"netns", "exec", opts.Netns, bin}, args...)...)
+	} else {
+		s.cmd = exec.Command(bin, args...)
+	}
 	logf, err := os.Create(filepath.Join(dir, "kube-apiserver.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	// ip netns exec runs the server in its own process (exec), so this
+	// reaches it too.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start kube-apiserver: %v", err)
@@ -135,7 +198,13 @@ func (s *Server) Stop() {
 }
 
 func (s *Server) waitReady(d time.Duration) error {
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+	if s.netns != "" {
+		dial := netns.Dialer(s.netns)
+		tr.DialContext = func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: tr}
+	defer tr.CloseIdleConnections()
 	deadline := time.Now().Add(d)
 	var last error
 	for time.Now().Before(deadline) {
@@ -162,7 +231,12 @@ func (s *Server) waitReady(d time.Duration) error {
 
 // Config is a rest.Config for the user with token.
 func (s *Server) Config(token string) *rest.Config {
-	return &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile}}
+	c := &rest.Config{Host: s.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAFile: s.CAFile}}
+	if s.netns != "" {
+		dial := netns.Dialer(s.netns)
+		c.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) }
+	}
+	return c
 }
 
 // Client is a clientset for the user with token.

@@ -183,6 +183,9 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 							"--apiserver-listen", o.Listen,
 							"--cache-dir", DefaultAgentCache,
 							"--health-ca", PKIDir + "/ca.crt",
+							// The API servers from the EndpointSlices, with
+							// the service-account token mounted below.
+							"--in-cluster",
 						},
 						SecurityContext: &corev1.SecurityContext{
 							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
