@@ -11,7 +11,8 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -43,13 +44,22 @@ type APIServers struct {
 // NewAPIServers returns a follower; nothing is read before Run. onChange
 // (may be nil) gets each new set, sorted, from the watch's goroutine.
 func NewAPIServers(cs kubernetes.Interface, onChange func([]string), log *slog.Logger) *APIServers {
-	f := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithNamespace(APIServerNamespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = discoveryv1.LabelServiceName + "=" + APIServerService
-		}))
+	// One informer of one type: client-go's informers package would link
+	// every API group's informer into the binary.
+	client := cs.DiscoveryV1().EndpointSlices(APIServerNamespace)
+	selector := discoveryv1.LabelServiceName + "=" + APIServerService
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return client.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return client.Watch(ctx, o)
+		},
+	}
 	a := &APIServers{
-		inf:      f.Discovery().V1().EndpointSlices().Informer(),
+		inf:      cache.NewSharedIndexInformer(lw, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{}),
 		onChange: onChange,
 		log:      log.With("component", "endpointslices"),
 	}

@@ -363,9 +363,10 @@ func (l *Lab) startVigil(n *Node) error {
 		"--vip", VIP.String(), "--interface", nodeIface, "--node-name", n.Name,
 		"--election", election, "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
 	}
-	if election == ElectionKubernetes {
-		// The Lease, through this node's own API server; etcd stays
-		// for API server discovery and membership.
+	if s.kube() {
+		// This node's own API server: the Lease (with that election),
+		// Events and the EndpointSlices; etcd stays for discovery,
+		// membership and raft-leadership shedding.
 		args = append(args, "--kubeconfig", l.kubeconfig(n))
 	}
 	if s.LeaseDuration > 0 {

@@ -3,13 +3,21 @@ package lab
 import (
 	"context"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
 	"github.com/vigil-ha/vigil/internal/kubetest"
+	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -218,5 +226,46 @@ func TestLeaseLab(t *testing.T) {
 	t.Log(r)
 	if !r.OK() || r.After == r.Target || r.OutageMillis > 5000 {
 		t.Fatalf("kill-leader with the Lease election: %s", r)
+	}
+
+	// Through the VIP: the new holder recorded an Event on the Lease, and
+	// every API server published itself in the kubernetes EndpointSlice.
+	dial := netns.Dialer(clientNS)
+	cs, err := kubernetes.NewForConfig(&rest.Config{
+		Host: "https://" + netip.AddrPortFrom(VIP.Addr(), APIServerPort).String(), BearerToken: labToken,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: l.caPath()},
+		Dial:            func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		evs, err := cs.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=vigil,reason=BecameLeader"})
+		found := err == nil && slices.ContainsFunc(evs.Items, func(e corev1.Event) bool { return e.Source.Host == r.After })
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no BecameLeader Event from %s on the Lease (err %v)", r.After, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The killed node came back with the heal (a reboot after the power
+	// cut); its API server publishes itself again once it is up.
+	var addrs []string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		addrs = addrs[:0]
+		if sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{}); err == nil {
+			for _, ep := range sl.Endpoints {
+				addrs = append(addrs, ep.Addresses...)
+			}
+		}
+		if len(addrs) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubernetes EndpointSlice addresses %v, want the 3 nodes", addrs)
+		}
 	}
 }
