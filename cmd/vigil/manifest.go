@@ -47,6 +47,7 @@ It runs with host networking and only the NET_ADMIN and NET_RAW capabilities.`,
 	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image")
 	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
+	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
 	return cmd
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -74,9 +75,12 @@ func NewAPIServers(cs kubernetes.Interface, onChange func([]string), log *slog.L
 		first := !a.failing
 		a.failing = true
 		a.mu.Unlock()
-		if first {
+		switch {
+		case first && apierrors.IsForbidden(err):
+			a.log.Warn("not allowed to read EndpointSlices (apply `vigil manifest rbac`); keeping the last API servers", "err", err)
+		case first:
 			a.log.Warn("cannot follow the kubernetes Service's EndpointSlices; keeping the last API servers", "err", err)
-		} else {
+		default:
 			a.log.Debug("EndpointSlice watch failed again", "err", err)
 		}
 	})

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"path"
 	"strconv"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -56,6 +57,10 @@ type PodOptions struct {
 	LBPort int
 	// EtcdEndpoints are the etcd client URLs; the local member by default.
 	EtcdEndpoints []string
+	// Kubeconfig, when set, is a host file given to vigil run as
+	// --kubeconfig (Events, EndpointSlice discovery). It must exist before
+	// the pod starts: add it after kubeadm init (docs/kubeadm.md).
+	Kubeconfig string
 }
 
 // Pod is the kubeadm static pod for /etc/kubernetes/manifests/vigil.yaml.
@@ -93,6 +98,16 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.LBPort > 0 {
 		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
 	}
+	mounts := []corev1.VolumeMount{{Name: "pki", MountPath: PKIDir, ReadOnly: true}}
+	volumes := []corev1.Volume{hostPath("pki", PKIDir, corev1.HostPathDirectory)}
+	if o.Kubeconfig != "" {
+		if !path.IsAbs(o.Kubeconfig) {
+			return nil, fmt.Errorf("%w: --kubeconfig %q must be an absolute path on the host", ErrInvalid, o.Kubeconfig)
+		}
+		args = append(args, "--kubeconfig", o.Kubeconfig)
+		mounts = append(mounts, corev1.VolumeMount{Name: "kubeconfig", MountPath: o.Kubeconfig, ReadOnly: true})
+		volumes = append(volumes, hostPath("kubeconfig", o.Kubeconfig, corev1.HostPathFile))
+	}
 	labels := map[string]string{appLabel: DaemonName, componentLabel: "control-plane-vip"}
 	return &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
@@ -116,10 +131,10 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 				},
 				Resources:                resources("50m", "32Mi", "128Mi"),
 				LivenessProbe:            healthz(metricsPortDaemon),
-				VolumeMounts:             []corev1.VolumeMount{{Name: "pki", MountPath: PKIDir, ReadOnly: true}},
+				VolumeMounts:             mounts,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
-			Volumes: []corev1.Volume{hostPath("pki", PKIDir, corev1.HostPathDirectory)},
+			Volumes: volumes,
 		},
 	}, nil
 }
@@ -216,8 +231,8 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 //     its election Lease in kube-system; EndpointSlices (read) to find API
 //     servers; Events (create) to report leadership; Nodes (get, delete),
 //     used only by the opt-in removal of a pruned member's Node;
-//   - vigil agent (ServiceAccount kube-system/vigil-agent): EndpointSlices
-//     (read).
+//   - vigil agent (ServiceAccount kube-system/vigil-agent, or the user
+//     "vigil-agent"): EndpointSlices (read).
 func RBAC() []runtime.Object {
 	daemonSubjects := []rbacv1.Subject{
 		{Kind: rbacv1.ServiceAccountKind, Name: DaemonName, Namespace: Namespace},
@@ -265,7 +280,10 @@ func RBAC() []runtime.Object {
 			TypeMeta:   typeMeta("ClusterRoleBinding"),
 			ObjectMeta: metav1.ObjectMeta{Name: AgentName},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: AgentName},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace}},
+			Subjects: []rbacv1.Subject{
+				{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace},
+				{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: AgentName},
+			},
 		},
 	}
 }
