@@ -3,6 +3,7 @@ package election
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -31,7 +32,12 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return newCutProxyOn(t, "127.0.0.1:0", target)
+}
+
+// newCutProxyOn is newCutProxy listening on addr.
+func newCutProxyOn(t *testing.T, addr, target string) *cutProxy {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +212,21 @@ func TestLease(t *testing.T) {
 		if tr.overlap.Load() {
 			t.Fatal("two candidates led at once")
 		}
+	})
+
+	// The API server is down when the candidate starts (connections
+	// refused): it retries, never leads meanwhile, and takes the lease once
+	// the server answers. Losing nothing, it never exits.
+	t.Run("API server down at start", func(t *testing.T) {
+		tr := newTracker(t)
+		addr := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+		startLeaseCandidate(t, s, "https://"+addr, "late", tr)
+		time.Sleep(2 * time.Second) // several failed reads, with backoff
+		if l := tr.leader(); l != "" {
+			t.Fatalf("%s leads while the API server is unreachable", l)
+		}
+		newCutProxyOn(t, addr, s.URL[len("https://"):])
+		tr.waitLeader(t, 10*time.Second, "")
 	})
 
 	t.Run("forbidden", func(t *testing.T) {
