@@ -207,11 +207,15 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		// disc is set before Run starts the follower, the only caller.
 		dcfg.Published = kube.NewAPIServers(kc, func([]string) { disc.Refresh() }, log)
 	}
-	if disc, err = discovery.New(dcfg, log); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+	// No source and no static backend (--discovery none, no --lb-port):
+	// nothing to check or balance, the VIP alone.
+	if dcfg.Members != nil || dcfg.Published != nil || len(dcfg.Static) > 0 {
+		if disc, err = discovery.New(dcfg, log); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 
 	h := &holder{vip: vm, ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, kube: kc, events: events, said: map[string]bool{}}
 	if etcdLock != nil {
@@ -283,7 +287,7 @@ type holder struct {
 	m    *nodeMetrics
 
 	members *membership.Cluster
-	disc    *discovery.Discovery
+	disc    *discovery.Discovery // nil without any backend source
 	kube    kubernetes.Interface // nil without --kubeconfig
 	events  *kube.Events         // nil without --kubeconfig
 	said    map[string]bool      // prune messages not to repeat; used by watchMembers only
@@ -451,7 +455,7 @@ func (h *holder) membersOnce(ctx context.Context) error {
 			h.deleteNode(ctx, m.Name)
 		}
 	}
-	if len(removed) > 0 {
+	if len(removed) > 0 && h.disc != nil {
 		h.disc.Refresh() // its API server leaves the load balancer now
 	}
 	return err

@@ -65,6 +65,9 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		{"malformed health path", with("--health-path", "readyz"), "must be an absolute path"},
 		{"unknown lb policy", with("--lb-policy", "random"), "unknown balancing policy"},
 		{"static backend without port", with("--backend", "10.0.0.1"), "must be HOST:PORT"},
+		{"kubernetes discovery without kubeconfig", with("--discovery", "kubernetes"), "--discovery kubernetes needs --kubeconfig"},
+		{"delete node without prune", append(good, "--prune-delete-node"), "--prune-delete-node needs --prune-after"},
+		{"missing kubeconfig with etcd election", with("--kubeconfig", filepath.Join(dir, "nope.conf")), "--kubeconfig"},
 	}
 	// What holds the ports: kube-apiserver bound to 0.0.0.0:16443, and
 	// something on the metrics port.

@@ -60,7 +60,7 @@ func NewAPIServers(cs kubernetes.Interface, onChange func([]string), log *slog.L
 		},
 	}
 	a := &APIServers{
-		inf:      cache.NewSharedIndexInformer(lw, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{}),
+		inf:      cache.NewSharedIndexInformer(listThenWatch{lw}, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{}),
 		onChange: onChange,
 		log:      log.With("component", "endpointslices"),
 	}
@@ -86,6 +86,14 @@ func NewAPIServers(cs kubernetes.Interface, onChange func([]string), log *slog.L
 	})
 	return a
 }
+
+// listThenWatch opts out of client-go's streaming "watch-list" mode. In that
+// mode (client-go 0.37) a failed attempt waits out its backoff without
+// looking at the context: with the API server down, a stopping vigil hung
+// for seconds. A list of one small EndpointSlice costs nothing.
+type listThenWatch struct{ *cache.ListWatch }
+
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 // Run follows the EndpointSlices until ctx is cancelled; the watch is
 // re-established with backoff after any failure.
