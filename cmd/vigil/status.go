@@ -76,6 +76,16 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 	default:
 		fmt.Fprintln(w, "this node does not lead")
 	}
+	for _, d := range r.Discovery {
+		what := fmt.Sprintf("%d backends", len(d.Backends))
+		if !d.Answered {
+			what = "no answer yet"
+		}
+		if d.Error != "" {
+			what += ", last read failed: " + d.Error
+		}
+		fmt.Fprintf(w, "discovery: %s: %s\n", d.Name, what)
+	}
 	if len(r.Backends) == 0 {
 		fmt.Fprintln(w, "no API server backends known")
 		return nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/daemon"
+	"github.com/vigil-ha/vigil/internal/discovery"
 )
 
 func TestStatusPrintsTheLocalView(t *testing.T) {
@@ -19,6 +20,10 @@ func TestStatusPrintsTheLocalView(t *testing.T) {
 		Backends: []daemon.BackendReport{
 			{Address: "10.0.0.11:6443", State: "up", Connections: 3},
 			{Address: "10.0.0.12:6443", State: "down", Cause: "dead", LastError: "connection refused"},
+		},
+		Discovery: []discovery.SourceState{
+			{Name: discovery.SourceEtcd, Backends: []string{"10.0.0.11:6443", "10.0.0.12:6443"}, Answered: true, Error: "context deadline exceeded"},
+			{Name: discovery.SourceKubernetes},
 		}}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/status" {
@@ -36,7 +41,8 @@ func TestStatusPrintsTheLocalView(t *testing.T) {
 	if err := printReport(&out, got, since.Add(90*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"holder cp1", "leads since 2026-11-30T12:00:00Z (1m30s)", "10.0.0.11:6443  up", "down (dead)", "connection refused"} {
+	for _, want := range []string{"holder cp1", "leads since 2026-11-30T12:00:00Z (1m30s)", "10.0.0.11:6443  up", "down (dead)", "connection refused",
+		"discovery: etcd member list: 2 backends, last read failed: context deadline exceeded", "discovery: kubernetes EndpointSlices: no answer yet"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

@@ -93,6 +93,11 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 		}
 		return false
 	})
+	for _, src := range status(t, p.A).Discovery {
+		if !src.Answered || src.Error != "" || len(src.Backends) != 1 {
+			t.Errorf("discovery source %+v: want one backend, answered, no error", src)
+		}
+	}
 	if sl, err := viaVIP.DiscoveryV1().EndpointSlices("default").Get(context.Background(), "kubernetes", metav1.GetOptions{}); err == nil {
 		t.Logf("the API server's own EndpointSlice: %v:%v", sl.Endpoints[0].Addresses, *sl.Ports[0].Port)
 	}

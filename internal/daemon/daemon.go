@@ -250,7 +250,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if metricsLn != nil {
-		done := observe.Serve(cctx, metricsLn, m.reg, func() any { return report(cfg, el, checker, bal, pl) }, log)
+		done := observe.Serve(cctx, metricsLn, m.reg, func() any { return report(cfg, el, checker, bal, pl, disc) }, log)
 		defer func() { stopComponents(); <-done }()
 	}
 	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,

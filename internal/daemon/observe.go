@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
@@ -85,6 +86,8 @@ type Report struct {
 	LeaderSince *time.Time      `json:"leaderSince,omitempty"`
 	Yielding    bool            `json:"yielding"`
 	Backends    []BackendReport `json:"backends"`
+	// Discovery is what each backend source said last.
+	Discovery []discovery.SourceState `json:"discovery,omitempty"`
 }
 
 // BackendReport is one API server as this node sees it.
@@ -96,9 +99,12 @@ type BackendReport struct {
 	Connections int    `json:"connections"`
 }
 
-func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement) Report {
+func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery) Report {
 	st := el.Status()
 	r := Report{Node: cfg.NodeName, VIP: cfg.VIP.String(), Leader: st.Leader, Holder: st.Holder}
+	if disc != nil {
+		r.Discovery = disc.Sources()
+	}
 	if st.Leader {
 		r.LeaderSince = &st.LeaderSince
 	}

@@ -31,6 +31,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,12 +79,31 @@ type Config struct {
 
 // Discovery keeps the backend set current.
 type Discovery struct {
-	cfg   Config
-	log   *slog.Logger
-	poke  chan struct{}
-	mu    sync.Mutex // guards cur
-	cur   []string
-	found bool // the member list was read at least once
+	cfg     Config
+	log     *slog.Logger
+	poke    chan struct{}
+	mu      sync.Mutex // guards cur, found and sources
+	cur     []string
+	found   bool // a set was published at least once
+	sources map[string]*SourceState
+}
+
+// Source names, as SourceState.Name and in logs.
+const (
+	SourceEtcd       = "etcd member list"
+	SourceKubernetes = "kubernetes EndpointSlices"
+)
+
+// SourceState is what one source said last, for status reports.
+type SourceState struct {
+	Name string `json:"name"`
+	// Backends is the source's last answer; it counts even while the
+	// source fails.
+	Backends []string `json:"backends"`
+	// Answered is false until the source has answered once.
+	Answered bool `json:"answered"`
+	// Error is the last read's failure, "" when it succeeded.
+	Error string `json:"error,omitempty"`
 }
 
 // New validates cfg.
@@ -104,7 +124,44 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 	if cfg.Members == nil && cfg.Published == nil && len(cfg.Static) == 0 {
 		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", ErrInvalidConfig)
 	}
-	return &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1)}, nil
+	d := &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1), sources: map[string]*SourceState{}}
+	if cfg.Members != nil {
+		d.sources[SourceEtcd] = &SourceState{Name: SourceEtcd}
+	}
+	if cfg.Published != nil {
+		d.sources[SourceKubernetes] = &SourceState{Name: SourceKubernetes}
+	}
+	return d, nil
+}
+
+// Sources reports each source's last answer, sorted by name.
+func (d *Discovery) Sources() []SourceState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []SourceState
+	for _, st := range d.sources {
+		c := *st
+		c.Backends = slices.Clone(st.Backends)
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b SourceState) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// record notes a source's read: its backends (kept when empty or failed)
+// and error.
+func (d *Discovery) record(name string, b []string, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.sources[name]
+	if err != nil {
+		st.Error = err.Error()
+		return
+	}
+	st.Error = ""
+	if len(b) > 0 {
+		st.Backends, st.Answered = slices.Clone(b), true
+	}
 }
 
 // Backends returns the current set.
@@ -158,6 +215,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 			case ctx.Err() != nil:
 				return nil
 			case err != nil:
+				d.record(SourceEtcd, nil, err)
 				if !failing {
 					d.log.Warn("cannot read the etcd member list; keeping the last backends", "err", err)
 					failing = true
@@ -167,14 +225,19 @@ func (d *Discovery) Run(ctx context.Context) error {
 					d.log.Info("etcd member list readable again")
 					failing = false
 				}
-				if b := FromMembers(members, d.cfg.Port); len(b) > 0 {
+				b := FromMembers(members, d.cfg.Port)
+				d.record(SourceEtcd, b, nil)
+				if len(b) > 0 {
 					fromEtcd = b
 				}
 			}
 		}
 		if d.cfg.Published != nil {
-			if b, ok := d.cfg.Published.Backends(); ok && len(b) > 0 {
-				fromK8s = b
+			if b, ok := d.cfg.Published.Backends(); ok {
+				d.record(SourceKubernetes, b, nil)
+				if len(b) > 0 {
+					fromK8s = b
+				}
 			}
 		}
 		if b := slices.Compact(slices.Sorted(slices.Values(slices.Concat(fromEtcd, fromK8s)))); len(b) > 0 {
@@ -187,11 +250,11 @@ func (d *Discovery) Run(ctx context.Context) error {
 func sourceName(fromEtcd, fromK8s []string) string {
 	switch {
 	case fromEtcd != nil && fromK8s != nil:
-		return "etcd member list and kubernetes EndpointSlices"
+		return SourceEtcd + " and " + SourceKubernetes
 	case fromK8s != nil:
-		return "kubernetes EndpointSlices"
+		return SourceKubernetes
 	default:
-		return "etcd member list"
+		return SourceEtcd
 	}
 }
 

@@ -244,6 +244,13 @@ func TestMergesPublishedWithMembers(t *testing.T) {
 	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"})
 	pub.publish("10.0.0.22:6443")
 	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.22:6443"})
+	want := []SourceState{
+		{Name: SourceEtcd, Backends: []string{"10.0.0.11:6443", "10.0.0.12:6443"}, Answered: true, Error: "etcd down"},
+		{Name: SourceKubernetes, Backends: []string{"10.0.0.22:6443"}, Answered: true},
+	}
+	if diff := cmp.Diff(want, d.Sources()); diff != "" {
+		t.Fatalf("Sources() (-want +got):\n%s", diff)
+	}
 }
 
 // With only the published source, the static backends serve until it has
