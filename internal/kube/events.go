@@ -25,9 +25,10 @@ const (
 const eventTimeout = 5 * time.Second
 
 // eventDelay is how long an Event waits before it is written: the Events
-// report handovers, and must not compete with the lock writes of the
-// handover itself on the same API server (measured: a graceful Lease
-// handover took 41 ms instead of 29 ms with immediate writes).
+// report handovers, and their writes should not compete with the lock
+// writes of the handover itself on the same API servers and etcd. (A
+// graceful handover measured 29-50 ms either way; the spread between runs
+// is the machine's, see bench/failover/README.md.)
 const eventDelay = 250 * time.Millisecond
 
 // eventQueue is how many Events may wait for the API server. Leadership
@@ -43,7 +44,7 @@ type Events struct {
 	host string
 	log  *slog.Logger
 
-	q      chan *corev1.Event
+	q      chan queued
 	ctx    context.Context // cancelled when Close gives up waiting
 	cancel context.CancelFunc
 	stop   chan struct{}
@@ -52,6 +53,12 @@ type Events struct {
 
 	mu     sync.Mutex // guards warned
 	warned bool       // a failed write was logged at Warn since the last success
+}
+
+// queued is an Event and when it may be written.
+type queued struct {
+	ev *corev1.Event
+	at time.Time
 }
 
 // LeaseRef and NodeRef name the objects vigil's Events are about: the
@@ -69,7 +76,7 @@ func NodeRef(name string) corev1.ObjectReference {
 // NewEvents starts the writer; Close stops it.
 func NewEvents(cs kubernetes.Interface, ref corev1.ObjectReference, host string, log *slog.Logger) *Events {
 	e := &Events{cs: cs, ref: ref, host: host, log: log.With("component", "events"),
-		q: make(chan *corev1.Event, eventQueue), stop: make(chan struct{}), done: make(chan struct{})}
+		q: make(chan queued, eventQueue), stop: make(chan struct{}), done: make(chan struct{})}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	go e.run()
 	return e
@@ -103,7 +110,7 @@ func (e *Events) Emit(warning bool, reason, format string, args ...any) {
 		Count:               1,
 	}
 	select {
-	case e.q <- ev:
+	case e.q <- queued{ev: ev, at: time.Now().Add(eventDelay)}:
 	default:
 		e.log.Debug("event queue full; dropping", "reason", reason)
 	}
@@ -127,23 +134,30 @@ func (e *Events) run() {
 	defer close(e.done)
 	for {
 		select {
-		case ev := <-e.q:
-			select {
-			case <-time.After(eventDelay):
-			case <-e.stop: // flushing: no more waiting
-			}
-			e.write(ev)
+		case q := <-e.q:
+			e.writeAt(q)
 		case <-e.stop:
 			for {
 				select {
-				case ev := <-e.q:
-					e.write(ev)
+				case q := <-e.q:
+					e.writeAt(q)
 				default:
 					return
 				}
 			}
 		}
 	}
+}
+
+// writeAt writes q once its delay is over, even while stopping (a stopping
+// vigil is in the middle of a handover); Close's timeout cuts the wait.
+func (e *Events) writeAt(q queued) {
+	select {
+	case <-time.After(time.Until(q.at)):
+	case <-e.ctx.Done():
+		return
+	}
+	e.write(q.ev)
 }
 
 func (e *Events) write(ev *corev1.Event) {
