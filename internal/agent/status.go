@@ -18,6 +18,10 @@ type Status struct {
 	// without etcd seeds.
 	LastMemberList *time.Time `json:"lastMemberList,omitempty"`
 	MemberListErr  string     `json:"memberListError,omitempty"`
+	// PublishedAPIServers are the API servers the kubernetes Service's
+	// EndpointSlices listed last; empty without a kubeconfig or before the
+	// first answer.
+	PublishedAPIServers []string `json:"publishedAPIServers,omitempty"`
 }
 
 // UpstreamState is one local endpoint and its backends.
@@ -71,6 +75,9 @@ func (a *Agent) Status() Status {
 		}
 		s.MemberListErr = err
 	}
+	a.mu.Lock()
+	s.PublishedAPIServers = slices.Clone(a.apiFromKube)
+	a.mu.Unlock()
 	return s
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -110,6 +111,7 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 		Upstreams []struct {
 			Backends []struct{ Address, Source, State string }
 		}
+		PublishedAPIServers []string
 	}
 	waitFor(t, 30*time.Second, "the agent to learn the API server from the EndpointSlice", func() bool {
 		if err := json.Unmarshal([]byte(get(t, p.B, "http://127.0.0.1:9559/status")), &agentStatus); err != nil || len(agentStatus.Upstreams) == 0 {
@@ -122,6 +124,9 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 		}
 		return false
 	})
+	if want := []string{net.JoinHostPort(nodeIP, strconv.Itoa(apiPort))}; !slices.Equal(agentStatus.PublishedAPIServers, want) {
+		t.Errorf("agent status publishedAPIServers = %v, want %v", agentStatus.PublishedAPIServers, want)
+	}
 	viaAgent, err := kubernetes.NewForConfig(&rest.Config{
 		Host: "https://127.0.0.1:7443", BearerToken: kubetest.AdminToken,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: ca, ServerName: "kubernetes"},
