@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -68,9 +69,10 @@ func LeaseRef(namespace, name string) corev1.ObjectReference {
 }
 
 func NodeRef(name string) corev1.ObjectReference {
-	// Node events live in "default", as the kubelet's do, so that
-	// `kubectl describe node` shows them.
-	return corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: name, Namespace: metav1.NamespaceDefault}
+	// As the kubelet refers to its node: no namespace (the Event itself
+	// goes to "default") and the name as UID. `kubectl describe node`
+	// looks for exactly this.
+	return corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: name, UID: types.UID(name)}
 }
 
 // NewEvents starts the writer; Close stops it.

@@ -195,6 +195,18 @@ func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {
 		t.Fatalf("events (-want +got):\n%s", d)
 	}
 
+	// On a Node: where `kubectl describe node` looks (its second query:
+	// any namespace, involvedObject.namespace "", uid = the node's name).
+	n := NewEvents(admin, NodeRef("cp1"), "cp1", testLog(t))
+	n.Emit(false, ReasonBecameLeader, "cp1 holds the VIP")
+	n.Close(10 * time.Second)
+	nodeEvents, err := admin.CoreV1().Events("").List(ctxTimeout(t, 5*time.Second), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=cp1,involvedObject.namespace=,involvedObject.kind=Node,involvedObject.uid=cp1",
+	})
+	if err != nil || len(nodeEvents.Items) != 1 || nodeEvents.Items[0].Namespace != "default" {
+		t.Fatalf("node events as kubectl describe node finds them: %+v, %v", nodeEvents, err)
+	}
+
 	// Forbidden: Emit does not block and Close returns in time.
 	f := NewEvents(nobody, NodeRef("n2"), "n2", testLog(t))
 	start := time.Now()
