@@ -168,6 +168,14 @@ func (e *Events) write(ev *corev1.Event) {
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, eventTimeout)
 	defer cancel()
+	if ev.InvolvedObject.Kind == "Lease" && ev.InvolvedObject.UID == "" {
+		// `kubectl describe lease` matches Events by the Lease's UID,
+		// which changes if the Lease is ever recreated: look it up.
+		// Without it the Event is still listed by `kubectl get events`.
+		if l, err := e.cs.CoordinationV1().Leases(ev.InvolvedObject.Namespace).Get(ctx, ev.InvolvedObject.Name, metav1.GetOptions{}); err == nil {
+			ev.InvolvedObject.UID = l.UID
+		}
+	}
 	_, err := e.cs.CoreV1().Events(ev.Namespace).Create(ctx, ev, metav1.CreateOptions{})
 	e.mu.Lock()
 	defer e.mu.Unlock()

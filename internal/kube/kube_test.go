@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -193,6 +194,23 @@ func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {
 	want := []string{"Normal BecameLeader: n1 holds the VIP 10.0.0.100", "Warning SteppedDown: n1 stepped down: lock lost"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("events (-want +got):\n%s", d)
+	}
+
+	// On an existing Lease: where `kubectl describe lease` looks (its
+	// UID is part of the query).
+	lease, err := admin.CoordinationV1().Leases("kube-system").Create(ctxTimeout(t, 5*time.Second),
+		&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "vigil-described", Namespace: "kube-system"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	le := NewEvents(admin, LeaseRef("kube-system", "vigil-described"), "n1", testLog(t))
+	le.Emit(false, ReasonBecameLeader, "n1 holds the VIP")
+	le.Close(10 * time.Second)
+	leaseEvents, err := admin.CoreV1().Events("kube-system").List(ctxTimeout(t, 5*time.Second), metav1.ListOptions{
+		FieldSelector: "involvedObject.name=vigil-described,involvedObject.namespace=kube-system,involvedObject.kind=Lease,involvedObject.uid=" + string(lease.UID),
+	})
+	if err != nil || len(leaseEvents.Items) != 1 {
+		t.Fatalf("lease events as kubectl describe lease finds them: %+v, %v", leaseEvents, err)
 	}
 
 	// On a Node: where `kubectl describe node` looks (its second query:
