@@ -181,6 +181,9 @@ func StartWith(t testing.TB, opts Options) *Server {
 	return s
 }
 
+// PID is the server's process ID (for CPU and memory figures).
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
 // Stop kills the server and waits for it; safe to call twice.
 func (s *Server) Stop() {
 	select {
