@@ -4,6 +4,8 @@
 #      through the agent, new connection and kept-alive, RUNS runs.
 #   2. load.txt: control-plane load of N = 10, 100, 1000 agents (go test
 #      -bench, RUNS runs each).
+#   4. fanout.txt: what N agents' EndpointSlice watches cost a real
+#      kube-apiserver, and how fast a change reaches all N (RUNS runs).
 #   3. rss.txt: resident memory of the real vigil agent process on the lab's
 #      workers, with 5 control-plane nodes (5 API server and 5 etcd
 #      backends), after a minute of client traffic.
@@ -43,3 +45,9 @@ sleep 60
   done
 } | tee "$out/rss.txt"
 $lab down
+
+echo "== EndpointSlice watches (real kube-apiserver)"
+hack/build-kube-apiserver.sh
+go test ./bench/agent -run "^$" -bench EndpointSliceFanout -benchtime 1x -count "$RUNS" -timeout 60m 2>&1 \
+  | sed -E 's/\{"level":"error".*\}$//' \
+  | grep -E '^(Benchmark.*op|goos|goarch|cpu|pkg|PASS|ok|FAIL|--- FAIL|    slices_test)' | tee "$out/fanout.txt"
