@@ -4,11 +4,11 @@
 #      through the agent, new connection and kept-alive, RUNS runs.
 #   2. load.txt: control-plane load of N = 10, 100, 1000 agents (go test
 #      -bench, RUNS runs each).
-#   4. fanout.txt: what N agents' EndpointSlice watches cost a real
-#      kube-apiserver, and how fast a change reaches all N (RUNS runs).
 #   3. rss.txt: resident memory of the real vigil agent process on the lab's
 #      workers, with 5 control-plane nodes (5 API server and 5 etcd
 #      backends), after a minute of client traffic.
+#   4. fanout.txt: what N agents' EndpointSlice watches cost a real
+#      kube-apiserver, and how fast a change reaches all N (RUNS runs).
 # Usage, as root: bash bench/agent/run.sh   (RUNS=3 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
