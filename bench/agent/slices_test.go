@@ -169,8 +169,8 @@ func procCPU(b *testing.B, pid int) time.Duration {
 		b.Fatal(err)
 	}
 	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14
-	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
+	ut, _ := strconv.ParseInt(f[11], 10, 64)          // utime, field 14
+	st, _ := strconv.ParseInt(f[12], 10, 64)          // stime, field 15
 	return time.Duration(ut+st) * (time.Second / 100) // USER_HZ
 }
 

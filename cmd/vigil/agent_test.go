@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -28,10 +30,15 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 	apiAddr := free.Addr().String()
 	free.Close()
 	cache := t.TempDir()
-	for _, tc := range []struct {
+	type badCase struct {
 		args []string
 		want string
-	}{
+	}
+	var extra []badCase
+	if _, err := os.Stat(kube.ServiceAccountDir); err != nil { // not inside a pod
+		extra = append(extra, badCase{[]string{"agent", "--server", "https://10.0.0.100:6443", "--in-cluster"}, "is the pod's service-account token mounted?"})
+	}
+	for _, tc := range append([]badCase{
 		{[]string{"agent"}, "--server is required"},
 		{[]string{"agent", "--server", "10.0.0.100:6443"}, "must be an https URL"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--etcd-listen", "127.0.0.1:2379"}, "needs --etcd-endpoints"},
@@ -46,7 +53,7 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"manifest", "daemonset"}, "--server is required"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes"}, "--kubeconfig is required"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes", "--kubeconfig", "/nonexistent"}, "--kubeconfig"},
-	} {
+	}, extra...) {
 		cmd := exec.Command(vigil, tc.args...)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb

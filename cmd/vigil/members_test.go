@@ -21,6 +21,23 @@ import (
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
+// runVigil runs the vigil binary and returns its stdout, stderr and exit
+// status.
+func runVigil(t *testing.T, vigil string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(vigil, args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
 // TestMembersCLI runs the vigil binary against a real 3-member etcd: list
 // works in every format, and every bad input exits 1 with one clear line
 // and leaves the membership as it was.
@@ -33,17 +50,7 @@ func TestMembersCLI(t *testing.T) {
 		if slices.Contains(args, "--etcd-endpoints") {
 			full = full[:1] // the case names its own
 		}
-		cmd := exec.Command(vigil, append(full, args...)...)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
+		return runVigil(t, vigil, append(full, args...)...)
 	}
 	members := func() []string {
 		out, stderr, code := run("list", "-o", "json")
@@ -121,17 +128,7 @@ func TestMembersDeleteNode(t *testing.T) {
 	adminKC, nobodyKC := s.Kubeconfig(t, kubetest.AdminToken), s.Kubeconfig(t, kubetest.NobodyToken)
 	eps := strings.Join(c.Endpoints, ",")
 	run := func(args ...string) (string, string, int) {
-		cmd := exec.Command(vigil, append([]string{"members", "--etcd-endpoints", eps}, args...)...)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), errb.String(), code
+		return runVigil(t, vigil, append([]string{"members", "--etcd-endpoints", eps}, args...)...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

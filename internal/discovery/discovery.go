@@ -196,10 +196,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 	}
 	t := time.NewTimer(0)
 	defer t.Stop()
-	var (
-		failing           bool
-		fromEtcd, fromK8s []string
-	)
+	failing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -225,37 +222,33 @@ func (d *Discovery) Run(ctx context.Context) error {
 					d.log.Info("etcd member list readable again")
 					failing = false
 				}
-				b := FromMembers(members, d.cfg.Port)
-				d.record(SourceEtcd, b, nil)
-				if len(b) > 0 {
-					fromEtcd = b
-				}
+				d.record(SourceEtcd, FromMembers(members, d.cfg.Port), nil)
 			}
 		}
 		if d.cfg.Published != nil {
 			if b, ok := d.cfg.Published.Backends(); ok {
 				d.record(SourceKubernetes, b, nil)
-				if len(b) > 0 {
-					fromK8s = b
-				}
 			}
 		}
-		if b := slices.Compact(slices.Sorted(slices.Values(slices.Concat(fromEtcd, fromK8s)))); len(b) > 0 {
-			d.publish(b, sourceName(fromEtcd, fromK8s))
+		if b, names := d.union(); len(b) > 0 {
+			d.publish(b, names)
 		}
 		t.Reset(d.cfg.Interval)
 	}
 }
 
-func sourceName(fromEtcd, fromK8s []string) string {
-	switch {
-	case fromEtcd != nil && fromK8s != nil:
-		return SourceEtcd + " and " + SourceKubernetes
-	case fromK8s != nil:
-		return SourceKubernetes
-	default:
-		return SourceEtcd
+// union is the union of every source's last answer, and the names of the
+// sources that gave one.
+func (d *Discovery) union() ([]string, string) {
+	var b, names []string
+	for _, st := range d.Sources() {
+		if st.Answered {
+			b = append(b, st.Backends...)
+			names = append(names, st.Name)
+		}
 	}
+	slices.Sort(b)
+	return slices.Compact(b), strings.Join(names, " and ")
 }
 
 func (d *Discovery) publish(b []string, source string) {
