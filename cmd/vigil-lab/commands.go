@@ -32,6 +32,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.StringVar(&s.APIServer, "apiserver", lab.APIServerStandIn, "each node's API server: standin (the lab's, with drillable modes) or kube (the real kube-apiserver from bin/, built by hack/build-kube-apiserver.sh)")
 	f.StringVar(&s.Election, "election", lab.ElectionEtcd, "vigil --election on every node: etcd, or kubernetes (a Lease through the node's own kube-apiserver; needs --apiserver kube)")
 	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
+	f.BoolVar(&s.VIPLink, "vip-link", false, "give every node a second link (vip0) on the bridge that carries only the VIP, so the VIP's link can fail while etcd's stays up (chaos turns it on)")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; replace-node then waits for vigil to prune instead of running vigil members prune")
 }
 
@@ -223,24 +224,15 @@ func newDemoCmd(g *globals) *cobra.Command {
 			if count < 1 {
 				return fmt.Errorf("--count %d: must be at least 1", count)
 			}
-			l, err := g.open()
-			if err != nil {
-				return err
-			}
 			out := cmd.OutOrStdout()
 			if !asJSON {
 				fmt.Fprintf(out, "building a %d-node %s lab (etcd + vigil per node, client probing the VIP every 10 ms)...\n", s.Nodes, s.Impl)
 			}
-			if err := l.Up(cmd.Context(), s); err != nil {
+			l, down, err := upLab(cmd, g, s, asJSON)
+			if err != nil {
 				return err
 			}
-			defer func() {
-				if derr := l.Down(cmd.Context()); derr != nil {
-					err = errors.Join(err, fmt.Errorf("lab down: %w", derr))
-				} else if !asJSON {
-					fmt.Fprintln(out, "lab removed.")
-				}
-			}()
+			defer func() { err = errors.Join(err, down()) }()
 			if !asJSON {
 				if err := printStatus(cmd, l, false); err != nil {
 					return err
@@ -278,6 +270,28 @@ func newDemoCmd(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&count, "count", 3, "runs of each drill")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print results as JSON")
 	return cmd
+}
+
+// upLab builds a lab for a one-shot command (demo, chaos) and returns the
+// function that removes it, saying so unless the output is JSON.
+func upLab(cmd *cobra.Command, g *globals, s lab.Settings, asJSON bool) (*lab.Lab, func() error, error) {
+	l, err := g.open()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := l.Up(cmd.Context(), s); err != nil {
+		return nil, nil, err
+	}
+	down := func() error {
+		if err := l.Down(cmd.Context()); err != nil {
+			return fmt.Errorf("lab down: %w", err)
+		}
+		if !asJSON {
+			fmt.Fprintln(cmd.OutOrStdout(), "lab removed.")
+		}
+		return nil
+	}
+	return l, down, nil
 }
 
 // report prints the summary (or everything as JSON) and fails if any drill

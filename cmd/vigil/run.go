@@ -123,8 +123,8 @@ any rights. See docs/kubeadm.md.`,
 	f.DurationVar(&cfg.RenewDeadline, "renew-deadline", election.DefaultRenewDeadline, "the leader removes the VIP when no renewal succeeded for this long; must be at least 100ms below --lease-duration")
 	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads")
 	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
-	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP, refreshed every second by the holder: if vigil is killed outright the kernel drops the VIP after this; 0 disables")
-	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies, even by SIGKILL")
+	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP (whole seconds), refreshed every 250ms by the holder: if vigil and its guard are stopped or killed together, the kernel drops the VIP after this; 0 disables")
+	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies (even by SIGKILL) or stops renewing its lease (SIGSTOP, starvation)")
 	f.IntVar(&cfg.LBPort, "lb-port", 0, "run the load balancer on VIP:PORT, forwarding to every healthy API server (0: no load balancer; the VIP reaches the holder's own API server). kube-apiserver must then not bind 0.0.0.0 on this port: see --help")
 	f.StringVar(&cfg.LBPolicy, "lb-policy", "least-conn", "load balancing policy: least-conn or round-robin")
 	f.DurationVar(&cfg.LBDrainTimeout, "lb-drain-timeout", lb.DefaultDrainTimeout, "connections to an API server that answers but fails its check (shutting down) are closed after this at the latest")
@@ -165,5 +165,6 @@ func newGuardCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&cfg.VIP, "vip", "", "VIP to remove")
 	cmd.Flags().StringVar(&cfg.Interface, "interface", "", "interface that carries it")
+	cmd.Flags().DurationVar(&cfg.Slack, "slack", 0, "remove the VIP this long after a lease deadline vigil run sent passes without a newer one")
 	return cmd
 }

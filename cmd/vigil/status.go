@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -67,14 +68,28 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 	if holder == "" {
 		holder = "(none)"
 	}
+	if r.HolderMAC != "" {
+		holder += " (" + r.HolderMAC + ")"
+	}
 	fmt.Fprintf(w, "node %s  vip %s  holder %s\n", r.Node, r.VIP, holder)
 	switch {
 	case r.Leader && r.LeaderSince != nil:
 		fmt.Fprintf(w, "this node leads since %s (%s)\n", r.LeaderSince.Format(time.RFC3339), now.Sub(*r.LeaderSince).Round(time.Second))
 	case r.Yielding:
 		fmt.Fprintln(w, "this node yields the VIP: its own API server fails its checks")
+	case r.Ineligible != "":
+		fmt.Fprintf(w, "this node does not campaign: %s\n", r.Ineligible)
 	default:
 		fmt.Fprintln(w, "this node does not lead")
+	}
+	switch c := r.Conflict; {
+	case len(c.MACs) > 0 && c.Since != nil:
+		fmt.Fprintf(w, "VIP CONFLICT: %s answer(s) for the VIP besides the holder, since %s (%s); %d conflicts since start\n",
+			strings.Join(c.MACs, ", "), c.Since.Format(time.RFC3339), now.Sub(*c.Since).Round(time.Second), c.Total)
+	case c.LastError != "":
+		fmt.Fprintf(w, "VIP conflict check failing: %s; %d conflicts since start\n", c.LastError, c.Total)
+	case c.LastProbe != nil:
+		fmt.Fprintf(w, "VIP conflicts: none now (checked %s ago); %d since start\n", now.Sub(*c.LastProbe).Round(time.Second), c.Total)
 	}
 	for _, d := range r.Discovery {
 		what := fmt.Sprintf("%d backends", len(d.Backends))

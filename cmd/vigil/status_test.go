@@ -16,7 +16,9 @@ import (
 
 func TestStatusPrintsTheLocalView(t *testing.T) {
 	since := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	rep := daemon.Report{Node: "cp1", VIP: "10.0.0.100/24", Leader: true, Holder: "cp1", LeaderSince: &since,
+	conflictSince := since.Add(30 * time.Second)
+	rep := daemon.Report{Node: "cp1", VIP: "10.0.0.100/24", Leader: true, Holder: "cp1", LeaderSince: &since, HolderMAC: "02:00:00:00:00:01",
+		Conflict: daemon.ConflictReport{MACs: []string{"02:00:00:00:00:99"}, Since: &conflictSince, Total: 1},
 		Backends: []daemon.BackendReport{
 			{Address: "10.0.0.11:6443", State: "up", Connections: 3},
 			{Address: "10.0.0.12:6443", State: "down", Cause: "dead", LastError: "connection refused"},
@@ -41,7 +43,7 @@ func TestStatusPrintsTheLocalView(t *testing.T) {
 	if err := printReport(&out, got, since.Add(90*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"holder cp1", "leads since 2026-11-30T12:00:00Z (1m30s)", "10.0.0.11:6443  up", "down (dead)", "connection refused",
+	for _, want := range []string{"holder cp1 (02:00:00:00:00:01)", "VIP CONFLICT: 02:00:00:00:00:99 answer(s) for the VIP besides the holder, since 2026-11-30T12:00:30Z (1m0s); 1 conflicts since start", "leads since 2026-11-30T12:00:00Z (1m30s)", "10.0.0.11:6443  up", "down (dead)", "connection refused",
 		"discovery: etcd member list: 2 backends, last read failed: context deadline exceeded", "discovery: kubernetes EndpointSlices: no answer yet"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())

@@ -84,12 +84,17 @@ func (a *Announcer) Once() error {
 }
 
 // Run sends the initial burst, then one announcement per interval, until ctx
-// is done.
-func (a *Announcer) Run(ctx context.Context) {
+// is done. Before each one it asks valid (when not nil) and stays silent
+// while it says no: a holder whose lease has passed must not announce.
+func (a *Announcer) Run(ctx context.Context, valid func() bool) {
+	ok := func() bool { return valid == nil || valid() }
 	start := time.Now()
 	for i, d := range burst {
 		if !waitUntil(ctx, start.Add(d)) {
 			return
+		}
+		if !ok() {
+			continue
 		}
 		if err := a.Once(); err != nil {
 			a.log.Warn("announcement failed", "err", err)
@@ -105,6 +110,9 @@ func (a *Announcer) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if !ok() {
+			continue
+		}
 		if err := a.Once(); err != nil {
 			a.log.Warn("announcement failed", "err", err)
 		}
@@ -117,14 +125,14 @@ type Group struct {
 	wg     sync.WaitGroup
 }
 
-// Start runs a.Run(ctx) in a goroutine.
-func Start(ctx context.Context, a *Announcer) *Group {
+// Start runs a.Run(ctx, valid) in a goroutine.
+func Start(ctx context.Context, a *Announcer, valid func() bool) *Group {
 	ctx, cancel := context.WithCancel(ctx)
 	g := &Group{cancel: cancel}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		a.Run(ctx)
+		a.Run(ctx, valid)
 	}()
 	return g
 }

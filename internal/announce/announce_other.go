@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"time"
 )
 
 type osSender struct{}
@@ -19,3 +20,8 @@ func (osSender) send(*net.Interface, netip.Addr) error {
 func (osSender) prepare(*net.Interface, netip.Addr) error { return nil }
 
 func (osSender) close() {}
+
+// Probe is only supported on Linux.
+func Probe(*net.Interface, netip.Addr, time.Duration) ([]net.HardwareAddr, error) {
+	return nil, errors.New("announce: only supported on Linux")
+}

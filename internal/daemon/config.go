@@ -23,7 +23,6 @@ import (
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
-	"github.com/vigil-ha/vigil/internal/vip"
 )
 
 // ErrConfig wraps every configuration error.
@@ -167,8 +166,13 @@ func (c *Config) Validate() error {
 	if c.Interface == "" {
 		return fmt.Errorf("%w: --interface is required", ErrConfig)
 	}
-	if c.NodeName == "" {
+	switch name := strings.ToLower(strings.TrimSpace(c.NodeName)); {
+	case name == "":
 		return fmt.Errorf("%w: --node-name is required (and must be unique among control-plane nodes)", ErrConfig)
+	case name == "localhost" || strings.HasPrefix(name, "localhost."):
+		return fmt.Errorf("%w: --node-name %q is not unique: every machine whose hostname is not set yet is called that. Set the hostname, or pass --node-name with this node's name", ErrConfig, c.NodeName)
+	case name != c.NodeName && strings.TrimSpace(c.NodeName) != c.NodeName:
+		return fmt.Errorf("%w: --node-name %q has leading or trailing spaces", ErrConfig, c.NodeName)
 	}
 	switch c.Election {
 	case ElectionEtcd:
@@ -218,8 +222,8 @@ func (c *Config) Validate() error {
 	if err := election.ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod); err != nil {
 		return err // wraps election.ErrInvalidConfig and says which flag
 	}
-	if c.VIPLifetime != 0 && c.VIPLifetime < 2*vip.RefreshInterval {
-		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or at least %v, twice the refresh interval", ErrConfig, c.VIPLifetime, 2*vip.RefreshInterval)
+	if c.VIPLifetime != 0 && (c.VIPLifetime < time.Second || c.VIPLifetime%time.Second != 0) {
+		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or whole seconds, at least 1s: the kernel counts address lifetimes in seconds", ErrConfig, c.VIPLifetime)
 	}
 	if err := c.validateLB(); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -99,6 +100,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
+	var mac string
+	if ifi, ierr := net.InterfaceByName(cfg.Interface); ierr == nil {
+		mac = ifi.HardwareAddr.String()
+	}
 	checker, err = health.New(health.Config{
 		Path: cfg.HealthPath, Port: cfg.HealthPort, TLS: htc,
 		Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
@@ -110,7 +115,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Metrics: m.reg,
 	}, log)
 	if err == nil {
-		err = runNode(ctx, cfg, tc, log, vm, ann, m, checker, bal, metricsLn)
+		err = runNode(ctx, cfg, tc, log, vm, ann, mac, m, checker, bal, metricsLn)
 		checker.Close()
 		return err
 	}
@@ -124,7 +129,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // runNode is Run once every listener is open.
-func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, vm *vip.Manager, ann *announce.Announcer,
+func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, vm *vip.Manager, ann *announce.Announcer, mac string,
 	m *nodeMetrics, checker *health.Checker, bal *lb.Balancer, metricsLn net.Listener) error {
 	// Components that must outlive the elector's shutdown (the balancer
 	// closes its connections only after the VIP is gone) run on their own
@@ -139,6 +144,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = bal.Run(cctx) }()
 	}
+	var guard *guardProc
 	if cfg.GuardBinary != "" {
 		// Its own context: the guard must outlive the VIP's removal at
 		// shutdown, and is stopped only after it.
@@ -151,6 +157,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 			}
 			return err
 		}
+		guard = g
 		defer func() { stopGuard(); g.Close() }()
 	}
 	// etcd, when given, serves the etcd election, API server discovery,
@@ -217,7 +224,25 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 	}
 
-	h := &holder{vip: vm, ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, kube: kc, events: events, said: map[string]bool{}}
+	h := &holder{ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, kube: kc, events: events, guard: guard, said: map[string]bool{}}
+	h.keeper = vip.NewKeeper(vm, vip.KeeperConfig{
+		OnStray: func() {
+			m.strays.Inc()
+			if events != nil {
+				events.Emit(true, kube.ReasonStrayVIP, "%s removed the VIP %s from %s: it does not hold the lock, yet the address was there", cfg.NodeName, cfg.VIP, cfg.Interface)
+			}
+		},
+		OnRestored: func() {
+			m.restored.Inc()
+			if h.keeper.Valid() {
+				if err := ann.Once(); err != nil {
+					log.Warn("announcement failed", "err", err)
+				}
+			}
+		},
+	}, log)
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = h.keeper.Run(cctx) }()
 	if etcdLock != nil {
 		if h.members, err = membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, log.With("component", "membership")); err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -226,6 +251,8 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	}
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
+		MAC:             mac,
+		Eligible:        h.keeper.Eligible,
 		Lock:            lock,
 		Prober:          prober,
 		LeaseDuration:   cfg.LeaseDuration,
@@ -233,10 +260,14 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		RetryPeriod:     cfg.RetryPeriod,
 		ReleaseOnCancel: true,
 		Callbacks: election.Callbacks{
+			OnLease:          h.lease,
 			OnStartedLeading: h.start,
 			OnStoppedLeading: h.stop,
-			OnNewLeader:      func(string) { m.transitions.Inc() },
-			OnRenew:          m.observeRenew,
+			OnNewLeader: func(string) {
+				m.transitions.Inc()
+				h.holderChanged.Store(time.Now().UnixNano())
+			},
+			OnRenew: m.observeRenew,
 		},
 	}
 	var pl *placement
@@ -249,15 +280,25 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	h.conflicts = &conflicts{
+		iface: cfg.Interface, vip: cfg.VIP.Addr(), kick: make(chan struct{}, 1), events: events, log: log,
+		total: m.conflicts, gauge: m.conflict,
+		expected: func() (string, string, time.Time) {
+			st := el.Status()
+			return st.Holder, st.HolderMAC, time.Unix(0, h.holderChanged.Load())
+		},
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); h.conflicts.Run(cctx) }()
 	if metricsLn != nil {
-		done := observe.Serve(cctx, metricsLn, m.reg, func() any { return report(cfg, el, checker, bal, pl, disc) }, log)
+		done := observe.Serve(cctx, metricsLn, m.reg, func() any { return report(cfg, el, checker, bal, pl, disc, h.conflicts) }, log)
 		defer func() { stopComponents(); <-done }()
 	}
 	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
 	err = el.Run(ctx)
-	h.stop(reasonShutdown) // idempotent; covers a Run that returned while leading
+	h.stop(election.StepDown{Cause: election.CauseShutdown, Detail: "shutting down"}) // idempotent; covers a Run that returned while leading
 	stopComponents()
 	wg.Wait()
 	log.Info("vigil stopped")
@@ -268,23 +309,21 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 // Events (the step-down) to reach the API server.
 const eventsFlushTimeout = 2 * time.Second
 
-// reasonShutdown is the elector's step-down reason on a clean stop.
-const reasonShutdown = "shutting down"
-
 // yieldFor is how long a node whose API server fails stands by before it
 // takes a free lock anyway. A healthy peer takes a released lock within a
 // retry period (it watches the key) and an expired one at the same moment as
 // the yielding node would; three lease durations leave it ample room.
 func yieldFor(lease time.Duration) time.Duration { return 3 * lease }
 
-// holder is what a leader holds: the VIP (with its lifetime refresher), its
-// announcer and the raft leadership shedder.
+// holder is what a leader holds: the VIP (through its keeper), its announcer
+// and the raft leadership shedder.
 type holder struct {
-	vip  *vip.Manager
-	ann  *announce.Announcer
-	lock *election.EtcdLock
-	bal  *lb.Balancer // nil without --lb-port
-	m    *nodeMetrics
+	keeper *vip.Keeper
+	guard  *guardProc // nil with --guard=false
+	ann    *announce.Announcer
+	lock   *election.EtcdLock
+	bal    *lb.Balancer // nil without --lb-port
+	m      *nodeMetrics
 
 	members *membership.Cluster
 	disc    *discovery.Discovery // nil without any backend source
@@ -294,36 +333,46 @@ type holder struct {
 	cfg     Config
 	log     *slog.Logger
 
-	mu     sync.Mutex // guards group and cancel
-	group  *announce.Group
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the refresher and the shedder
+	conflicts *conflicts
+	// holderChanged is when the observed holder last changed (UnixNano).
+	holderChanged atomic.Int64
+
+	mu      sync.Mutex // guards group, cancel and serving
+	serving bool       // whether the balancer serves (set at the first lease of a tenure)
+	group   *announce.Group
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // the refresher and the shedder
 }
 
-// start runs on becoming leader: VIP first, announcement at once.
+// lease runs whenever the lease deadline moves: the guard learns it, then
+// the keeper, which adds the VIP at the start of a tenure and removes it the
+// moment the deadline passes.
+func (h *holder) lease(deadline time.Time) {
+	h.mu.Lock()
+	if !h.serving && h.bal != nil {
+		h.bal.SetServing(true) // before the first packet can arrive
+	}
+	h.serving = true
+	h.mu.Unlock()
+	if h.guard != nil {
+		h.guard.Lease(deadline)
+	}
+	h.keeper.Hold(deadline)
+}
+
+// start runs on becoming leader, once the VIP is up: announcement at once.
 func (h *holder) start(ctx context.Context) {
 	h.m.leader.Set(1)
 	h.m.leaderRuns.Inc()
-	if h.bal != nil {
-		h.bal.SetServing(true) // before the first packet can arrive
-	}
-	if err := h.vip.Add(); err != nil {
-		h.log.Error("cannot add the VIP; retrying every second", "err", err)
-	} else {
-		h.m.vipHeld.Set(1)
-	}
+	h.m.vipHeld.Set(1)
 	if h.events != nil {
 		h.events.Emit(false, kube.ReasonBecameLeader, "%s became leader and holds the VIP %s on %s", h.cfg.NodeName, h.cfg.VIP, h.cfg.Interface)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ctx, h.cancel = context.WithCancel(ctx)
-	h.group = announce.Start(ctx, h.ann)
-	h.wg.Add(1)
-	go func() {
-		defer h.wg.Done()
-		h.keep(ctx)
-	}()
+	h.group = announce.Start(ctx, h.ann, h.keeper.Valid)
+	h.conflicts.Kick()
 	if h.cfg.ShedRaftLeadership && h.lock != nil {
 		h.wg.Add(1)
 		go func() {
@@ -341,7 +390,13 @@ func (h *holder) start(ctx context.Context) {
 }
 
 // stop runs on losing leadership; it returns only once the VIP is gone.
-func (h *holder) stop(reason string) {
+func (h *holder) stop(sd election.StepDown) {
+	reason := sd.Detail
+	if sd.Cause == election.CauseExpired || sd.Cause == election.CauseLost {
+		// Somebody else may hold the VIP already: it goes before anything
+		// else, before any goroutine is waited for or any line logged.
+		_ = h.keeper.Release(reason)
+	}
 	h.mu.Lock()
 	wasLeading := h.cancel != nil
 	if h.cancel != nil {
@@ -352,11 +407,18 @@ func (h *holder) stop(reason string) {
 	h.group = nil
 	h.mu.Unlock()
 	h.wg.Wait()
-	if h.bal != nil {
+	h.mu.Lock()
+	serving := h.serving
+	h.serving = false
+	h.mu.Unlock()
+	if h.bal != nil && serving {
 		// While the VIP is still here, so the resets reach the clients.
 		h.bal.SetServing(false)
 	}
-	if err := h.vip.Remove(reason); err != nil {
+	if h.guard != nil {
+		h.guard.Lease(time.Time{})
+	}
+	if err := h.keeper.Release(reason); err != nil {
 		// Nothing else can be done; say it loudly. The kernel drops the
 		// address when its lifetime runs out.
 		h.log.Error("cannot remove the VIP", "err", err)
@@ -367,25 +429,8 @@ func (h *holder) stop(reason string) {
 	if h.events != nil && wasLeading {
 		// Losing the lock is worth a warning; a clean stop or a yield is
 		// not.
-		warn := reason != reasonShutdown && !strings.HasPrefix(reason, "yielding")
+		warn := sd.Cause != election.CauseShutdown && sd.Cause != election.CauseYield
 		h.events.Emit(warn, kube.ReasonSteppedDown, "%s stepped down and removed the VIP %s: %s", h.cfg.NodeName, h.cfg.VIP, reason)
-	}
-}
-
-// keep re-adds the VIP every vip.RefreshInterval, which also renews its
-// kernel lifetime, and puts it back if something removed it.
-func (h *holder) keep(ctx context.Context) {
-	t := time.NewTicker(vip.RefreshInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := h.vip.Add(); err != nil && ctx.Err() == nil {
-			h.log.Error("cannot refresh the VIP", "err", err)
-		}
 	}
 }
 

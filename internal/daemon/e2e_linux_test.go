@@ -172,9 +172,17 @@ func TestLeadAnnounceAndGracefulStop(t *testing.T) {
 		t.Fatal("VIP still on a0 after SIGTERM")
 	}
 	waitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
+	if h := lockHolder(t, p.A); h != "" {
+		t.Fatalf("lock holder after SIGTERM = %q, want released", h)
+	}
+}
+
+// lockHolder reads the holder of /vigil/leader from the etcd in ns.
+func lockHolder(t *testing.T, ns string) string {
+	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(p.A))},
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(ns))},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -190,15 +198,13 @@ func TestLeadAnnounceAndGracefulStop(t *testing.T) {
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		t.Fatal(err)
 	}
-	if rec.Holder != "" {
-		t.Fatalf("lock holder after SIGTERM = %q, want released", rec.Holder)
-	}
+	return rec.Holder
 }
 
 // startEtcdIn runs a one-member etcd on 127.0.0.1:2379 inside ns.
-func startEtcdIn(t *testing.T, ns string) {
+func startEtcdIn(t *testing.T, ns string) *exec.Cmd {
 	dir := t.TempDir()
-	startIn(t, ns, "etcd.log", nstest.Binary(t, "vigil-lab"), "etcd", "--name", "e1", "--data-dir", filepath.Join(dir, "etcd"),
+	return startIn(t, ns, "etcd.log", nstest.Binary(t, "vigil-lab"), "etcd", "--name", "e1", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "e1=http://127.0.0.1:2380", "--log-level", "error")

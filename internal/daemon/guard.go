@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,30 +12,53 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
-// The guard is a small child process (`vigil guard`) that outlives `vigil
-// run` by a few milliseconds: it holds the read end of a pipe whose write end
-// only `vigil run` has. When `vigil run` dies, however it dies (SIGKILL, the
-// OOM killer, a panic), the kernel closes the write end, the guard reads EOF
-// and removes the VIP from this node. Without it a killed holder keeps
-// answering ARP for the VIP until the address lifetime runs out, while a peer
-// already holds it.
+// The guard is a small child process (`vigil guard`) that fences the VIP when
+// `vigil run` cannot:
 //
-// The guard cannot help when both processes are killed together (a whole
-// container killed, a machine powered off): the lifetime covers the first,
-// the power-off takes the address with the machine.
+//   - vigil dies (SIGKILL, the OOM killer, a panic): the guard holds the read
+//     end of a pipe whose write end only `vigil run` has; the kernel closes
+//     it, the guard reads EOF and removes the VIP;
+//   - vigil stops running without dying (SIGSTOP, a debugger, a page-fault
+//     storm, a write blocked on a full stderr pipe): vigil sends the guard
+//     its lease deadline after every renewal; when that deadline plus a small
+//     slack passes without a newer one, the guard removes the VIP itself,
+//     before any peer may take the lock.
+//
+// The guard never adds the VIP. It cannot help when both processes are
+// stopped or killed together (a frozen cgroup, a killed container, power
+// loss): then the VIP's kernel lifetime is the fence (vip.DefaultLifetime).
+//
+// The pipe carries 8-byte big-endian CLOCK_MONOTONIC deadlines in
+// nanoseconds; 0 means "not holding". CLOCK_MONOTONIC is one clock for every
+// process of the machine, so a deadline means the same in both.
 
 // GuardConfig is what the guard needs to know.
 type GuardConfig struct {
 	VIP       string
 	Interface string
+	// Slack is how long after vigil's own deadline the guard acts: vigil
+	// steps down at its deadline when it runs, so the guard does not race
+	// it; peers take over only a safety margin later.
+	Slack time.Duration
 }
 
-// Guard waits until r reaches EOF or fails, then removes the VIP. It is the
-// body of `vigil guard`; the caller ignores termination signals first, so
-// that only the death of `vigil run` ends the guard.
+// guardSlack is the guard's slack for a lease and renew deadline: half the
+// safety margin, at most 100 ms. With the defaults (800/500 ms) a stopped
+// holder loses the VIP 600 ms after its last renewal began, 200 ms before any
+// peer may take the lock.
+func guardSlack(lease, renew time.Duration) time.Duration {
+	return min((lease-renew)/2, 100*time.Millisecond)
+}
+
+// Guard removes the VIP when r reaches EOF or fails, and whenever the last
+// deadline read from r has passed by cfg.Slack. It is the body of `vigil
+// guard`; the caller ignores termination signals first, so that only the
+// death of `vigil run` ends the guard.
 func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
 	p, err := ParseVIP(cfg.VIP)
 	if err != nil {
@@ -44,8 +68,43 @@ func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, r) // returns at EOF: vigil run is gone
-	return m.Remove("vigil run exited")
+	deadlines := make(chan time.Duration)
+	go func() {
+		defer close(deadlines)
+		var b [8]byte
+		for {
+			if _, err := io.ReadFull(r, b[:]); err != nil {
+				return // EOF: vigil run is gone
+			}
+			deadlines <- time.Duration(binary.BigEndian.Uint64(b[:]))
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case d, ok := <-deadlines:
+			if !ok {
+				return m.Remove("vigil run exited")
+			}
+			timer.Stop()
+			if d > 0 {
+				timer.Reset(d + cfg.Slack - monoNow())
+			}
+		case <-timer.C:
+			// Remove first, log after: the log may block.
+			if err := m.Remove("vigil run did not renew its lease in time (stopped or starved); fenced by the guard"); err != nil {
+				log.Error("guard cannot remove the VIP", "err", err)
+			}
+		}
+	}
+}
+
+// monoNow reads CLOCK_MONOTONIC, the clock deadlines on the pipe use.
+func monoNow() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // cannot fail for CLOCK_MONOTONIC
+	return time.Duration(ts.Nano())
 }
 
 // guardProc runs and, if it dies, restarts the guard child.
@@ -54,28 +113,75 @@ type guardProc struct {
 	args []string
 	log  *slog.Logger
 
-	mu sync.Mutex // guards w
+	mu sync.Mutex // guards w and latest
 	w  *os.File   // write end of the current guard's pipe
-	wg sync.WaitGroup
+	// latest is the last deadline to tell the guard (CLOCK_MONOTONIC ns, 0:
+	// not holding); kick wakes the writer.
+	latest time.Duration
+	kick   chan struct{}
+	wg     sync.WaitGroup
 }
 
 // startGuard starts `bin guard` and keeps it running until ctx is done.
 func startGuard(ctx context.Context, bin string, cfg Config, log *slog.Logger) (*guardProc, error) {
 	g := &guardProc{
-		bin:  bin,
-		args: []string{"guard", "--vip", cfg.VIP.String(), "--interface", cfg.Interface},
+		bin: bin,
+		args: []string{"guard", "--vip", cfg.VIP.String(), "--interface", cfg.Interface,
+			"--slack", guardSlack(cfg.LeaseDuration, cfg.RenewDeadline).String()},
 		log:  log,
+		kick: make(chan struct{}, 1),
 	}
 	cmd, err := g.spawn()
 	if err != nil {
 		return nil, err
 	}
-	g.wg.Add(1)
+	g.wg.Add(2)
 	go func() {
 		defer g.wg.Done()
 		g.supervise(ctx, cmd)
 	}()
+	go func() {
+		defer g.wg.Done()
+		g.write(ctx)
+	}()
 	return g, nil
+}
+
+// Lease tells the guard the lease deadline (zero: not holding). It never
+// blocks: a guard that does not read (stopped itself) gets the latest value
+// when it reads again.
+func (g *guardProc) Lease(deadline time.Time) {
+	var d time.Duration
+	if !deadline.IsZero() {
+		d = monoNow() + time.Until(deadline)
+	}
+	g.mu.Lock()
+	g.latest = d
+	g.mu.Unlock()
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// write sends the latest deadline to the current guard after every change.
+func (g *guardProc) write(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.kick:
+		}
+		g.mu.Lock()
+		w, d := g.w, g.latest
+		g.mu.Unlock()
+		if w == nil {
+			continue
+		}
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(d))
+		_, _ = w.Write(b[:]) // a dead guard is restarted by supervise, which kicks again
+	}
 }
 
 func (g *guardProc) spawn() (*exec.Cmd, error) {
@@ -100,6 +206,10 @@ func (g *guardProc) spawn() (*exec.Cmd, error) {
 	}
 	g.w = w
 	g.mu.Unlock()
+	select { // a restarted guard learns the current deadline
+	case g.kick <- struct{}{}:
+	default:
+	}
 	return cmd, nil
 }
 

@@ -29,6 +29,11 @@ type nodeMetrics struct {
 	transitions  prometheus.Counter
 	renew        *prometheus.HistogramVec
 	nodesDeleted prometheus.Counter
+	// VIP fencing and conflicts.
+	strays    prometheus.Counter
+	restored  prometheus.Counter
+	conflicts prometheus.Counter
+	conflict  prometheus.Gauge
 }
 
 func newNodeMetrics() *nodeMetrics {
@@ -61,10 +66,23 @@ func newNodeMetrics() *nodeMetrics {
 		nodesDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_nodes_deleted_total", Help: "Node objects of pruned members deleted by this node (--prune-delete-node).",
 		}),
+		strays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_vip_strays_removed_total", Help: "Times the VIP was found on this node while it did not hold the lock, and removed.",
+		}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_vip_restored_total", Help: "Times the VIP disappeared from this node while it held the lock, and was re-added.",
+		}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_vip_conflicts_total", Help: "Hardware addresses seen answering for the VIP besides the holder's (one per conflict episode and address).",
+		}),
+		conflict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vigil_vip_conflict", Help: "1 while the last probe saw another hardware address answer for the VIP besides the holder's.",
+		}),
 	}
 	m.renew.WithLabelValues("ok")
 	m.renew.WithLabelValues("error")
 	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
+		m.strays, m.restored, m.conflicts, m.conflict,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -88,6 +106,12 @@ type Report struct {
 	Backends    []BackendReport `json:"backends"`
 	// Discovery is what each backend source said last.
 	Discovery []discovery.SourceState `json:"discovery,omitempty"`
+	// HolderMAC is the hardware address the holder announces the VIP with.
+	HolderMAC string `json:"holderMAC,omitempty"`
+	// Ineligible says why this node does not campaign ("" when it does).
+	Ineligible string `json:"ineligible,omitempty"`
+	// Conflict is what the VIP conflict probes saw.
+	Conflict ConflictReport `json:"conflict"`
 }
 
 // BackendReport is one API server as this node sees it.
@@ -99,9 +123,10 @@ type BackendReport struct {
 	Connections int    `json:"connections"`
 }
 
-func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery) Report {
+func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts) Report {
 	st := el.Status()
-	r := Report{Node: cfg.NodeName, VIP: cfg.VIP.String(), Leader: st.Leader, Holder: st.Holder}
+	r := Report{Node: cfg.NodeName, VIP: cfg.VIP.String(), Leader: st.Leader, Holder: st.Holder,
+		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: c.Report()}
 	if disc != nil {
 		r.Discovery = disc.Sources()
 	}

@@ -25,18 +25,23 @@ func (w *window) observe(o Observation, readDone time.Time) {
 	*w = window{valid: true, rev: o.Revision, term: o.Term, since: readDone}
 }
 
-// acquirable tells whether a candidate called self that has watched the record
-// through w may try to take the lock now, and if not, how long to wait.
-func acquirable(o Observation, w window, self string, now time.Time) (bool, time.Duration) {
+// acquirable tells whether candidate self (process instance) that has
+// watched the record through w may try to take the lock now, and if not, how
+// long to wait.
+func acquirable(o Observation, w window, self, instance string, now time.Time) (bool, time.Duration) {
 	if o.Record == nil || o.Record.Holder == "" {
 		return true, 0 // absent or released
 	}
-	if o.Record.Holder == self {
-		// Our own record, left by an earlier run of this node. The write is
-		// still a compare-and-swap on the revision, so it only succeeds if
-		// nobody else took the lock since.
+	if o.Record.Holder == self && (o.Record.Instance == instance || o.Record.Instance == "") {
+		// Our own record (or one of a vigil too old to say which process
+		// wrote it). The write is still a compare-and-swap on the revision,
+		// so it only succeeds if nobody else took the lock since.
 		return true, 0
 	}
+	// A foreign holder, or our name written by another process: an earlier
+	// run of this node that died, or a live twin. Either way the record must
+	// stand still for a whole lease first; a twin that renews it is caught
+	// by twinRenewed.
 	if !w.valid || w.rev != o.Revision {
 		return false, o.Record.LeaseDuration()
 	}
@@ -80,3 +85,15 @@ func (l *lease) storeLeaderless(start time.Time, renewDeadline time.Duration) bo
 
 // expired tells whether the leader must step down at now.
 func (l *lease) expired(now time.Time) bool { return !now.Before(l.deadline) }
+
+// twinRenewed tells whether two successive observations show another live
+// process holding the lock under this candidate's name: the record names
+// self with a different, non-empty instance, and it changed between the two
+// (somebody renews it). A record merely left behind by an earlier run of
+// this node never changes, so it is taken after one lease instead.
+func twinRenewed(prev, cur Observation, self, instance string) bool {
+	twin := func(o Observation) bool {
+		return o.Record != nil && o.Record.Holder == self && o.Record.Instance != "" && o.Record.Instance != instance
+	}
+	return twin(prev) && twin(cur) && cur.Revision != prev.Revision && prev.Record.Instance == cur.Record.Instance
+}

@@ -30,13 +30,42 @@ func TestAcquirable(t *testing.T) {
 		{"expired", Observation{Record: rec("other", lease), Revision: 7}, seen, t0.Add(lease), true, 0},
 		{"window for another revision", Observation{Record: rec("other", lease), Revision: 8}, seen, t0.Add(time.Hour), false, lease},
 		{"no window yet", Observation{Record: rec("other", lease), Revision: 7}, window{}, t0.Add(time.Hour), false, lease},
+		{"own record, this process", Observation{Record: &Record{Holder: "me", Instance: "me-1", LeaseDurationMillis: 800}, Revision: 7}, seen, t0, true, 0},
+		{"own name, another process: wait for a lease", Observation{Record: &Record{Holder: "me", Instance: "me-2", LeaseDurationMillis: 800}, Revision: 7}, seen, t0.Add(100 * time.Millisecond), false, 700 * time.Millisecond},
+		{"own name, another process, unchanged for a lease", Observation{Record: &Record{Holder: "me", Instance: "me-2", LeaseDurationMillis: 800}, Revision: 7}, seen, t0.Add(lease), true, 0},
 		{"record's own lease counts", Observation{Record: rec("other", 2*time.Second), Revision: 7}, seen, t0.Add(lease), false, 2*time.Second - lease},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, wait := acquirable(tc.obs, tc.w, "me", tc.now)
+			got, wait := acquirable(tc.obs, tc.w, "me", "me-1", tc.now)
 			if got != tc.want || wait != tc.wantWait {
 				t.Fatalf("acquirable = %v, %v; want %v, %v", got, wait, tc.want, tc.wantWait)
+			}
+		})
+	}
+}
+
+func TestTwinRenewed(t *testing.T) {
+	twin := func(rev int64, inst string) Observation {
+		return Observation{Record: &Record{Holder: "me", Instance: inst}, Revision: rev}
+	}
+	tests := []struct {
+		name      string
+		prev, cur Observation
+		want      bool
+	}{
+		{"twin renews", twin(7, "me-2"), twin(8, "me-2"), true},
+		{"left-over record stands still", twin(7, "me-2"), twin(7, "me-2"), false},
+		{"this process's own record", twin(7, "me-1"), twin(8, "me-1"), false},
+		{"record of an older vigil (no instance)", twin(7, ""), twin(8, ""), false},
+		{"earlier run replaced by another", twin(7, "me-2"), twin(8, "me-3"), false},
+		{"a peer's record", Observation{Record: rec("other", time.Second), Revision: 7}, Observation{Record: rec("other", time.Second), Revision: 8}, false},
+		{"absent then twin", Observation{}, twin(8, "me-2"), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := twinRenewed(tc.prev, tc.cur, "me", "me-1"); got != tc.want {
+				t.Fatalf("twinRenewed = %v, want %v", got, tc.want)
 			}
 		})
 	}

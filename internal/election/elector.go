@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 )
@@ -32,15 +33,51 @@ const (
 // cannot reach the store (during kubeadm init etcd starts after vigil).
 const maxReadBackoff = time.Second
 
+// Cause says why a leader stepped down.
+type Cause int
+
+// Causes of a step-down.
+const (
+	// CauseShutdown: Run's context was cancelled (SIGTERM).
+	CauseShutdown Cause = iota
+	// CauseExpired: no renewal succeeded within the renew deadline.
+	CauseExpired
+	// CauseLost: somebody else wrote the lock.
+	CauseLost
+	// CauseYield: Config.Yield asked for it (health-aware placement).
+	CauseYield
+	// CauseIneligible: Config.Eligible failed (the VIP cannot be held here).
+	CauseIneligible
+)
+
+// StepDown describes the end of a tenure.
+type StepDown struct {
+	Cause  Cause
+	Detail string // for humans
+}
+
+func (s StepDown) String() string { return s.Detail }
+
+// Released tells whether the elector releases the lock after this step-down
+// (a peer may take it at once instead of after a lease).
+func (s StepDown) released() bool { return s.Cause == CauseYield || s.Cause == CauseIneligible }
+
 // Callbacks are run by the elector's own goroutine, one at a time.
 type Callbacks struct {
 	// OnStartedLeading runs when this node takes the lock. ctx is cancelled
 	// when leadership ends. It must not block for long: renewals wait for it.
 	OnStartedLeading func(ctx context.Context)
+	// OnLease runs whenever the leader's lease deadline moves: at the start
+	// of a tenure, after every successful renewal, and when a store outage
+	// extends it. Past deadline (a monotonic time of this process) nothing
+	// the leader holds may remain, whatever the elector's goroutine is doing:
+	// this is what fences a paused or starved process. It runs before
+	// OnStartedLeading on a new tenure and must not block.
+	OnLease func(deadline time.Time)
 	// OnStoppedLeading runs when leadership ends, before the elector reads
-	// or writes the lock again. When it returns, nothing the leader held may
-	// remain (the VIP must be gone).
-	OnStoppedLeading func(reason string)
+	// or writes the lock again, and before anything is logged. When it
+	// returns, nothing the leader held may remain (the VIP must be gone).
+	OnStoppedLeading func(StepDown)
 	// OnNewLeader runs when the observed holder changes ("" when none).
 	OnNewLeader func(identity string)
 	// OnRenew runs after every renewal attempt of the leader, with how long
@@ -52,7 +89,21 @@ type Callbacks struct {
 type Config struct {
 	// Identity names this candidate; it must be unique among candidates.
 	Identity string
-	Lock     Lock
+	// Instance names this process (NewInstance when empty). A record with
+	// this Identity but another Instance belongs to another process: an
+	// earlier run of this node, taken over after a lease, or a live twin
+	// with the same node name, which makes Run fail with
+	// ErrDuplicateIdentity.
+	Instance string
+	// MAC is written into the record for peers' conflict checks (optional).
+	MAC  string
+	Lock Lock
+	// Eligible, when set, is asked before every attempt to take the lock
+	// and after every successful renewal. While it returns an error this
+	// node cannot serve the VIP (its interface is down or gone, adding the
+	// address fails): a candidate does not take the lock, and a leader steps
+	// down and releases it so a peer takes over at once.
+	Eligible func() error
 	// Prober is optional; without it the leader steps down on every store
 	// outage longer than RenewDeadline.
 	Prober        Prober
@@ -109,6 +160,10 @@ type Status struct {
 	Leader      bool
 	Holder      string
 	LeaderSince time.Time
+	// HolderMAC is the MAC the holder's record announces ("" if unknown).
+	HolderMAC string
+	// Ineligible is why this node does not campaign now ("" when it does).
+	Ineligible string
 }
 
 // Elector runs the election for one candidate.
@@ -125,8 +180,21 @@ func New(cfg Config, log *slog.Logger) (*Elector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Instance == "" {
+		cfg.Instance = NewInstance()
+	}
 	return &Elector{cfg: cfg, log: log.With("lock", cfg.Lock.Describe())}, nil
 }
+
+// NewInstance returns an identifier for this process: host, pid and a random
+// part, so an error about a twin names where it runs.
+func NewInstance() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/pid-%d/%s", host, os.Getpid(), nonce()[:8])
+}
+
+// Instance returns this process's instance identifier.
+func (e *Elector) Instance() string { return e.cfg.Instance }
 
 // Status returns a snapshot of the elector's state.
 func (e *Elector) Status() Status {
@@ -136,10 +204,15 @@ func (e *Elector) Status() Status {
 }
 
 // Run campaigns, leads and campaigns again until ctx is cancelled. Losing the
-// lock never ends Run. It returns nil after a clean shutdown.
+// lock never ends Run. It returns nil after a clean shutdown, and an error
+// wrapping ErrDuplicateIdentity when another process renews the lock under
+// this node's name.
 func (e *Elector) Run(ctx context.Context) error {
 	for {
 		l, obs, err := e.campaign(ctx)
+		if errors.Is(err, ErrDuplicateIdentity) {
+			return err
+		}
 		if err != nil {
 			return nil // ctx cancelled while campaigning
 		}
@@ -153,11 +226,13 @@ func (e *Elector) Run(ctx context.Context) error {
 // campaign returns once this node holds the lock, or ctx is done.
 func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 	var (
-		w         window
-		failures  int
-		failedAt  time.Time
-		yielding  time.Time // since when a takeable lock was left alone
-		yieldOnce bool      // whether this stand-by was logged
+		w          window
+		failures   int
+		failedAt   time.Time
+		yielding   time.Time   // since when a takeable lock was left alone
+		yieldOnce  bool        // whether this stand-by was logged
+		prev       Observation // the last record seen, for twin detection
+		ineligible string      // why this node does not campaign, as last logged
 	)
 	changes, stopWatch := e.watch(ctx)
 	defer stopWatch()
@@ -189,9 +264,27 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			e.log.Info("lock readable again", "after", done.Sub(failedAt).Round(time.Millisecond))
 			failures = 0
 		}
-		e.setHolder(obs.Holder())
+		if twinRenewed(prev, obs, e.cfg.Identity, e.cfg.Instance) {
+			return lease{}, Observation{}, e.duplicate(obs)
+		}
+		prev = obs
+		e.setHolder(obs)
 		w.observe(obs, done)
-		ok, wait := acquirable(obs, w, e.cfg.Identity, time.Now())
+		ok, wait := acquirable(obs, w, e.cfg.Identity, e.cfg.Instance, time.Now())
+		if ok && e.cfg.Eligible != nil {
+			if err := e.cfg.Eligible(); err != nil {
+				if why := err.Error(); why != ineligible {
+					e.log.Warn("not campaigning: this node cannot hold the VIP now", "err", err)
+					ineligible = why
+					e.setIneligible(why)
+				}
+				ok, wait = false, e.cfg.RetryPeriod
+			} else if ineligible != "" {
+				e.log.Info("campaigning again: this node can hold the VIP")
+				ineligible = ""
+				e.setIneligible("")
+			}
+		}
 		if !ok {
 			yielding, yieldOnce = time.Time{}, false // a peer holds it: stand-by starts anew
 		}
@@ -216,7 +309,10 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			}
 		}
 		if !ok {
-			alive, held := e.waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs.Revision)
+			alive, held, twin := e.waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs)
+			if twin != nil {
+				return lease{}, Observation{}, e.duplicate(*twin)
+			}
 			if !alive {
 				return lease{}, Observation{}, ctx.Err()
 			}
@@ -267,36 +363,49 @@ func (e *Elector) watch(ctx context.Context) (<-chan Observation, func()) {
 }
 
 // waitForChange waits up to d before the next read. A watched change that is
-// newer than rev starts the lease window at its arrival (it was committed
+// newer than last starts the lease window at its arrival (it was committed
 // before); a release or deletion ends the wait at once. It reports whether
-// ctx is still live, and whether a change showed somebody holding the lock.
-func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, rev int64) (alive, held bool) {
+// ctx is still live, whether a change showed somebody holding the lock, and
+// a change that shows a twin renewing under this node's name.
+func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, last Observation) (alive, held bool, twin *Observation) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false, held
+			return false, held, nil
 		case <-t.C:
-			return true, held
+			return true, held, nil
 		case o := <-changes:
-			if o.Revision <= rev {
+			if o.Revision <= last.Revision {
 				continue // an older or repeated event (one watch per member)
 			}
-			rev = o.Revision
+			if twinRenewed(last, o, e.cfg.Identity, e.cfg.Instance) {
+				return true, held, &o
+			}
+			last = o
 			w.observe(o, time.Now())
 			if o.Holder() == "" {
-				return true, held // released: read and take it now
+				return true, held, nil // released: read and take it now
 			}
 			held = true
 		}
 	}
 }
 
+// duplicate builds the error for a twin seen renewing the lock.
+func (e *Elector) duplicate(o Observation) error {
+	return fmt.Errorf("%w: the lock %s is being renewed by another process with node name %q (instance %s; this process is %s). Give every node a unique --node-name",
+		ErrDuplicateIdentity, e.cfg.Lock.Describe(), e.cfg.Identity, o.Record.Instance, e.cfg.Instance)
+}
+
 // lead holds the lock until it is lost or ctx is done, then steps down.
 func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
+	if cb := e.cfg.Callbacks.OnLease; cb != nil {
+		cb(l.deadline)
+	}
 	e.mu.Lock()
-	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now()}
+	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now(), HolderMAC: e.cfg.MAC}
 	e.mu.Unlock()
 	e.log.Info("became leader", "revision", l.rev)
 	if cb := e.cfg.Callbacks.OnNewLeader; cb != nil {
@@ -307,23 +416,24 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 		cb(lctx)
 	}
 	rec := *obs.Record
-	reason, yielded := e.renewLoop(ctx, &l, &rec)
+	sd := e.renewLoop(ctx, &l, &rec)
 	cancel()
-	e.log.Info("stepping down", "reason", reason)
+	// The VIP goes before anything is logged: a log write can block (a full
+	// pipe on stderr), and the lease does not wait for it.
 	if cb := e.cfg.Callbacks.OnStoppedLeading; cb != nil {
-		cb(reason)
+		cb(sd)
 	}
+	e.log.Info("stepped down", "reason", sd.Detail)
 	e.mu.Lock()
-	e.status = Status{Holder: ""}
+	e.status = Status{Holder: "", Ineligible: e.status.Ineligible}
 	e.mu.Unlock()
-	if (ctx.Err() != nil && e.cfg.ReleaseOnCancel) || yielded {
+	if (ctx.Err() != nil && e.cfg.ReleaseOnCancel) || sd.released() {
 		e.release(l, rec)
 	}
 }
 
-// renewLoop renews until it must stop and returns why, and whether it stops
-// to yield (then the lock is released).
-func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) (string, bool) {
+// renewLoop renews until it must stop and returns why.
+func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown {
 	var (
 		failingSince time.Time // first failure of the current run of failed renewals
 		keptLogged   bool      // whether this run of failures was logged as a store outage
@@ -336,13 +446,13 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) (string,
 		timer.Reset(max(wait, 0))
 		select {
 		case <-ctx.Done():
-			return "shutting down", false
+			return StepDown{CauseShutdown, "shutting down"}
 		case <-timer.C:
 		}
 		for {
 			now := time.Now()
 			if l.expired(now) {
-				return fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline), false
+				return StepDown{CauseExpired, fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline)}
 			}
 			next := *rec
 			next.RenewTime = now.UTC()
@@ -356,27 +466,39 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) (string,
 			switch {
 			case err == nil:
 				l.renewed(got.Revision, now, e.cfg.RenewDeadline)
+				if cb := e.cfg.Callbacks.OnLease; cb != nil {
+					cb(l.deadline)
+				}
 				*rec = next
 				if !failingSince.IsZero() {
 					e.log.Info("renewal succeeded again", "after", time.Since(failingSince).Round(time.Millisecond))
 					failingSince, keptLogged = time.Time{}, false
 				}
+				if e.cfg.Eligible != nil {
+					if err := e.cfg.Eligible(); err != nil {
+						e.setIneligible(err.Error())
+						return StepDown{CauseIneligible, "this node cannot hold the VIP: " + err.Error()}
+					}
+				}
 				if l.mayYield && e.cfg.Yield != nil {
 					if why, yield := e.cfg.Yield(); yield {
-						return "yielding to a healthier peer: " + why, true
+						return StepDown{CauseYield, "yielding to a healthier peer: " + why}
 					}
 				}
 			case ctx.Err() != nil:
-				return "shutting down", false
+				return StepDown{CauseShutdown, "shutting down"}
 			case errors.Is(err, ErrConflict):
-				if got.Holder() == e.cfg.Identity {
+				if got.Holder() == e.cfg.Identity && got.Record.Instance == e.cfg.Instance {
 					// An earlier attempt of ours landed after we gave
 					// up waiting for it. Adopt it and renew again.
 					l.rev = got.Revision
 					*rec = *got.Record
 					continue
 				}
-				return fmt.Sprintf("lock taken by %q", got.Holder()), false
+				if got.Holder() == e.cfg.Identity {
+					return StepDown{CauseLost, fmt.Sprintf("lock taken by another process with this node name (instance %s)", got.Record.Instance)}
+				}
+				return StepDown{CauseLost, fmt.Sprintf("lock taken by %q", got.Holder())}
 			default:
 				if failingSince.IsZero() {
 					failingSince = now
@@ -384,9 +506,14 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) (string,
 				} else {
 					e.log.Debug("renewal failed again", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
 				}
-				if e.probe(ctx, l) && !keptLogged {
-					keptLogged = true
-					e.log.Info("store has no working leader, so nobody can take the lock; keeping it")
+				if e.probe(ctx, l) {
+					if cb := e.cfg.Callbacks.OnLease; cb != nil {
+						cb(l.deadline)
+					}
+					if !keptLogged {
+						keptLogged = true
+						e.log.Info("store has no working leader, so nobody can take the lock; keeping it")
+					}
 				}
 			}
 			break
@@ -429,7 +556,7 @@ func (e *Elector) release(l lease, rec Record) {
 		case err == nil:
 			e.log.Info("released the lock")
 			return
-		case errors.Is(err, ErrConflict) && got.Holder() == e.cfg.Identity:
+		case errors.Is(err, ErrConflict) && got.Holder() == e.cfg.Identity && got.Record.Instance == e.cfg.Instance:
 			rev = got.Revision
 			continue
 		case errors.Is(err, ErrConflict):
@@ -449,6 +576,8 @@ func (e *Elector) record(obs Observation, now time.Time) Record {
 		AcquireTime:         now.UTC(),
 		RenewTime:           now.UTC(),
 		Nonce:               nonce(),
+		Instance:            e.cfg.Instance,
+		MAC:                 e.cfg.MAC,
 	}
 	if obs.Record != nil {
 		r.Transitions = obs.Record.Transitions
@@ -459,10 +588,15 @@ func (e *Elector) record(obs Observation, now time.Time) Record {
 	return r
 }
 
-func (e *Elector) setHolder(h string) {
+func (e *Elector) setHolder(o Observation) {
+	h := o.Holder()
 	e.mu.Lock()
 	changed := e.status.Holder != h
 	e.status.Holder = h
+	e.status.HolderMAC = ""
+	if o.Record != nil && h != "" {
+		e.status.HolderMAC = o.Record.MAC
+	}
 	e.mu.Unlock()
 	if changed {
 		e.log.Info("observed leader", "leader", h)
@@ -470,6 +604,12 @@ func (e *Elector) setHolder(h string) {
 			cb(h)
 		}
 	}
+}
+
+func (e *Elector) setIneligible(why string) {
+	e.mu.Lock()
+	e.status.Ineligible = why
+	e.mu.Unlock()
 }
 
 // opTimeout bounds one read or write. A healthy store answers in

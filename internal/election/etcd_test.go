@@ -3,11 +3,13 @@ package election
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,7 +57,8 @@ func (tr *tracker) callbacks(name string) Callbacks {
 			tr.leading[name] = now
 			tr.starts[name] = append(tr.starts[name], now)
 		},
-		OnStoppedLeading: func(reason string) {
+		OnStoppedLeading: func(sd StepDown) {
+			reason := sd.Detail
 			tr.mu.Lock()
 			defer tr.mu.Unlock()
 			delete(tr.leading, name)
@@ -459,4 +462,117 @@ func TestYield(t *testing.T) {
 		t.Fatalf("leader %q, want a to keep the tenure it took while yielding", l)
 	}
 	_ = a
+}
+
+// A second process with the holder's name never leads: it sees the holder
+// renew under its name, and Run fails with ErrDuplicateIdentity. The holder
+// is not disturbed.
+func TestDuplicateIdentity(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	tr := newTracker(t)
+	var deadlines atomic.Int64
+	startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry, func(cfg *Config) {
+		cfg.Callbacks.OnLease = func(d time.Time) {
+			if time.Until(d) <= 0 || time.Until(d) > tRenew {
+				t.Errorf("OnLease deadline %v from now, want within the renew deadline", time.Until(d))
+			}
+			deadlines.Add(1)
+		}
+	})
+	if l := tr.waitLeader(t, 10*time.Second, ""); l != "a" {
+		t.Fatalf("leader %s, want a", l)
+	}
+	first := readRecord(t, c.Endpoints)
+
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	twinLed := atomic.Bool{}
+	twin, err := New(Config{
+		Identity: "a", Lock: l, LeaseDuration: tLease, RenewDeadline: tRenew, RetryPeriod: tRetry,
+		Callbacks: Callbacks{OnStartedLeading: func(context.Context) { twinLed.Store(true) }},
+	}, testLogger(t).With("node", "a-twin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = twin.Run(ctx)
+	if !errors.Is(err, ErrDuplicateIdentity) {
+		t.Fatalf("twin Run = %v, want ErrDuplicateIdentity", err)
+	}
+	t.Logf("twin refused: %v", err)
+	if !strings.Contains(err.Error(), first.Instance) {
+		t.Errorf("the error does not name the other instance %s", first.Instance)
+	}
+	if twinLed.Load() {
+		t.Fatal("the twin led")
+	}
+	if r := readRecord(t, c.Endpoints); r.Holder != "a" || r.Instance != first.Instance {
+		t.Fatalf("record %+v after the twin; want a's first instance %s", r, first.Instance)
+	}
+	tr.mu.Lock()
+	stops := len(tr.stops["a"])
+	tr.mu.Unlock()
+	if stops != 0 {
+		t.Fatalf("the holder stepped down %d times", stops)
+	}
+	if deadlines.Load() < 2 {
+		t.Fatalf("OnLease ran %d times, want once per renewal", deadlines.Load())
+	}
+}
+
+// A record left by an earlier process of this node (another instance) is
+// taken after it stood still for a lease, not at once.
+func TestEarlierRunsRecordWaitsOneLease(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	b, _ := json.Marshal(Record{Holder: "a", Instance: "host/pid-1/dead", LeaseDurationMillis: tLease.Milliseconds()})
+	if _, err := cli.Put(context.Background(), "/test/leader", string(b)); err != nil {
+		t.Fatal(err)
+	}
+	tr := newTracker(t)
+	start := time.Now()
+	startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry)
+	tr.waitLeader(t, 10*time.Second, "")
+	if took := time.Since(start); took < tLease-50*time.Millisecond {
+		t.Fatalf("took the earlier instance's record after %v, before a lease (%v)", took, tLease)
+	}
+}
+
+// A leader whose Eligible check fails steps down and releases the lock, so
+// a peer takes over without waiting a lease; an ineligible candidate does
+// not campaign.
+func TestIneligibleLeaderReleases(t *testing.T) {
+	c := etcdtest.Start(t, 1)
+	tr := newTracker(t)
+	long := 10 * time.Second
+	var aDown atomic.Bool
+	startCandidate(t, "a", c.Endpoints, tr, long, long-time.Second, tRetry, func(cfg *Config) {
+		cfg.Eligible = func() error {
+			if aDown.Load() {
+				return errors.New("interface eth0 has no carrier")
+			}
+			return nil
+		}
+	})
+	if l := tr.waitLeader(t, 10*time.Second, ""); l != "a" {
+		t.Fatalf("leader %s, want a", l)
+	}
+	startCandidate(t, "b", c.Endpoints, tr, long, long-time.Second, tRetry)
+	down := time.Now()
+	aDown.Store(true)
+	tr.waitLeader(t, 5*time.Second, "a")
+	if took := time.Since(down); took > long/2 {
+		t.Fatalf("b took over %v after a became ineligible; the lock was not released", took)
+	}
+	if r := tr.reasons["a"]; len(r) == 0 || !strings.Contains(r[len(r)-1], "no carrier") {
+		t.Fatalf("a's stop reasons: %v", r)
+	}
 }

@@ -22,6 +22,10 @@ const (
 	// leaseMillisAnnotation keeps the lease duration in milliseconds: the
 	// Lease's own leaseDurationSeconds cannot say 800 ms.
 	leaseMillisAnnotation = "vigil.dev/lease-duration-ms"
+	// instanceAnnotation and macAnnotation carry Record.Instance and
+	// Record.MAC, which the Lease spec has no field for.
+	instanceAnnotation = "vigil.dev/instance"
+	macAnnotation      = "vigil.dev/mac"
 )
 
 // ErrForbidden is returned when the API server refuses the Lease
@@ -135,7 +139,11 @@ func (l *LeaseLock) toLease(rec Record) *coordinationv1.Lease {
 	lease := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: l.name, Namespace: l.namespace,
-			Annotations: map[string]string{leaseMillisAnnotation: strconv.FormatInt(rec.LeaseDurationMillis, 10)},
+			Annotations: map[string]string{
+				leaseMillisAnnotation: strconv.FormatInt(rec.LeaseDurationMillis, 10),
+				instanceAnnotation:    rec.Instance,
+				macAnnotation:         rec.MAC,
+			},
 		},
 		Spec: coordinationv1.LeaseSpec{
 			HolderIdentity:       &holder,
@@ -169,6 +177,8 @@ func observeLease(lease *coordinationv1.Lease) (Observation, error) {
 	} else if sp.LeaseDurationSeconds != nil {
 		rec.LeaseDurationMillis = int64(*sp.LeaseDurationSeconds) * 1000
 	}
+	rec.Instance = lease.Annotations[instanceAnnotation]
+	rec.MAC = lease.Annotations[macAnnotation]
 	if sp.AcquireTime != nil {
 		rec.AcquireTime = sp.AcquireTime.Time
 	}

@@ -22,6 +22,13 @@ type Record struct {
 	// Nonce is unique per write attempt, so a leader that sends one renewal
 	// through several members can recognise its own write.
 	Nonce string `json:"nonce"`
+	// Instance identifies the process that wrote the record (Config.Instance).
+	// Two processes with the same Holder name but different instances are a
+	// misconfiguration (a cloned VM, "localhost"), never one candidate.
+	Instance string `json:"instance,omitempty"`
+	// MAC is the hardware address the holder announces the VIP with; peers
+	// compare who answers for the VIP against it (conflict detection).
+	MAC string `json:"mac,omitempty"`
 }
 
 // LeaseDuration returns the record's lease duration.
@@ -80,6 +87,10 @@ type Watcher interface {
 // ErrConflict is returned by Lock.Write when the record changed since the
 // revision the write was based on.
 var ErrConflict = errors.New("election: lock record changed concurrently")
+
+// ErrDuplicateIdentity is returned by Elector.Run when another live process
+// campaigns or leads under the same identity (node name).
+var ErrDuplicateIdentity = errors.New("election: another process uses this node name")
 
 // ErrInvalidConfig wraps every configuration error.
 var ErrInvalidConfig = errors.New("election: invalid configuration")

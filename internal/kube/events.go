@@ -18,6 +18,8 @@ const (
 	ReasonBecameLeader = "BecameLeader"
 	ReasonSteppedDown  = "SteppedDown"
 	ReasonNodeDeleted  = "DeadNodeDeleted"
+	ReasonVIPConflict  = "VIPConflict"
+	ReasonStrayVIP     = "StrayVIPRemoved"
 )
 
 // eventTimeout bounds one Event write. Events are for people reading

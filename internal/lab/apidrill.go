@@ -279,7 +279,8 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	return errors.Join(errs...)
 }
 
-// waitVIPGone returns when node no longer has the VIP.
+// waitVIPGone returns when node no longer has the VIP, polled every
+// millisecond so the time it returns measures the removal closely.
 func waitVIPGone(ctx context.Context, w *vipWatch, node string, d time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
@@ -287,7 +288,7 @@ func waitVIPGone(ctx context.Context, w *vipWatch, node string, d time.Duration)
 		if err == nil && !has {
 			return time.Now(), nil
 		}
-		if !sleepCtx(ctx, 5*time.Millisecond) {
+		if !sleepCtx(ctx, time.Millisecond) {
 			return time.Time{}, ctx.Err()
 		}
 	}

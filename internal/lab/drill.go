@@ -277,7 +277,7 @@ func (d *drillRun) inject(ctx context.Context, kind string) error {
 	l, t := d.l, d.target
 	switch kind {
 	case DrillKillLeader:
-		if err := setPort(ctx, t.Name, false); err != nil {
+		if err := l.setNodePorts(ctx, t, false); err != nil {
 			return err
 		}
 		t.Cut = true
@@ -286,7 +286,7 @@ func (d *drillRun) inject(ctx context.Context, kind string) error {
 	case DrillGraceful:
 		return l.signal(ctx, t, l.daemonRole(), syscall.SIGTERM, 10*time.Second)
 	case DrillPartitionLeader:
-		if err := setPort(ctx, t.Name, false); err != nil {
+		if err := l.setNodePorts(ctx, t, false); err != nil {
 			return err
 		}
 		t.Cut = true
@@ -313,7 +313,7 @@ func (d *drillRun) heal(ctx context.Context, kind string) error {
 		if err := d.w.flushVIP(t.Name); err != nil {
 			return err
 		}
-		if err := setPort(ctx, t.Name, true); err != nil {
+		if err := l.setNodePorts(ctx, t, true); err != nil {
 			return err
 		}
 		t.Cut = false
@@ -327,7 +327,7 @@ func (d *drillRun) heal(ctx context.Context, kind string) error {
 		}
 		return l.startKeepalived(t)
 	case DrillPartitionLeader:
-		if err := setPort(ctx, t.Name, true); err != nil {
+		if err := l.setNodePorts(ctx, t, true); err != nil {
 			return err
 		}
 		t.Cut = false

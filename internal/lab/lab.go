@@ -55,6 +55,17 @@ type Settings struct {
 	// Election is vigil's --election: ElectionEtcd (default) or
 	// ElectionKubernetes (a Lease; needs APIServerKube).
 	Election string `json:"election,omitempty"`
+	// VIPLink gives every node a second link (vip0) that carries only the
+	// VIP, so faults can take the VIP's link down while etcd's stays up.
+	VIPLink bool `json:"vipLink,omitempty"`
+}
+
+// vipIface is the interface vigil puts the VIP on.
+func (s Settings) vipIface() string {
+	if s.VIPLink {
+		return vipIface
+	}
+	return nodeIface
 }
 
 func (s Settings) kube() bool { return s.APIServer == APIServerKube }
@@ -93,6 +104,9 @@ func (s Settings) Validate() error {
 		}
 	default:
 		return fmt.Errorf("lab: unknown --election %q (etcd or kubernetes)", s.Election)
+	}
+	if s.VIPLink && s.Impl != ImplVigil {
+		return fmt.Errorf("lab: --vip-link needs --impl vigil")
 	}
 	if s.Workers < 0 || s.Workers > 9 {
 		return fmt.Errorf("lab: --workers %d: use 0 to 9", s.Workers)
@@ -217,7 +231,7 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 		if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
 			return err
 		}
-		if err := createHost(ctx, n.Name, n.IP); err != nil {
+		if err := l.createNodeHost(ctx, n); err != nil {
 			return err
 		}
 		l.st.Nodes = append(l.st.Nodes, n)
@@ -244,6 +258,29 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	}
 	if s.Workers > 0 {
 		return l.ensureWorkers(ctx, s.Workers)
+	}
+	return nil
+}
+
+// createNodeHost makes a control-plane node's namespace and links.
+func (l *Lab) createNodeHost(ctx context.Context, n *Node) error {
+	if err := createHost(ctx, n.Name, n.IP); err != nil {
+		return err
+	}
+	if l.st.Settings.VIPLink {
+		return addVIPLink(ctx, n.Name)
+	}
+	return nil
+}
+
+// setNodePorts plugs a node's switch ports in (up) or cuts them, the VIP
+// link's included.
+func (l *Lab) setNodePorts(ctx context.Context, n *Node, up bool) error {
+	if err := setPort(ctx, n.Name, up); err != nil {
+		return err
+	}
+	if l.st.Settings.VIPLink {
+		return setPort(ctx, n.Name+vipPortSuffix, up)
 	}
 	return nil
 }
@@ -360,7 +397,7 @@ func (l *Lab) startVigil(n *Node) error {
 		election = ElectionKubernetes
 	}
 	args := []string{"run",
-		"--vip", VIP.String(), "--interface", nodeIface, "--node-name", n.Name,
+		"--vip", VIP.String(), "--interface", s.vipIface(), "--node-name", n.Name,
 		"--election", election, "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
 	}
 	if s.kube() {

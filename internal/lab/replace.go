@@ -75,7 +75,7 @@ func (l *Lab) addNode(ctx context.Context) (*Node, error) {
 	if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
 		return nil, err
 	}
-	if err := createHost(ctx, n.Name, n.IP); err != nil {
+	if err := l.createNodeHost(ctx, n); err != nil {
 		return nil, err
 	}
 	l.st.Nodes = append(l.st.Nodes, n)
@@ -202,7 +202,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	}
 
 	// 1. Power off the holder for good.
-	if err := setPort(ctx, dead.Name, false); err != nil {
+	if err := l.setNodePorts(ctx, dead, false); err != nil {
 		return err
 	}
 	d.setDead(dead.Name, true)

@@ -124,22 +124,27 @@ func (w *vipWatch) holders(nodes []*Node) ([]string, error) {
 	return out, nil
 }
 
-// flushVIP removes the VIP from a node, as a reboot would.
+// flushVIP removes the VIP from a node, whichever link has it, as a reboot
+// would.
 func (w *vipWatch) flushVIP(node string) error {
 	h := w.handles[node]
-	lk, err := h.LinkByName(nodeIface)
+	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return err
 	}
-	ok, err := w.has(node)
-	if err != nil || !ok {
-		return err
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); !ok || ip.Unmap() != VIP.Addr() {
+			continue
+		}
+		lk, err := h.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return err
+		}
+		if err := h.AddrDel(lk, &a); err != nil {
+			return err
+		}
 	}
-	a, err := netlink.ParseAddr(VIP.String())
-	if err != nil {
-		return err
-	}
-	return h.AddrDel(lk, a)
+	return nil
 }
 
 // Report is what `vigil-lab status` prints.

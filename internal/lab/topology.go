@@ -18,6 +18,12 @@ const (
 	clientNS  = Prefix + "cl"
 	bridge    = "br0"
 	nodeIface = "eth0"
+	// vipIface is the node's second link in labs built with VIPLink: on the
+	// same bridge, without an address of its own, carrying only the VIP, so
+	// the VIP's link can fail while etcd's stays up.
+	vipIface = "vip0"
+	// vipPortSuffix names the switch side of a node's VIP link.
+	vipPortSuffix = "v"
 	// ResponderPort is where every node's UDP responder listens.
 	ResponderPort = 7946
 )
@@ -99,6 +105,31 @@ func createHost(ctx context.Context, name string, addr netip.Addr) error {
 	// client (and the balancers' side towards the backends) from running
 	// out of ports. Per namespace; the host is untouched.
 	for _, kv := range []string{"net.ipv4.ip_local_port_range=1024 65000", "net.ipv4.tcp_tw_reuse=1"} {
+		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
+			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, ns, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// addVIPLink gives node a second link, vip0, plugged into the bridge as port
+// <node>v. arp_ignore=1 makes each link answer ARP only for its own
+// addresses, so the VIP is reachable only through vip0 and a VIP link that
+// fails really takes the VIP off the segment.
+func addVIPLink(ctx context.Context, node string) error {
+	ns := Prefix + node
+	port := node + vipPortSuffix
+	steps := [][]string{
+		{"-n", switchNS, "link", "add", port, "type", "veth", "peer", "name", vipIface, "netns", ns},
+		{"-n", switchNS, "link", "set", port, "master", bridge, "up"},
+		{"-n", ns, "link", "set", vipIface, "up"},
+	}
+	for _, s := range steps {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	for _, kv := range []string{"net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2"} {
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
 			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, ns, err, strings.TrimSpace(string(out)))
 		}

@@ -14,6 +14,10 @@ import (
 // ErrNoInterface is returned by New when the interface does not exist.
 var ErrNoInterface = errors.New("vip: interface not found")
 
+// ErrLinkDown is returned by Keeper.Eligible while the interface is down or
+// has no carrier.
+var ErrLinkDown = errors.New("vip: interface cannot carry traffic")
+
 // Config names the address and where it lives.
 type Config struct {
 	// Address is the VIP with its prefix length, e.g. 10.250.0.100/24. A /32
@@ -29,21 +33,23 @@ type Config struct {
 }
 
 // DefaultLifetime is the kernel lifetime the daemon gives the VIP, refreshed
-// every RefreshInterval. If vigil is killed outright (SIGKILL, OOM) while
-// its machine stays up, nothing in the process can remove the VIP; the kernel
-// then removes it within this time (plus up to a second, the kernel's check
-// granularity) instead of keeping it until vigil restarts. It is four refresh
-// intervals, so a holder that is merely slow never loses it.
-const (
-	DefaultLifetime = 4 * time.Second
-	RefreshInterval = time.Second
-)
+// every RefreshInterval. It is the last fence: when vigil and its guard are
+// both stopped (a frozen cgroup, a paused container), nothing in user space
+// runs, and the kernel removes the address when the lifetime runs out. One
+// second is the shortest lifetime the kernel takes (it counts whole seconds);
+// its expiry check then runs up to about a second late (docs/election.md
+// gives the measured bound). Four refreshes fit in it, so a holder that is
+// merely slow never loses the address.
+const DefaultLifetime = time.Second
 
 // link is the OS side: netlink on Linux.
 type link interface {
 	add(p netip.Prefix, lifetime time.Duration) (added bool, err error)
 	remove(p netip.Prefix) (removed bool, err error)
 	has(p netip.Prefix) (bool, error)
+	// state returns why the interface cannot carry the VIP (gone, down, no
+	// carrier), or nil.
+	state() error
 }
 
 // Manager owns the VIP on one interface.

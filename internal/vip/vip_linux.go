@@ -3,10 +3,12 @@
 package vip
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -15,17 +17,21 @@ import (
 
 type netlinkLink struct {
 	name string
+	// index is the interface's index at start: an interface renamed while
+	// it carries the VIP is still found by it, so the VIP can be removed.
+	index int
 }
 
 func openLink(name string) (link, error) {
-	if _, err := netlink.LinkByName(name); err != nil {
+	lk, err := netlink.LinkByName(name)
+	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return nil, fmt.Errorf("%w: %q", ErrNoInterface, name)
 		}
 		return nil, fmt.Errorf("vip: look up interface %q: %w", name, err)
 	}
-	return &netlinkLink{name: name}, nil
+	return &netlinkLink{name: name, index: lk.Attrs().Index}, nil
 }
 
 // addr builds the netlink address. IPv6 VIPs skip duplicate address
@@ -68,11 +74,30 @@ func (l *netlinkLink) add(p netip.Prefix, lifetime time.Duration) (bool, error) 
 	return !present, nil
 }
 
+// remove deletes the VIP from the named interface and, if that interface
+// was renamed, from the one that had its index.
 func (l *netlinkLink) remove(p netip.Prefix) (bool, error) {
+	removed := false
+	var errs []error
 	lk, err := l.get()
-	if err != nil {
-		return false, err
+	if err == nil {
+		ok, err := delAddr(lk, p)
+		removed = removed || ok
+		errs = append(errs, err)
 	}
+	if lk == nil || lk.Attrs().Index != l.index {
+		if old, ierr := netlink.LinkByIndex(l.index); ierr == nil {
+			ok, err := delAddr(old, p)
+			removed = removed || ok
+			errs = append(errs, err)
+		}
+		// When neither the name nor the index exists, the VIP went with
+		// its interface: nothing to remove.
+	}
+	return removed, errors.Join(errs...)
+}
+
+func delAddr(lk netlink.Link, p netip.Prefix) (bool, error) {
 	if err := netlink.AddrDel(lk, addr(p)); err != nil {
 		if errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 			return false, nil
@@ -101,4 +126,75 @@ func (l *netlinkLink) has(p netip.Prefix) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// state reports whether the interface exists, is up and has carrier. A
+// renamed interface counts as gone: the VIP is configured by name.
+func (l *netlinkLink) state() error {
+	lk, err := netlink.LinkByName(l.name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return fmt.Errorf("%w: %q is gone (removed or renamed)", ErrNoInterface, l.name)
+		}
+		return fmt.Errorf("look up interface %q: %w", l.name, err)
+	}
+	a := lk.Attrs()
+	switch {
+	case a.Flags&net.FlagUp == 0:
+		return fmt.Errorf("%w: %q is administratively down", ErrLinkDown, l.name)
+	case a.RawFlags&unix.IFF_LOWER_UP == 0:
+		return fmt.Errorf("%w: %q has no carrier", ErrLinkDown, l.name)
+	}
+	return nil
+}
+
+// subscribe delivers a value whenever an address or a link changes in this
+// network namespace, until ctx is done or stop is called. Events are only
+// hints to look again: the channel drops what it cannot hold.
+func subscribe(ctx context.Context) (<-chan struct{}, func(), error) {
+	out := make(chan struct{}, 1)
+	done := make(chan struct{})
+	addrs := make(chan netlink.AddrUpdate, 64)
+	links := make(chan netlink.LinkUpdate, 64)
+	opts := netlink.AddrSubscribeOptions{ErrorCallback: func(error) {}, ReceiveBufferSize: 1 << 20}
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, opts); err != nil {
+		close(done)
+		return nil, nil, fmt.Errorf("subscribe to address events: %w", err)
+	}
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {}, ReceiveBufferSize: 1 << 20}); err != nil {
+		close(done)
+		return nil, nil, fmt.Errorf("subscribe to link events: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			case _, ok := <-addrs:
+				if !ok {
+					return
+				}
+			case _, ok := <-links:
+				if !ok {
+					return
+				}
+			}
+			select {
+			case out <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() { close(done) })
+		wg.Wait()
+	}
+	return out, stop, nil
 }

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vigil-ha/vigil/internal/lab"
+)
+
+func newChaosCmd(g *globals) *cobra.Command {
+	var (
+		s        lab.Settings
+		cfg      lab.ChaosConfig
+		faults   []string
+		asJSON   bool
+		seedFlag int64
+	)
+	cmd := &cobra.Command{
+		Use:   "chaos --duration D --seed N [--faults kill,pause,...]",
+		Short: "Inject random faults into a fresh lab for a while and check that the VIP never has two holders",
+		Long: `Build a vigil lab (each node with a second link, vip0, that carries only the
+VIP), inject faults at random times with random durations until --duration has
+passed, judge the invariants around every fault, print a table, and remove the
+lab.
+
+Faults (--faults, default all):
+  kill              power the holder off (links cut, every process SIGKILLed) for
+                    1-3 s, then boot it
+  graceful          SIGTERM the holder's vigil; start it again 0.2-2 s later
+  partition         cut the holder's links for 1-5 s
+  kill-daemon       SIGKILL the holder's vigil only (its guard stays)
+  kill-etcd-leader  SIGKILL the etcd raft leader (not the holder) for 1-3 s
+  pause             SIGSTOP the holder's vigil for 2 s to --max-pause
+  freeze            SIGSTOP the holder's vigil and its guard together for
+                    0.5-3 s (a frozen cgroup, a paused container)
+  stray-vip         add the VIP on a non-holder, as re-applied network config does
+  vip-link-down     take the holder's VIP link down for 1-4 s (etcd's stays up)
+  flap              VIP link down and up again within 0.1-0.9 s
+  duplicate-name    start a second vigil with the holder's --node-name on
+                    another node (a cloned VM)
+
+Invariants, sampled at the source: every node's addresses are read through
+netlink every 20 ms; the client probes the VIP every 10 ms. A fault breaks an
+invariant when two nodes hold the VIP in any sample (for freeze: longer than
+--freeze-bound, since nothing on the frozen node runs and the kernel lifetime
+is the fence), when the lab has no single holder 30 s after the heal, when a
+stray VIP lives over 1 s, when a thawed node keeps the VIP over 100 ms, or when
+a duplicate name is not refused. The nodes' logs of such a fault are kept in
+--logs. Exits non-zero if any fault broke an invariant.
+
+The seed fixes the sequence of faults, targets and durations; timings on a
+real machine vary from run to run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if seedFlag < 0 {
+				return fmt.Errorf("--seed %d: must not be negative", seedFlag)
+			}
+			cfg.Seed = uint64(seedFlag)
+			for _, f := range faults {
+				if f = strings.TrimSpace(f); f != "" {
+					cfg.Faults = append(cfg.Faults, f)
+				}
+			}
+			s.VIPLink = true
+			if err := cfg.Validate(s); err != nil {
+				return err
+			}
+			if err := s.Validate(); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if !asJSON {
+				fmt.Fprintf(out, "building a %d-node lab with a separate VIP link per node...\n", s.Nodes)
+			}
+			l, down, err := upLab(cmd, g, s, asJSON)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, down()) }()
+			if !asJSON {
+				fmt.Fprintf(out, "chaos for %v, seed %d, faults %s\n", cfg.Duration, cfg.Seed, strings.Join(orAll(cfg.Faults), ","))
+				cfg.Progress = func(r lab.FaultResult) { fmt.Fprintln(out, r) }
+			}
+			start := time.Now()
+			rs, err := l.Chaos(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return chaosReport(out, rs, cfg, time.Since(start), asJSON)
+		},
+	}
+	addSettingsFlags(cmd, &s)
+	f := cmd.Flags()
+	f.DurationVar(&cfg.Duration, "duration", 3*time.Minute, "how long to inject faults (the last one is finished after this)")
+	f.Int64Var(&seedFlag, "seed", 1, "random seed: the sequence of faults, targets and durations")
+	f.StringSliceVar(&faults, "faults", nil, "comma-separated fault kinds to draw from (default: all): "+strings.Join(lab.ChaosFaults, ","))
+	f.DurationVar(&cfg.MaxPause, "max-pause", 10*time.Second, "longest SIGSTOP of the pause fault (at least 2s)")
+	f.DurationVar(&cfg.FreezeBound, "freeze-bound", lab.DefaultFreezeBound, "longest time two nodes may hold the VIP while vigil and its guard are frozen together")
+	f.StringVar(&cfg.LogDir, "logs", "vigil-chaos-logs", "directory for the nodes' logs of every fault that broke an invariant")
+	f.BoolVar(&asJSON, "json", false, "print every fault and the summary as JSON")
+	return cmd
+}
+
+func orAll(f []string) []string {
+	if len(f) == 0 {
+		return lab.ChaosFaults
+	}
+	return f
+}
+
+// chaosReport prints the summary (or everything as JSON) and fails if any
+// fault broke an invariant.
+func chaosReport(out io.Writer, rs []lab.FaultResult, cfg lab.ChaosConfig, took time.Duration, asJSON bool) error {
+	sum := lab.SummarizeChaos(rs)
+	bad, dual := 0, 0
+	for _, r := range rs {
+		if !r.OK() {
+			bad++
+		}
+		if r.Kind != lab.FaultFreeze {
+			dual += r.DualSamples
+		}
+	}
+	if asJSON {
+		if err := writeJSON(out, map[string]any{"seed": cfg.Seed, "durationSeconds": took.Seconds(), "faults": rs, "summary": sum}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(out, "\nsummary: %d faults in %v, seed %d (outage = longest gap between the client's answers; samples of every node's addresses every 20 ms):\n",
+			len(rs), took.Round(time.Second), cfg.Seed)
+		for _, s := range sum {
+			fmt.Fprintln(out, " ", s)
+		}
+		fmt.Fprintf(out, "dual-holder samples outside freeze: %d; faults that broke an invariant: %d\n", dual, bad)
+	}
+	if bad > 0 {
+		return fmt.Errorf("%d of %d faults broke an invariant (logs in %s)", bad, len(rs), cfg.LogDir)
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/kube"
+)
+
+// Conflict detection: every node asks the segment, every conflictInterval
+// and right after each takeover, who answers for the VIP (an ARP probe or a
+// neighbour solicitation). The only hardware address that may answer is the
+// current holder's, which the lock record carries. Anything else is a
+// conflict: a node whose vigil is stopped together with its guard, a stray
+// address vigil does not manage (another interface, another host), or a
+// foreign machine given the VIP by mistake.
+const (
+	// conflictInterval keeps a conflict reported within about 5 s (one
+	// interval plus the probe's wait), at one broadcast per node per
+	// interval.
+	conflictInterval = 3 * time.Second
+	// conflictWait is how long a probe collects answers: ARP on one
+	// segment answers in well under a millisecond; 200 ms leaves room for a
+	// loaded host.
+	conflictWait = 200 * time.Millisecond
+	// conflictSettle skips probes this soon after the holder changed: the
+	// old holder's last answers may still be in flight.
+	conflictSettle = time.Second
+)
+
+// ConflictReport is what /status says about VIP conflicts.
+type ConflictReport struct {
+	// MACs answering for the VIP besides the holder's, at the last probe.
+	MACs []string `json:"macs,omitempty"`
+	// Since is when the current conflict was first seen.
+	Since *time.Time `json:"since,omitempty"`
+	// Total counts conflicts seen since start (one per episode and MAC).
+	Total int `json:"total"`
+	// LastProbe is when the last probe finished; LastError why it failed.
+	LastProbe *time.Time `json:"lastProbe,omitempty"`
+	LastError string     `json:"lastError,omitempty"`
+}
+
+// conflicts runs the probes of one node.
+type conflicts struct {
+	iface string
+	vip   netip.Addr
+	// expected returns the holder ("" when none), the MAC it announces,
+	// and when the holder last changed.
+	expected func() (holder, mac string, changed time.Time)
+	kick     chan struct{}
+	events   *kube.Events // nil without --kubeconfig
+	log      *slog.Logger
+	total    prometheus.Counter
+	gauge    prometheus.Gauge
+
+	mu     sync.Mutex // guards report and active
+	report ConflictReport
+	active map[string]bool // MACs of the current episode
+}
+
+// Kick asks for a probe now (after a takeover).
+func (c *conflicts) Kick() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Report returns a snapshot for /status.
+func (c *conflicts) Report() ConflictReport {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := c.report
+	r.MACs = slices.Clone(r.MACs)
+	return r
+}
+
+// Run probes until ctx is done.
+func (c *conflicts) Run(ctx context.Context) {
+	t := time.NewTicker(conflictInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.kick:
+			// After a takeover the old holder needs a moment to go.
+			settle := time.NewTimer(conflictSettle)
+			select {
+			case <-ctx.Done():
+				settle.Stop()
+				return
+			case <-settle.C:
+			}
+		}
+		c.probeOnce()
+	}
+}
+
+func (c *conflicts) probeOnce() {
+	holder, mac, changed := c.expected()
+	if time.Since(changed) < conflictSettle || (holder != "" && mac == "") {
+		return // just changed, or a holder too old to say its MAC
+	}
+	ifi, err := net.InterfaceByName(c.iface)
+	var macs []net.HardwareAddr
+	if err == nil {
+		macs, err = announce.Probe(ifi, c.vip, conflictWait)
+	}
+	now := time.Now()
+	// A holder change during the probe makes its answers ambiguous.
+	if _, mac2, changed2 := c.expected(); mac2 != mac || !changed2.Equal(changed) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.report.LastProbe = &now
+	if err != nil {
+		c.report.LastError = err.Error()
+		return
+	}
+	c.report.LastError = ""
+	var bad []string
+	for _, m := range macs {
+		if s := m.String(); !strings.EqualFold(s, mac) {
+			bad = append(bad, s)
+		}
+	}
+	c.report.MACs = bad
+	if len(bad) == 0 {
+		if c.active != nil {
+			c.log.Info("VIP conflict over: only the holder answers for the VIP")
+		}
+		c.active, c.report.Since = nil, nil
+		c.gauge.Set(0)
+		return
+	}
+	c.gauge.Set(1)
+	if c.active == nil {
+		c.active = map[string]bool{}
+		c.report.Since = &now
+	}
+	for _, m := range bad {
+		if c.active[m] {
+			continue
+		}
+		c.active[m] = true
+		c.report.Total++
+		c.total.Inc()
+		c.log.Warn("VIP conflict: another machine answers for the VIP", "mac", m, "holder_mac", mac)
+		if c.events != nil {
+			c.events.Emit(true, kube.ReasonVIPConflict, "hardware address %s answers for the VIP %s besides the holder's (%s)", m, c.vip, orNone(mac))
+		}
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
