@@ -50,8 +50,8 @@ invariant when two nodes hold the VIP in any sample (for freeze: longer than
 --freeze-bound, since nothing on the frozen node runs and the kernel lifetime
 is the fence), when the lab has no single holder 30 s after the heal, when a
 stray VIP lives over 1 s, when a thawed node keeps the VIP over 100 ms, or when
-a duplicate name is not refused. The nodes' logs of such a fault are kept in
---logs. Exits non-zero if any fault broke an invariant.
+a duplicate name is not refused. The nodes' logs of such a fault, and of any
+fault whose outage exceeded --slow, are kept in --logs. Exits non-zero if any fault broke an invariant.
 
 The seed fixes the sequence of faults, targets and durations; timings on a
 real machine vary from run to run.`,
@@ -101,7 +101,8 @@ real machine vary from run to run.`,
 	f.StringSliceVar(&faults, "faults", nil, "comma-separated fault kinds to draw from (default: all): "+strings.Join(lab.ChaosFaults, ","))
 	f.DurationVar(&cfg.MaxPause, "max-pause", 10*time.Second, "longest SIGSTOP of the pause fault (at least 2s)")
 	f.DurationVar(&cfg.FreezeBound, "freeze-bound", lab.DefaultFreezeBound, "longest time two nodes may hold the VIP while vigil and its guard are frozen together")
-	f.StringVar(&cfg.LogDir, "logs", "vigil-chaos-logs", "directory for the nodes' logs of every fault that broke an invariant")
+	f.StringVar(&cfg.LogDir, "logs", "vigil-chaos-logs", "directory for the nodes' logs of every fault that broke an invariant (or was slow, see --slow)")
+	f.DurationVar(&cfg.SlowOutage, "slow", time.Second, "also keep the logs of faults whose outage was longer than this (0: only failed faults)")
 	f.BoolVar(&asJSON, "json", false, "print every fault and the summary as JSON")
 	return cmd
 }

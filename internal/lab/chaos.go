@@ -61,8 +61,11 @@ type ChaosConfig struct {
 	// DefaultFreezeBound when zero.
 	FreezeBound time.Duration
 	// LogDir receives the nodes' logs of every fault that broke an
-	// invariant.
+	// invariant, or whose outage exceeded SlowOutage.
 	LogDir string
+	// SlowOutage, when positive, also keeps the logs of faults whose outage
+	// was longer (they break no invariant, but are worth a look).
+	SlowOutage time.Duration
 	// Progress, when set, is called after every fault.
 	Progress func(FaultResult)
 }
@@ -324,7 +327,8 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 	case kind != FaultFreeze && dual > 0:
 		r.Violations = append(r.Violations, fmt.Sprintf("%d address samples with two holders (%s)", dual, describeDual(samples)))
 	}
-	if !r.OK() && c.cfg.LogDir != "" {
+	slow := c.cfg.SlowOutage > 0 && r.OutageMillis > millis(c.cfg.SlowOutage)
+	if (!r.OK() || slow) && c.cfg.LogDir != "" {
 		r.Logs = l.keepLogs(c.cfg.LogDir, fmt.Sprintf("fault-%03d-%s", n, kind), marks)
 	}
 	return r
