@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -180,25 +181,46 @@ func TestLeadAnnounceAndGracefulStop(t *testing.T) {
 // lockHolder reads the holder of /vigil/leader from the etcd in ns.
 func lockHolder(t *testing.T, ns string) string {
 	t.Helper()
+	h, err := readLockHolder(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// lockHolderOK is lockHolder for polling: "?" when the lock cannot be read
+// (yet).
+func lockHolderOK(ns string) string {
+	h, err := readLockHolder(ns)
+	if err != nil {
+		return "?"
+	}
+	return h
+}
+
+func readLockHolder(ns string) (string, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second,
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(ns))},
 	})
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := cli.Get(ctx, "/vigil/leader")
-	if err != nil || len(resp.Kvs) != 1 {
-		t.Fatalf("read lock: %v", err)
+	if err != nil {
+		return "", fmt.Errorf("read lock: %w", err)
+	}
+	if len(resp.Kvs) != 1 {
+		return "", errors.New("read lock: no lock record yet")
 	}
 	var rec struct{ Holder string }
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	return rec.Holder
+	return rec.Holder, nil
 }
 
 // startEtcdIn runs a one-member etcd on 127.0.0.1:2379 inside ns.

@@ -3,7 +3,11 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -11,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -164,4 +169,61 @@ func TestBlockedHolderFencedByItsOwnDeadline(t *testing.T) {
 		t.Fatal("vigil exited; the test wants it alive and blocked")
 	default:
 	}
+}
+
+// Adding the VIP fails (IPv6 is disabled on the interface): the holder
+// retries, steps down after the second failure, releases the lock, and says
+// why in its status.
+func TestHolderThatCannotAddTheVIPStepsDown(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	nstest.IP(t, "netns", "exec", p.A, "sysctl", "-qw", "net.ipv6.conf.a0.disable_ipv6=1")
+	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", "fd00:192::100/64", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	waitFor(t, 20*time.Second, "n1 to take the lock", func() bool { return lockHolderOK(p.A) == "n1" })
+	waitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolderOK(p.A) == "" })
+	// It stands by for 10 s after the failures, then tries again (a peer,
+	// if any, holds the lock by then): the status says why meanwhile.
+	waitFor(t, 5*time.Second, "vigil status to say why n1 stands by", func() bool {
+		out := nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status")
+		return strings.Contains(out, "does not campaign: adding the VIP failed")
+	})
+}
+
+// Another machine answers for the VIP besides the holder: every vigil
+// reports the conflict, with the MAC, within 5 s.
+func TestConflictReported(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	time.Sleep(2 * time.Second) // past the probe after the takeover
+	// B runs no vigil: a foreign host given the VIP by mistake.
+	nstest.IP(t, "-n", p.B, "addr", "add", testVIP+"/32", "dev", "b0")
+	added := time.Now()
+	bmac := strings.Fields(nstest.IP(t, "-n", p.B, "-br", "link", "show", "b0"))[2]
+	status := func() string { return nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status") }
+	waitFor(t, 5*time.Second, "the conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
+	t.Logf("conflict reported %v after B took the VIP", time.Since(added).Round(10*time.Millisecond))
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return netns.Dialer(p.A)(ctx, addr) },
+	}}
+	resp, err := hc.Get("http://127.0.0.1:9558/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := string(body)
+	for _, want := range []string{"vigil_vip_conflicts_total 1", "vigil_vip_conflict 1"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	nstest.IP(t, "-n", p.B, "addr", "del", testVIP+"/32", "dev", "b0")
+	waitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
 }

@@ -34,10 +34,12 @@ type Keeper struct {
 	timer *time.Timer // fires at until
 	// link is why the interface cannot carry the VIP now (nil: it can).
 	link error
-	// addFails counts consecutive failed adds; lastFail is the latest.
-	addFails int
-	lastFail time.Time
-	addErr   error
+	// addFails counts consecutive failed adds, since firstFail; lastFail
+	// is the latest.
+	addFails  int
+	firstFail time.Time
+	lastFail  time.Time
+	addErr    error
 	// present is the last observed state, for telling re-adds apart.
 	present bool
 	// lastStray is set by reconcileLocked when it removed a stray VIP.
@@ -124,15 +126,15 @@ func (k *Keeper) Valid() bool {
 func (k *Keeper) validLocked(now time.Time) bool { return !k.until.IsZero() && now.Before(k.until) }
 
 // Eligible returns why this node cannot hold the VIP now: its interface is
-// gone, down or without carrier, or adding the VIP failed twice in a row
-// lately. nil when it can.
+// gone, down or without carrier, or adding the VIP has kept failing (twice
+// or more, for at least a refresh interval) lately. nil when it can.
 func (k *Keeper) Eligible() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.link != nil {
 		return k.link
 	}
-	if k.addFails >= 2 && time.Since(k.lastFail) < addFailMemory {
+	if k.addFails >= 2 && k.lastFail.Sub(k.firstFail) >= RefreshInterval && time.Since(k.lastFail) < addFailMemory {
 		return fmt.Errorf("adding the VIP failed %d times: %w", k.addFails, k.addErr)
 	}
 	return nil
@@ -225,6 +227,9 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 	}
 	added, err := k.m.link.add(k.m.cfg.Address, k.m.cfg.Lifetime)
 	if err != nil {
+		if k.addFails == 0 {
+			k.firstFail = time.Now()
+		}
 		k.addFails++
 		k.lastFail, k.addErr = time.Now(), err
 		k.log.Error("cannot add the VIP", "err", err, "failures", k.addFails)
