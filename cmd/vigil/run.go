@@ -47,8 +47,19 @@ keeps the VIP through etcd elections.
 
 On SIGTERM or SIGINT the VIP is removed first, then the lock is released so a
 peer takes over at once. If vigil is killed outright, a guard child process
-removes the VIP at once (--guard), and the kernel drops it when its refreshed
-lifetime runs out (--vip-lifetime). etcd being unreachable at start is not an error (with
+removes the VIP at once (--guard); if vigil is stopped (SIGSTOP, starvation),
+the guard removes it when the lease deadline vigil last sent it has passed,
+before any peer may take over. If both are stopped or killed together, the
+kernel drops the VIP when its refreshed lifetime runs out (--vip-lifetime).
+
+The address follows the role continuously (netlink events): a VIP that
+appears on a node that does not hold the lock is removed at once (a stray), a
+VIP removed from the holder is put back. A holder whose --interface is gone,
+down or without carrier releases the lock to a peer, and such a node does not
+campaign. Every node probes (ARP/NDP) who answers for the VIP every 3 s and
+reports any hardware address but the holder's (vigil_vip_conflicts_total,
+vigil status). A second process with the same --node-name exits with an error
+naming the other. etcd being unreachable at start is not an error (with
 kubeadm it starts after vigil): vigil retries with backoff and never holds the
 VIP meanwhile.
 
