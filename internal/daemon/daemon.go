@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -297,6 +298,18 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
+	if cfg.Election == ElectionEtcd {
+		// A second process with this node name is refused here, before it
+		// campaigns. Revoked after the step-down, so a restart claims the
+		// name at once.
+		claim, err := etcdLock.ClaimName(ctx, cfg.NodeName, el.Instance(), log)
+		if errors.Is(err, election.ErrDuplicateIdentity) {
+			return err
+		}
+		if err == nil { // otherwise ctx is done and el.Run returns at once
+			defer claim.Close()
+		}
+	}
 	err = el.Run(ctx)
 	h.stop(election.StepDown{Cause: election.CauseShutdown, Detail: "shutting down"}) // idempotent; covers a Run that returned while leading
 	stopComponents()

@@ -224,10 +224,18 @@ func readLockHolder(ns string) (string, error) {
 }
 
 // startEtcdIn runs a one-member etcd on 127.0.0.1:2379 inside ns.
-func startEtcdIn(t *testing.T, ns string) *exec.Cmd {
+func startEtcdIn(t *testing.T, ns string) *exec.Cmd { return startEtcdOn(t, ns, "127.0.0.1") }
+
+// startEtcdOn runs a one-member etcd on addr:2379 inside ns (and on
+// 127.0.0.1), advertising addr.
+func startEtcdOn(t *testing.T, ns, addr string) *exec.Cmd {
 	dir := t.TempDir()
+	listen := "http://127.0.0.1:2379"
+	if addr != "127.0.0.1" {
+		listen += ",http://" + addr + ":2379"
+	}
 	return startIn(t, ns, "etcd.log", nstest.Binary(t, "vigil-lab"), "etcd", "--name", "e1", "--data-dir", filepath.Join(dir, "etcd"),
-		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+		"--listen-client-urls", listen, "--advertise-client-urls", "http://"+addr+":2379",
 		"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 		"--initial-cluster", "e1=http://127.0.0.1:2380", "--log-level", "error")
 }

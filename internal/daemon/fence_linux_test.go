@@ -3,6 +3,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -226,4 +227,56 @@ func TestConflictReported(t *testing.T) {
 	}
 	nstest.IP(t, "-n", p.B, "addr", "del", testVIP+"/32", "dev", "b0")
 	waitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
+}
+
+// A second process with a candidate's name (a third node holds the lock, so
+// the lock record shows no twin) is refused at start by the name claim, and
+// never touches the VIP.
+func TestDuplicateNameRefusedAtStart(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdOn(t, p.A, "192.0.2.1")
+	vigil := nstest.Binary(t, "vigil")
+	startIn(t, p.A, "vigil-n1.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	waitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
+	startIn(t, p.B, "vigil-n2.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
+		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
+	time.Sleep(2 * time.Second) // n2 has claimed its name and campaigns
+	var out bytes.Buffer
+	twin := exec.Command("ip", "netns", "exec", p.B, vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
+		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
+	twin.Stdout, twin.Stderr = &out, &out
+	start := time.Now()
+	err := runWithin(twin, 15*time.Second)
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("twin exit = %v, want status 1; output:\n%s", err, out.String())
+	}
+	last := strings.TrimSpace(out.String())
+	if i := strings.LastIndexByte(last, '\n'); i >= 0 {
+		last = last[i+1:]
+	}
+	if !strings.Contains(last, `node name "n2" is claimed by another running process`) {
+		t.Fatalf("twin's last line does not name the duplicate: %q", last)
+	}
+	t.Logf("twin refused after %v: %s", time.Since(start).Round(10*time.Millisecond), last)
+	if !hasVIP(t, p.A) || lockHolder(t, p.A) != "n1" {
+		t.Fatal("the holder was disturbed")
+	}
+}
+
+// runWithin runs cmd and kills it if it has not exited within d.
+func runWithin(cmd *exec.Cmd, d time.Duration) error {
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		_ = cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("still running after %v", d)
+	}
 }
