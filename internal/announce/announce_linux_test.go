@@ -19,46 +19,52 @@ import (
 // it once; B's entry must now point at A.
 func TestPeerLearnsNewLocation(t *testing.T) {
 	p := nstest.NewPair(t)
-	for _, vip := range []string{"192.0.2.100", "fd00:192::100"} {
-		t.Run(vip, func(t *testing.T) {
-			bits := "/24"
-			if strings.Contains(vip, ":") {
-				bits = "/64"
-			}
-			nstest.IP(t, "-n", p.B, "neigh", "replace", vip, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
-			nstest.IP(t, "-n", p.A, "addr", "add", vip+bits, "dev", "a0", "nodad")
-			time.Sleep(100 * time.Millisecond)
-			if out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0"); !strings.Contains(out, "02:00:00:00:00:01") {
-				t.Fatalf("B's entry changed before any announcement: %q", out)
-			}
-			var mac string
-			err := netns.Do(p.A, func() error {
-				ifi, err := net.InterfaceByName("a0")
-				if err != nil {
-					return err
-				}
-				mac = ifi.HardwareAddr.String()
-				a, err := New(Config{Interface: "a0", Address: netip.MustParseAddr(vip)}, slog.New(slog.DiscardHandler))
-				if err != nil {
-					return err
-				}
-				defer a.Close()
-				return a.Once()
-			})
+	forEachVIP(t, func(t *testing.T, vip, bits string) {
+		nstest.IP(t, "-n", p.B, "neigh", "replace", vip, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
+		nstest.IP(t, "-n", p.A, "addr", "add", vip+bits, "dev", "a0", "nodad")
+		time.Sleep(100 * time.Millisecond)
+		if out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0"); !strings.Contains(out, "02:00:00:00:00:01") {
+			t.Fatalf("B's entry changed before any announcement: %q", out)
+		}
+		var mac string
+		err := netns.Do(p.A, func() error {
+			ifi, err := net.InterfaceByName("a0")
 			if err != nil {
-				t.Fatal(err)
+				return err
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0")
-				if strings.Contains(out, mac) {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("B's neighbour entry for %s is %q, want it to point at A (%s)", vip, strings.TrimSpace(out), mac)
-				}
-				time.Sleep(10 * time.Millisecond)
+			mac = ifi.HardwareAddr.String()
+			a, err := New(Config{Interface: "a0", Address: netip.MustParseAddr(vip)}, slog.New(slog.DiscardHandler))
+			if err != nil {
+				return err
 			}
+			defer a.Close()
+			return a.Once()
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0")
+			if strings.Contains(out, mac) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("B's neighbour entry for %s is %q, want it to point at A (%s)", vip, strings.TrimSpace(out), mac)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+}
+
+// forEachVIP runs f as a subtest for an IPv4 and an IPv6 VIP of the pair's
+// subnets, with the prefix length to add it with.
+func forEachVIP(t *testing.T, f func(t *testing.T, vip, bits string)) {
+	for _, vip := range []string{"192.0.2.100", "fd00:192::100"} {
+		bits := "/24"
+		if strings.Contains(vip, ":") {
+			bits = "/64"
+		}
+		t.Run(vip, func(t *testing.T) { f(t, vip, bits) })
 	}
 }

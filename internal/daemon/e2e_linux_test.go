@@ -99,6 +99,14 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 	}
 }
 
+// startVigilA runs `vigil run` for node n1 on a0 in ns (the pair's A side),
+// electing over the etcd of startEtcdIn, with extra flags.
+func startVigilA(t *testing.T, ns string, extra ...string) *exec.Cmd {
+	t.Helper()
+	args := append([]string{"run", "--vip", testVIP + "/24", "--interface", "a0", "--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379"}, extra...)
+	return startIn(t, ns, "vigil.log", nstest.Binary(t, "vigil"), args...)
+}
+
 // startIn runs a command inside ns and kills it when the test ends.
 func startIn(t *testing.T, ns, logName string, bin string, args ...string) *exec.Cmd {
 	t.Helper()
@@ -157,8 +165,7 @@ func TestLeadAnnounceAndGracefulStop(t *testing.T) {
 	startEtcdIn(t, p.A)
 	// B believes the VIP lives elsewhere.
 	nstest.IP(t, "-n", p.B, "neigh", "replace", testVIP, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
-	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	vigil := startVigilA(t, p.A)
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	mac := strings.Fields(nstest.IP(t, "-n", p.A, "-br", "link", "show", "a0"))[2]
 	waitFor(t, 5*time.Second, "B to learn the VIP's MAC", func() bool {
@@ -245,8 +252,7 @@ func startEtcdOn(t *testing.T, ns, addr string) *exec.Cmd {
 func TestKilledHolderVIPExpires(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
-	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "2s", "--guard=false")
+	vigil := startVigilA(t, p.A, "--vip-lifetime", "2s", "--guard=false")
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"); !strings.Contains(out, "valid_lft 2sec") && !strings.Contains(out, "valid_lft 1sec") {
 		t.Fatalf("VIP has no 2 s lifetime:\n%s", out)
@@ -268,8 +274,7 @@ func TestKilledHolderVIPExpires(t *testing.T) {
 func TestGuardRemovesVIPWhenVigilIsKilled(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
-	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "0")
+	vigil := startVigilA(t, p.A, "--vip-lifetime", "0")
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if err := vigil.Process.Kill(); err != nil {
 		t.Fatal(err)

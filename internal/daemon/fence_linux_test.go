@@ -26,8 +26,7 @@ import (
 func TestGuardFencesStoppedHolder(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
-	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379", "--vip-lifetime", "0")
+	vigil := startVigilA(t, p.A, "--vip-lifetime", "0")
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -53,8 +52,7 @@ func TestGuardFencesStoppedHolder(t *testing.T) {
 func TestAddressFollowsRole(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
-	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	startVigilA(t, p.A)
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	for i := 0; i < 3; i++ {
 		nstest.IP(t, "-n", p.A, "addr", "del", testVIP+"/24", "dev", "a0")
@@ -81,8 +79,7 @@ func TestAddressFollowsRole(t *testing.T) {
 func TestHolderWithoutItsInterfaceStepsDown(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
-	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	startVigilA(t, p.A)
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 
 	nstest.IP(t, "-n", p.B, "link", "set", "b0", "down") // a0 loses carrier
@@ -196,8 +193,7 @@ func TestHolderThatCannotAddTheVIPStepsDown(t *testing.T) {
 func TestConflictReported(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
-	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
-		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	startVigilA(t, p.A)
 	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	time.Sleep(2 * time.Second) // past the probe after the takeover
 	// B runs no vigil: a foreign host given the VIP by mistake.
