@@ -35,6 +35,11 @@ const (
 	// conflictSettle skips probes this soon after the holder changed: the
 	// old holder's last answers may still be in flight.
 	conflictSettle = time.Second
+	// conflictFresh is how recent this node's view of the holder must be
+	// for a probe to be judged against it. Candidates read the lock every
+	// retry period; a node that cannot read it (etcd down, still claiming
+	// its name) does not know whom to expect.
+	conflictFresh = time.Second
 )
 
 // ConflictReport is what /status says about VIP conflicts.
@@ -55,8 +60,9 @@ type conflicts struct {
 	iface string
 	vip   netip.Addr
 	// expected returns the holder ("" when none), the MAC it announces,
-	// and when the holder last changed.
-	expected func() (holder, mac string, changed time.Time)
+	// when the holder last changed, and whether that view is fresh (this
+	// node read or renewed the lock a moment ago).
+	expected func() (holder, mac string, changed time.Time, fresh bool)
 	kick     chan struct{}
 	events   *kube.Events // nil without --kubeconfig
 	log      *slog.Logger
@@ -109,9 +115,9 @@ func (c *conflicts) Run(ctx context.Context) {
 }
 
 func (c *conflicts) probeOnce() {
-	holder, mac, changed := c.expected()
-	if time.Since(changed) < conflictSettle || (holder != "" && mac == "") {
-		return // just changed, or a holder too old to say its MAC
+	holder, mac, changed, fresh := c.expected()
+	if !fresh || time.Since(changed) < conflictSettle || (holder != "" && mac == "") {
+		return // no current view, just changed, or a holder too old to say its MAC
 	}
 	ifi, err := net.InterfaceByName(c.iface)
 	var macs []net.HardwareAddr
@@ -120,7 +126,7 @@ func (c *conflicts) probeOnce() {
 	}
 	now := time.Now()
 	// A holder change during the probe makes its answers ambiguous.
-	if _, mac2, changed2 := c.expected(); mac2 != mac || !changed2.Equal(changed) {
+	if _, mac2, changed2, _ := c.expected(); mac2 != mac || !changed2.Equal(changed) {
 		return
 	}
 	c.mu.Lock()

@@ -284,9 +284,9 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	h.conflicts = &conflicts{
 		iface: cfg.Interface, vip: cfg.VIP.Addr(), kick: make(chan struct{}, 1), events: events, log: log,
 		total: m.conflicts, gauge: m.conflict,
-		expected: func() (string, string, time.Time) {
+		expected: func() (string, string, time.Time, bool) {
 			st := el.Status()
-			return st.Holder, st.HolderMAC, time.Unix(0, h.holderChanged.Load())
+			return st.Holder, st.HolderMAC, time.Unix(0, h.holderChanged.Load()), time.Since(st.Seen) < conflictFresh
 		},
 	}
 	wg.Add(1)

@@ -16,10 +16,11 @@ import (
 // name) only once one of them leads. A claim catches it at start: every
 // process puts its instance under <lock key>/names/<node name>, attached to
 // an etcd lease, and rewrites it every claimKeepAlive. A second process that
-// sees the key rewritten refuses to run; a key left by a process that died
-// is never rewritten and goes when its lease runs out, and is then claimed.
-// The rewrite, not the lease, is the proof of life: etcd extends every lease
-// when its raft leader changes, so a dead owner's lease can look refreshed.
+// sees the key rewritten refuses to run; a key that nobody rewrites for
+// claimDeadAfter was left by a process that died, and is taken over by a
+// compare-and-swap on its revision. The rewrite, not the lease, is the proof
+// of life: etcd extends every lease when its raft leader changes, so a dead
+// owner's lease can live on for many seconds.
 const (
 	// claimOpTimeout bounds one etcd call of a claim; an unreachable
 	// member must not hold the start of vigil forever.
@@ -33,6 +34,10 @@ const (
 	claimKeepAlive = claimTTL * time.Second / 3
 	// claimPoll is how often a newcomer reads a held claim.
 	claimPoll = 300 * time.Millisecond
+	// claimDeadAfter is how long a claim must go without a rewrite before
+	// its owner counts as dead: two rewrite periods and a bit, so one late
+	// rewrite of a live owner is not mistaken for death.
+	claimDeadAfter = 2*claimKeepAlive + 500*time.Millisecond
 )
 
 // Claim is a held name claim; Close revokes it.
@@ -62,14 +67,19 @@ func (l *EtcdLock) ClaimName(ctx context.Context, name, instance string, log *sl
 			c.start(log)
 			return c, nil
 		case err == nil:
-			// Held by another instance: alive, or gone when its lease ends.
+			// Held by another instance: alive, or dead and never rewritten.
 			alive, werr := l.watchClaim(ctx, key, other)
 			if werr == nil && alive {
 				return nil, fmt.Errorf("%w: node name %q is claimed by another running process (instance %s; this process is %s). Give every node a unique --node-name",
 					ErrDuplicateIdentity, name, other.instance, instance)
 			}
 			if werr == nil {
-				continue // its owner is gone: claim it now
+				if c, terr := l.takeOver(ctx, key, instance, other); terr == nil && c != nil {
+					log.Info("took over the node name's claim from a process that stopped renewing it", "key", key, "instance", other.instance)
+					c.start(log)
+					return c, nil
+				}
+				continue // changed meanwhile: look again
 			}
 			err = werr
 		}
@@ -132,11 +142,10 @@ func (l *EtcdLock) tryClaim(ctx context.Context, key, instance string) (*Claim, 
 }
 
 // watchClaim follows a claim held by another instance until it is rewritten
-// (a live owner: true) or goes or changes hands (false). It gives up with an
-// error after a TTL and a bit (etcd may have extended a dead owner's lease;
-// the caller looks again).
+// (a live owner: true), or claimDeadAfter passes without a rewrite (a dead
+// owner: false), or it goes or changes hands (false; the caller looks again).
 func (l *EtcdLock) watchClaim(ctx context.Context, key string, h claimHolder) (bool, error) {
-	deadline := time.Now().Add(claimTTL*time.Second + 2*time.Second)
+	deadline := time.Now().Add(claimDeadAfter)
 	for time.Now().Before(deadline) {
 		t := time.NewTimer(claimPoll)
 		select {
@@ -155,12 +164,33 @@ func (l *EtcdLock) watchClaim(ctx context.Context, key string, h claimHolder) (b
 		}
 		switch {
 		case len(resp.Kvs) == 0 || string(resp.Kvs[0].Value) != h.instance:
-			return false, nil // gone, or claimed by somebody else: look again
+			return false, nil // gone, or claimed by somebody else
 		case resp.Kvs[0].ModRevision != h.rev:
 			return true, nil // its owner rewrote it: alive
 		}
 	}
-	return false, fmt.Errorf("the claim on %s was neither rewritten nor released within %ds", key, claimTTL+2)
+	return false, nil
+}
+
+// takeOver replaces a dead owner's claim, if it is still the one seen.
+func (l *EtcdLock) takeOver(ctx context.Context, key, instance string, h claimHolder) (*Claim, error) {
+	ctx, cancel := context.WithTimeout(ctx, claimOpTimeout)
+	defer cancel()
+	grant, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.LeaseGrantResponse, error) {
+		return m.cli.Grant(ctx, claimTTL)
+	})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.TxnResponse, error) {
+		return m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", h.rev)).
+			Then(clientv3.OpPut(key, instance, clientv3.WithLease(grant.ID))).Commit()
+	})
+	if err != nil || !resp.Succeeded {
+		l.revoke(grant.ID)
+		return nil, err
+	}
+	return &Claim{l: l, key: key, instance: instance, lease: grant.ID}, nil
 }
 
 // start keeps the claim's lease alive until Close. A lease lost during an

@@ -164,6 +164,8 @@ type Status struct {
 	HolderMAC string
 	// Ineligible is why this node does not campaign now ("" when it does).
 	Ineligible string
+	// Seen is when the lock was last read or renewed: how fresh Holder is.
+	Seen time.Time
 }
 
 // Elector runs the election for one candidate.
@@ -405,7 +407,7 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 		cb(l.deadline)
 	}
 	e.mu.Lock()
-	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now(), HolderMAC: e.cfg.MAC}
+	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now(), HolderMAC: e.cfg.MAC, Seen: time.Now()}
 	e.mu.Unlock()
 	e.log.Info("became leader", "revision", l.rev)
 	if cb := e.cfg.Callbacks.OnNewLeader; cb != nil {
@@ -469,6 +471,9 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 				if cb := e.cfg.Callbacks.OnLease; cb != nil {
 					cb(l.deadline)
 				}
+				e.mu.Lock()
+				e.status.Seen = time.Now()
+				e.mu.Unlock()
 				*rec = next
 				if !failingSince.IsZero() {
 					e.log.Info("renewal succeeded again", "after", time.Since(failingSince).Round(time.Millisecond))
@@ -593,6 +598,7 @@ func (e *Elector) setHolder(o Observation) {
 	e.mu.Lock()
 	changed := e.status.Holder != h
 	e.status.Holder = h
+	e.status.Seen = time.Now()
 	e.status.HolderMAC = ""
 	if o.Record != nil && h != "" {
 		e.status.HolderMAC = o.Record.MAC
