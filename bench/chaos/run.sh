@@ -32,5 +32,6 @@ for set in $SETS; do
   $lab chaos "${args[@]}" --seed "$SEED" --json --logs "$out/logs-$set" > "$out/$set.json" || status=1
   jq -r '.summary[] | "  \(.kind): \(.count) faults, outage median \(.outageMedianMillis)ms worst \(.outageWorstMillis)ms, no holder worst \(.noHolderWorstMillis)ms, dual-holder samples \(.dualSamples) (worst \(.dualWorstMillis)ms), failed \(.failed)"' "$out/$set.json" | tee "$out/$set.txt"
 done
+bash bench/chaos/summarize.sh "$out"
 echo "results in $out"
 exit $status
