@@ -10,6 +10,7 @@ for cmd in "$@"; do
   command -v "$cmd" >/dev/null && continue
   case $cmd in
     ip) need+=(iproute2) ;;
+    nft) need+=(nftables) ;;
     *) need+=("$cmd") ;;
   esac
 done

@@ -5,7 +5,7 @@
 # a message otherwise. Leaves no namespace behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh ip
+source hack/deps.sh ip nft
 export GOTOOLCHAIN=local
 hack/build.sh
 # The real kube-apiserver for the Kubernetes tests: 15-20 minutes the first

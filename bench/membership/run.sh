@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Membership drills on the lab, recorded: COUNT replace-node drills in a row
 # (power off the VIP holder for good, prune it, join a new node), COUNT
-# replace-healthy drills (learner, promote, remove), and COUNT scale drills
+# replace-healthy drills (learner, promote, remove), COUNT scale drills
 # (3 -> 5 -> 3; each on a fresh lab, as each run uses two new node
-# indexes). Every run is kept as JSON in results/<timestamp>/, with
-# summary.md.
+# indexes), and COUNT of each prune drill on a lab with --prune-after
+# PRUNE_AFTER (prune-one-sided, prune-cold-start, prune-real-death). Every
+# run is kept as JSON in results/<timestamp>/, with summary.md.
 # Usage, as root: bash bench/membership/run.sh   (COUNT=5 by default)
+#   e.g. COUNT=10 DRILLS="prune-one-sided prune-cold-start prune-real-death" bash bench/membership/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source hack/deps.sh ip jq
+source hack/deps.sh ip nft jq
 hack/build.sh
 COUNT=${COUNT:-5}
-DRILLS=${DRILLS:-"replace-node replace-healthy scale"}
+DRILLS=${DRILLS:-"replace-node replace-healthy scale prune-one-sided prune-cold-start prune-real-death"}
+PRUNE_AFTER=${PRUNE_AFTER:-10s}
 out=bench/membership/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 lab=bin/vigil-lab
@@ -27,11 +30,15 @@ for d in $DRILLS; do
     continue
   fi
   $lab down >/dev/null 2>&1 || true
-  $lab up --nodes 3 >/dev/null
+  case $d in
+    prune-*) $lab up --nodes 3 --prune-after "$PRUNE_AFTER" >/dev/null ;;
+    *) $lab up --nodes 3 >/dev/null ;;
+  esac
   $lab drill "$d" --count "$COUNT" --json > "$out/$d.json" || true
+  cp -r /run/vigil-lab "$out/logs-$d" 2>/dev/null && find "$out/logs-$d" -type f ! -name vigil.log -delete || true
 done
 $lab down
-echo "COUNT=$COUNT DRILLS=\"$DRILLS\" bash bench/membership/run.sh" > "$out/command"
+echo "COUNT=$COUNT DRILLS=\"$DRILLS\" PRUNE_AFTER=$PRUNE_AFTER bash bench/membership/run.sh" > "$out/command"
 {
   echo "# Membership drills"
   echo
@@ -41,6 +48,12 @@ echo "COUNT=$COUNT DRILLS=\"$DRILLS\" bash bench/membership/run.sh" > "$out/comm
     echo
     echo "## $d"
     echo
+    case $d in prune-*)
+      echo "| run | result | victim | pruned | pruned after ms (bound) | holder saw it down ms | members after | what each vigil saw |"
+      echo "|---|---|---|---|---|---|---|---|"
+      jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.prune.victim) | \(.prune.pruned) | \(if .prune.boundMillis then "\(.prune.prunedAfterMillis | round) (\(.prune.boundMillis | round))" else "-" end) | \(.prune.holderSawDownMillis // "-") | \(.prune.members | join(",")) | \(.prune.witnesses // "") |"' "$out/$d.json"
+      continue
+    esac
     echo "| run | result | client outage ms | holder before -> after | split brain | phases (ms) |"
     echo "|---|---|---|---|---|---|"
     jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.outageMillis | round) | \(.before) -> \(.after) | \(.splitBrain) | \([.phases[]? | "\(.name) \(.millis | round)"] | join("; ")) |"' "$out/$d.json"

@@ -33,7 +33,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.StringVar(&s.Election, "election", lab.ElectionEtcd, "vigil --election on every node: etcd, or kubernetes (a Lease through the node's own kube-apiserver; needs --apiserver kube)")
 	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
 	f.BoolVar(&s.VIPLink, "vip-link", false, "give every node a second link (vip0) on the bridge that carries only the VIP, so the VIP's link can fail while etcd's stays up (chaos turns it on)")
-	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; replace-node then waits for vigil to prune instead of running vigil members prune")
+	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; the prune-* drills need it, and replace-node then waits for vigil to prune instead of running vigil members prune")
 }
 
 func newUpCmd(g *globals) *cobra.Command {
@@ -166,6 +166,15 @@ func newDrillCmd(g *globals) *cobra.Command {
   scale              3 -> 5 nodes (kubeadm-style joins) -> 3 (vigil members
                      remove --force of two non-holders); the VIP must not
                      move and the load balancer follows every change
+  prune-one-sided    (needs up --prune-after) on the holder only, drop packets
+                     to another member's etcd client port for 25 s; that
+                     member must stay
+  prune-cold-start   (needs up --prune-after) stop vigil everywhere for 60 s,
+                     block one member's client port, start vigil, unblock
+                     2 s after a holder is elected; no member may go
+  prune-real-death   (needs up --prune-after) power off a member that does
+                     not hold the VIP; it must be pruned within
+                     --prune-after + 5 s (not before), then a new node joins
   mixed              the failover and API server drills in turn, --count
                      drills in all
 

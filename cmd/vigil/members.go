@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -68,10 +70,11 @@ refuses anything that would leave fewer healthy voters than the quorum of
 the remaining ones, or that needs a quorum the cluster does not have.
 Refusals say why and what to do instead; nothing is changed.
 
-"Last seen healthy" comes from records that vigil run (on the VIP holder)
-keeps in etcd under /vigil/members/. prune removes only members recorded
-healthy at some point and unreachable since: a member never seen healthy
-(added, not yet started) is never pruned.
+Every vigil run observes every member once a second and publishes its view
+in etcd under /vigil/member-views/: how long it has seen each member
+unreachable without a break, on its own clock. list shows these views, and
+prune removes a member only when a majority of the voters' views agree it
+has been unreachable for --min-down.
 
 The connection flags are those of vigil run. With kubeadm:
   --etcd-endpoints https://127.0.0.1:2379 --etcd-cacert /etc/kubernetes/pki/etcd/ca.crt
@@ -87,7 +90,7 @@ func newMembersListCmd(ef *etcdFlags) *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "list",
-		Short: "List members with health, role, raft lag, DB size and when last seen healthy",
+		Short: "List members with health, role, raft lag, DB size and what each vigil sees of them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" && output != "yaml" {
@@ -117,25 +120,18 @@ func newMembersListCmd(ef *etcdFlags) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tID\tROLE\tLEADER\tHEALTHY\tLAG\tDB\tLAST SEEN HEALTHY\tPEER URLS\tCLIENT URLS")
+			fmt.Fprintln(tw, "NAME\tID\tROLE\tLEADER\tHEALTHY\tLAG\tDB\tSEEN BY VIGIL\tPEER URLS\tCLIENT URLS")
 			for _, m := range v.Members {
 				role := "voter"
 				if m.Learner {
 					role = "learner"
-				}
-				seen := "never recorded"
-				switch {
-				case m.Reachable:
-					seen = "now"
-				case !m.LastHealthy.IsZero():
-					seen = time.Since(m.LastHealthy).Round(time.Second).String() + " ago"
 				}
 				name := m.Name
 				if name == "" {
 					name = "(not started)"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", name, m.IDString(), role, yesNo(m.Leader), yesNo(m.Reachable),
-					m.Lag, size(m.DBSize), seen, strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
+					m.Lag, size(m.DBSize), seenBy(m), strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
 			}
 			return tw.Flush()
 		},
@@ -259,24 +255,51 @@ Ready; permission to delete Nodes is checked before the member is touched.`,
 	return cmd
 }
 
+// seenBy sums up the vigils' views of m: "cp1 up, cp2 down 12s".
+func seenBy(m membership.Member) string {
+	if len(m.SeenBy) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, o := range slices.Sorted(maps.Keys(m.SeenBy)) {
+		s := m.SeenBy[o]
+		if s.Reachable {
+			parts = append(parts, o+" up")
+		} else {
+			parts = append(parts, o+" down "+s.Down().Round(time.Second).String())
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func newMembersPruneCmd(ef *etcdFlags) *cobra.Command {
 	var (
-		dryRun  bool
-		minDown time.Duration
-		nf      nodeFlags
+		dryRun, force bool
+		minDown       time.Duration
+		nf            nodeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "prune",
-		Short: "Remove members unreachable for longer than --min-down, one at a time",
-		Long: `Remove every member that has been unreachable for at least --min-down
-(going by vigil's last-seen-healthy records), one at a time. Before each
-removal the cluster is read again and the quorum rules of remove apply, so
-prune never goes below a healthy majority and two prunes at once are safe.
+		Short: "Remove members that a majority of the vigils agree have been unreachable for --min-down",
+		Long: `Remove, one at a time, every member that is unreachable from here and that a
+majority of the voters' vigils report unreachable, without a break, for at
+least --min-down. Each vigil run publishes that view once a second; prune
+first waits up to ` + membership.ReportStale.String() + ` to see which views are being renewed, and
+ignores stale ones and views of nodes whose own member is not a healthy
+voter. It prints the evidence for each member.
+
+A member only some vigils lose (a one-sided firewall rule, an asymmetric
+partition) is refused, with a non-zero exit: the evidence is one-sided.
+--force removes every member unreachable from here whatever the views say.
+
+Before each removal the cluster is read again and the quorum rules of
+remove apply, so prune never goes below a healthy majority and two prunes
+at once are safe. A member that never started (added, no name yet) is
+never pruned; remove it by ID.
 
 With --delete-node the Node named like each pruned member is deleted too,
-unless it is Ready (kubeadm names etcd members after their nodes), so that
-no stale control-plane Node is left; permission to delete Nodes is checked
-before anything is removed.`,
+unless it is Ready (kubeadm names etcd members after their nodes);
+permission to delete Nodes is checked before anything is removed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if minDown < 0 {
@@ -292,20 +315,51 @@ before anything is removed.`,
 			}
 			defer cl.Close()
 			say := sayTo(cmd.OutOrStdout())
-			removed, err := cl.Prune(cmd.Context(), minDown, dryRun, say)
-			if kc == nil || dryRun {
+			fresh, err := cl.FreshReports(cmd.Context(), membership.ReportStale)
+			if err != nil {
 				return err
 			}
-			var names []string
-			for _, m := range removed {
-				names = append(names, m.Name)
+			removed, cases, err := cl.Prune(cmd.Context(), membership.PruneConfig{MinDown: minDown, DryRun: dryRun, Force: force, Fresh: fresh}, say)
+			if err != nil {
+				return err
 			}
-			return errors.Join(err, deleteNodes(cmd.Context(), kc, names, say))
+			gone := map[uint64]bool{}
+			for _, m := range removed {
+				gone[m.ID] = true
+			}
+			var refused []string
+			for _, cs := range cases {
+				switch {
+				case gone[cs.Member.ID] || dryRun && cs.Removable(membership.PruneConfig{MinDown: minDown, Force: force}):
+				case cs.Verdict == membership.OneSided:
+					say("%s is unreachable from here, but the evidence is one-sided: %s", cs.Member.Label(), cs.Evidence())
+					refused = append(refused, cs.Member.Name)
+				default:
+					say("%s is unreachable, not yet for %v by a majority: %s", cs.Member.Label(), minDown, cs.Evidence())
+				}
+			}
+			if len(cases) == 0 {
+				say("nothing to prune: every member answers")
+			}
+			if kc != nil && !dryRun {
+				var names []string
+				for _, m := range removed {
+					names = append(names, m.Name)
+				}
+				if err := deleteNodes(cmd.Context(), kc, names, say); err != nil {
+					return err
+				}
+			}
+			if len(refused) > 0 {
+				return fmt.Errorf("%w: not pruning %s: fewer than a majority of the voters' vigils see it down; check what cuts this node off, or pass --force to remove it on this node's view alone", membership.ErrRefused, strings.Join(refused, ", "))
+			}
+			return nil
 		},
 	}
 	nf.add(cmd)
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be removed, remove nothing")
-	cmd.Flags().DurationVar(&minDown, "min-down", 5*time.Minute, "how long a member must have been unreachable")
+	cmd.Flags().BoolVar(&force, "force", false, "remove every member unreachable from here, whatever the other vigils report (the quorum rules still apply)")
+	cmd.Flags().DurationVar(&minDown, "min-down", 5*time.Minute, "how long a majority of the voters' vigils must have seen a member unreachable")
 	return cmd
 }
 

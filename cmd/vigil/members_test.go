@@ -72,7 +72,7 @@ func TestMembersCLI(t *testing.T) {
 		t.Fatalf("members = %v", got)
 	}
 	out, _, code := run("list")
-	if code != 0 || !strings.Contains(out, "LAST SEEN HEALTHY") || strings.Count(out, "\n") != 4 {
+	if code != 0 || !strings.Contains(out, "SEEN BY VIGIL") || strings.Count(out, "\n") != 4 {
 		t.Fatalf("table:\n%s", out)
 	}
 	if out, _, code := run("list", "-o", "yaml"); code != 0 || !strings.Contains(out, "name: m2") {
@@ -146,20 +146,22 @@ func TestMembersDeleteNode(t *testing.T) {
 		_, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		return err == nil
 	}
-	// What vigil run on the VIP holder does: record who is healthy, so
-	// that prune knows m3 was alive once.
-	cl, err := membership.New(membership.Config{Endpoints: c.Endpoints}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	etcdtest.Retry(t, 20*time.Second, "record member health", func() error {
-		v, err := cl.View(ctx)
+	// What vigil run does on m1 (and later m2): observe the members and
+	// publish its view.
+	observe := func(member string) {
+		cl, err := membership.New(membership.Config{Endpoints: c.Endpoints}, slog.New(slog.DiscardHandler))
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		return cl.RecordHealth(ctx, v, time.Now())
-	})
+		octx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			membership.NewObserver(cl, membership.ObserverConfig{Node: member, Member: member}, slog.New(slog.DiscardHandler)).Run(octx)
+		}()
+		t.Cleanup(func() { stop(); <-done; cl.Close() })
+	}
+	observe("m1")
 	time.Sleep(5500 * time.Millisecond) // etcd accepts membership changes only after 5 s
 	c.Kill(2)
 
@@ -185,7 +187,16 @@ func TestMembersDeleteNode(t *testing.T) {
 		})
 	}
 
+	// Only m1's vigil sees m3 down: one voter of the two needed.
 	out, stderr, code := run("prune", "--min-down", "0s", "--delete-node", "--kubeconfig", adminKC)
+	if code != 1 || !strings.Contains(out, "one-sided") || !strings.Contains(stderr, "--force") || !nodeExists("m3") {
+		t.Fatalf("prune on one vigil's view: exit %d\n%s%s", code, out, stderr)
+	}
+	if out, _, _ := run("list"); !strings.Contains(out, "m1 down") {
+		t.Fatalf("list does not show m1's view of m3:\n%s", out)
+	}
+	observe("m2")
+	out, stderr, code = run("prune", "--min-down", "0s", "--delete-node", "--kubeconfig", adminKC)
 	if code != 0 || !strings.Contains(out, "deleted Node m3") {
 		t.Fatalf("prune --delete-node: exit %d\n%s%s", code, out, stderr)
 	}

@@ -82,7 +82,8 @@ another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443.
 Kubernetes API (--kubeconfig, optional with --election etcd). vigil records
 Events on leadership changes (on the Lease, or on this Node with the etcd
 election), follows the EndpointSlices above and, with --prune-delete-node,
-deletes the Node of each member it prunes unless that Node is Ready. The
+deletes the Node of each member it prunes once that node's kubelet has not
+renewed its Lease (kube-node-lease) for --prune-after. The
 API server being down, or refusing (403), never affects the VIP: Events are
 dropped and the watch retries. The user needs the rules of
 "vigil manifest rbac".
@@ -151,8 +152,8 @@ any rights. See docs/kubeadm.md.`,
 	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "consecutive passed checks that bring a failed backend back")
 	f.IntVar(&cfg.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
 	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's passes, give the VIP to that peer (0: off)")
-	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members unreachable for longer than this, never below a healthy quorum (0: off; minutes in production)")
-	f.BoolVar(&cfg.PruneDeleteNode, "prune-delete-node", false, "with --prune-after and --kubeconfig: also delete the Node named like each pruned member, unless it is Ready")
+	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members that a majority of the voters' vigils have seen unreachable, without a break, for this long, never below a healthy quorum; no prune in the first period after start or takeover (0: off; minutes in production)")
+	f.BoolVar(&cfg.PruneDeleteNode, "prune-delete-node", false, "with --prune-after and --kubeconfig: also delete the Node named like each pruned member, once its kubelet has not renewed its node Lease for --prune-after (and unless it is Ready)")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

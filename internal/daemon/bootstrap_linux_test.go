@@ -144,6 +144,7 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 		`vigil_lock_renew_duration_seconds_count\{result="ok"\} [1-9]`,
 		`vigil_leader_transitions_total [1-9]`,
 		`vigil_vip_held 1`,
+		`vigil_member_unreachable_seconds\{member="[^"]+"\} 0\n`, // every member answers
 	} {
 		if !regexp.MustCompile(re).MatchString(m) {
 			t.Errorf("metrics lack %s", re)

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,7 +224,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		go func() { defer wg.Done(); _ = disc.Run(cctx) }()
 	}
 
-	h := &holder{ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, kube: kc, events: events, guard: guard, said: map[string]bool{}}
+	h := &holder{ann: ann, lock: etcdLock, bal: bal, m: m, cfg: cfg, log: log, disc: disc, kube: kc, events: events, guard: guard}
 	h.keeper = vip.NewKeeper(vm, vip.KeeperConfig{
 		OnStray: func() {
 			m.strays.Inc()
@@ -245,10 +244,23 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = h.keeper.Run(cctx) }()
 	if etcdLock != nil {
-		if h.members, err = membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, log.With("component", "membership")); err != nil {
+		// Every node observes the members and publishes its view; the
+		// VIP holder also prunes what a majority agrees is gone.
+		mlog := log.With("component", "membership")
+		members, err := membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, mlog)
+		if err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		defer h.members.Close()
+		defer members.Close()
+		if cfg.PruneDeleteNode {
+			h.nodes = newNodeReaper(kc, cfg.PruneAfter, mlog)
+		}
+		obs := membership.NewObserver(members, membership.ObserverConfig{
+			Node: cfg.NodeName, Member: cfg.EtcdMemberName, PruneAfter: cfg.PruneAfter,
+			Holding: h.holding, OnRound: h.membersObserved, OnPruned: h.pruned,
+		}, mlog)
+		wg.Add(1)
+		go func() { defer wg.Done(); obs.Run(cctx) }()
 	}
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
@@ -338,20 +350,23 @@ type holder struct {
 	bal    *lb.Balancer // nil without --lb-port
 	m      *nodeMetrics
 
-	members *membership.Cluster
-	disc    *discovery.Discovery // nil without any backend source
-	kube    kubernetes.Interface // nil without --kubeconfig
-	events  *kube.Events         // nil without --kubeconfig
-	said    map[string]bool      // prune messages not to repeat; used by watchMembers only
-	cfg     Config
-	log     *slog.Logger
+	nodes *nodeReaper // nil without --prune-delete-node
+	// memberSeries are the members with a vigil_member_unreachable_seconds
+	// series; used by membersObserved only.
+	memberSeries map[string]bool
+	disc         *discovery.Discovery // nil without any backend source
+	kube         kubernetes.Interface // nil without --kubeconfig
+	events       *kube.Events         // nil without --kubeconfig
+	cfg          Config
+	log          *slog.Logger
 
 	conflicts *conflicts
 	// holderChanged is when the observed holder last changed (UnixNano).
 	holderChanged atomic.Int64
 
-	mu      sync.Mutex // guards group, cancel and serving
+	mu      sync.Mutex // guards group, cancel, since and serving
 	serving bool       // whether the balancer serves (set at the first lease of a tenure)
+	since   time.Time  // start of the current tenure
 	group   *announce.Group
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup // the refresher and the shedder
@@ -384,6 +399,7 @@ func (h *holder) start(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ctx, h.cancel = context.WithCancel(ctx)
+	h.since = time.Now()
 	h.group = announce.Start(ctx, h.ann, h.keeper.Valid)
 	h.conflicts.Kick()
 	if h.cfg.ShedRaftLeadership && h.lock != nil {
@@ -391,13 +407,6 @@ func (h *holder) start(ctx context.Context) {
 		go func() {
 			defer h.wg.Done()
 			h.shed(ctx)
-		}()
-	}
-	if h.members != nil {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.watchMembers(ctx)
 		}()
 	}
 }
@@ -447,94 +456,50 @@ func (h *holder) stop(sd election.StepDown) {
 	}
 }
 
-// membersInterval is how often the VIP holder records which etcd members
-// are healthy (for `vigil members list` and prune) and, with --prune-after,
-// prunes. Two seconds is fine-grained next to any sane --prune-after (a new
-// holder records at once, too) and costs one member list, one Status per
-// member and one transaction.
-const membersInterval = 2 * time.Second
+// holding tells whether this node holds the VIP, and since when: only the
+// holder prunes, and only once it has held the VIP for a whole
+// --prune-after.
+func (h *holder) holding() (bool, time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cancel != nil, h.since
+}
 
-// watchMembers records member health and prunes dead members while this
-// node holds the VIP. Only the holder does it, so there is one writer; a
-// holder that just lost the VIP may still be finishing a prune, which is
-// why every removal reads the member list again first (membership.Prune).
-func (h *holder) watchMembers(ctx context.Context) {
-	t := time.NewTicker(membersInterval)
-	defer t.Stop()
-	failing := false
-	for first := true; ; first = false {
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+// membersObserved runs after every observation of the members, with this
+// node's view of them.
+func (h *holder) membersObserved(ctx context.Context, v membership.View, own membership.Report) {
+	seen := map[string]bool{}
+	for _, s := range own.Members {
+		seen[s.Name] = true
+		h.m.memberDown.WithLabelValues(s.Name).Set(s.Down().Seconds())
+	}
+	for name := range h.memberSeries {
+		if !seen[name] {
+			h.m.memberDown.DeleteLabelValues(name) // removed from etcd
 		}
-		cctx, cancel := context.WithTimeout(ctx, 2*membersInterval)
-		err := h.membersOnce(cctx)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil && !failing:
-			h.log.Warn("cannot check etcd members", "err", err)
-			failing = true
-		case err == nil && failing:
-			h.log.Info("checking etcd members works again")
-			failing = false
-		}
+	}
+	h.memberSeries = seen
+	if h.nodes != nil {
+		h.nodes.observe(ctx, v, h.nodeDeleted)
 	}
 }
 
-func (h *holder) membersOnce(ctx context.Context) error {
-	v, err := h.members.View(ctx)
-	if err != nil {
-		return err
-	}
-	if err := h.members.RecordHealth(ctx, v, time.Now()); err != nil {
-		return err
-	}
-	if h.cfg.PruneAfter == 0 {
-		return nil
-	}
-	say := func(f string, a ...any) { h.log.Info("prune: " + fmt.Sprintf(f, a...)) }
-	removed, err := h.members.Prune(ctx, h.cfg.PruneAfter, false, func(f string, a ...any) {
-		msg := fmt.Sprintf(f, a...)
-		if strings.HasPrefix(msg, "nothing to prune") || h.said[msg] {
-			return
-		}
-		if strings.Contains(msg, "never recorded healthy") {
-			h.said[msg] = true // once per member, not every round
-		}
-		say("%s", msg)
-	})
-	for _, m := range removed {
-		h.m.prunes.Inc()
-		h.log.Info("pruned a dead etcd member", "member", m.Label(), "down_since", m.LastHealthy)
-		if h.cfg.PruneDeleteNode {
-			h.deleteNode(ctx, m.Name)
-		}
-	}
-	if len(removed) > 0 && h.disc != nil {
+// pruned runs for every member this node pruned.
+func (h *holder) pruned(ctx context.Context, m membership.Member) {
+	h.m.prunes.Inc()
+	h.log.Info("pruned a dead etcd member", "member", m.Label())
+	if h.disc != nil {
 		h.disc.Refresh() // its API server leaves the load balancer now
 	}
-	return err
+	if h.nodes != nil {
+		h.nodes.pruned(ctx, m.Name, h.nodeDeleted)
+	}
 }
 
-// deleteNode deletes the Node of a pruned member (--prune-delete-node),
-// unless it is Ready. A failure is logged, not retried: the member is gone,
-// and `vigil members prune --delete-node` or kubectl can finish the job.
-func (h *holder) deleteNode(ctx context.Context, name string) {
-	got, err := kube.DeleteDeadNode(ctx, h.kube, name)
-	switch {
-	case err != nil:
-		h.log.Warn("pruned member's Node not deleted", "node", name, "err", err)
-	case got == kube.NodeAbsent:
-		h.log.Info("pruned member has no Node of its name", "node", name)
-	default:
-		h.m.nodesDeleted.Inc()
-		h.log.Info("deleted the Node of a pruned member", "node", name)
-		if h.events != nil {
-			h.events.Emit(false, kube.ReasonNodeDeleted, "%s deleted Node %s: its etcd member was dead and pruned", h.cfg.NodeName, name)
-		}
+func (h *holder) nodeDeleted(name string) {
+	h.m.nodesDeleted.Inc()
+	if h.events != nil {
+		h.events.Emit(false, kube.ReasonNodeDeleted, "%s deleted Node %s: its etcd member was pruned and its kubelet had not renewed its Lease for %v", h.cfg.NodeName, name, h.cfg.PruneAfter)
 	}
 }
 

@@ -34,6 +34,9 @@ type nodeMetrics struct {
 	restored  prometheus.Counter
 	conflicts prometheus.Counter
 	conflict  prometheus.Gauge
+	// memberDown is how long this node has seen each etcd member
+	// unreachable without a break.
+	memberDown *prometheus.GaugeVec
 }
 
 func newNodeMetrics() *nodeMetrics {
@@ -78,11 +81,15 @@ func newNodeMetrics() *nodeMetrics {
 		conflict: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vigil_vip_conflict", Help: "1 while the last probe saw another hardware address answer for the VIP besides the holder's.",
 		}),
+		memberDown: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vigil_member_unreachable_seconds",
+			Help: "How long this node has seen each etcd member unreachable without a break (0 while it answers); the evidence this node publishes for pruning.",
+		}, []string{"member"}),
 	}
 	m.renew.WithLabelValues("ok")
 	m.renew.WithLabelValues("error")
 	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
-		m.strays, m.restored, m.conflicts, m.conflict,
+		m.strays, m.restored, m.conflicts, m.conflict, m.memberDown,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -85,4 +86,24 @@ func CheckCanDeleteNodes(ctx context.Context, cs kubernetes.Interface) error {
 		return fmt.Errorf("%w: grant it (vigil manifest rbac) or drop --delete-node", ErrCannotDeleteNodes)
 	}
 	return nil
+}
+
+// NodeLeaseNamespace holds the Leases kubelets renew as their heartbeat.
+const NodeLeaseNamespace = "kube-node-lease"
+
+// NodeLeaseRenewal reads when the kubelet of node name last renewed its
+// Lease, by the kubelet's own clock: compare it only with other readings of
+// the same Lease. found is false when there is no such Lease.
+func NodeLeaseRenewal(ctx context.Context, cs kubernetes.Interface, name string) (renew time.Time, found bool, err error) {
+	l, err := cs.CoordinationV1().Leases(NodeLeaseNamespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("get the node Lease %s/%s: %w", NodeLeaseNamespace, name, err)
+	}
+	if l.Spec.RenewTime != nil {
+		renew = l.Spec.RenewTime.Time
+	}
+	return renew, true, nil
 }

@@ -32,15 +32,20 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath}
 
 // MembershipDrills lists the drills that change the lab's membership (they
-// leave it with new nodes); vigil labs only.
+// leave it with new nodes), and with --prune-after the prune drills; vigil
+// labs only.
 func MembershipDrills(s Settings) []string {
 	if s.Impl != ImplVigil {
 		return nil
 	}
-	return []string{DrillScale, DrillReplaceHealthy, DrillReplaceNode, DrillScaleWorkers}
+	out := []string{DrillScale, DrillReplaceHealthy, DrillReplaceNode, DrillScaleWorkers}
+	if s.PruneAfter > 0 {
+		out = append(out, PruneDrills...)
+	}
+	return out
 }
 
 // failoverDrills are the drills every implementation can run.
@@ -92,7 +97,9 @@ type Result struct {
 	Phases []Phase `json:"phases,omitempty"`
 	// Workers is set by scale-workers-unaffected.
 	Workers []WorkerResult `json:"workers,omitempty"`
-	Error   string         `json:"error,omitempty"`
+	// Prune is set by the prune drills.
+	Prune *PruneResult `json:"prune,omitempty"`
+	Error string       `json:"error,omitempty"`
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one
@@ -123,6 +130,9 @@ func (r Result) String() string {
 	}
 	for _, w := range r.Workers {
 		s += "\n    " + w.String()
+	}
+	if r.Prune != nil {
+		s += "\n    " + r.Prune.String()
 	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
@@ -194,6 +204,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillScaleWorkers {
 		return l.scaleWorkers(ctx, r)
+	}
+	if slices.Contains(PruneDrills, kind) {
+		return l.pruneDrill(ctx, kind, r)
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {

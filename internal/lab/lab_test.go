@@ -102,6 +102,12 @@ func TestDrills(t *testing.T) {
 				if r.After == r.Target {
 					t.Fatalf("%s still holds the VIP with a failing API server", r.Target)
 				}
+			case DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath:
+				// The drill itself failed on a wrong prune or a late one;
+				// here: it judged what it meant to.
+				if r.Prune == nil || r.Prune.Pruned != (kind == DrillPruneRealDeath) || len(r.Prune.Members) < 2 {
+					t.Fatalf("prune result: %+v", r.Prune)
+				}
 			case DrillKillEtcdLeader:
 				if r.After != r.Before {
 					t.Fatalf("the VIP moved from %s to %s when only an etcd member died", r.Before, r.After)

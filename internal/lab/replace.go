@@ -3,7 +3,6 @@ package lab
 import (
 	"context"
 
-	"encoding/json"
 	"errors"
 	"fmt"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -353,41 +352,22 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 
 // memberGone tells whether etcd no longer lists member name.
 func (l *Lab) memberGone(ctx context.Context, name string) (bool, error) {
-	cli, err := etcdClient(l.etcdEndpoints())
+	names, err := l.memberNames(ctx)
 	if err != nil {
 		return false, err
 	}
-	defer cli.Close()
-	mctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	resp, err := cli.MemberList(mctx)
-	if err != nil {
-		return false, err
-	}
-	for _, m := range resp.Members {
-		if m.Name == name {
-			return false, nil
-		}
-	}
-	return true, nil
+	return !slices.Contains(names, name), nil
 }
 
-// recordedHealthy tells whether `vigil members list` shows a last-seen-
-// healthy record for member name.
+// recordedHealthy tells whether some vigil's published view, as `vigil
+// members list` on node from shows it, has member name reachable.
 func (l *Lab) recordedHealthy(ctx context.Context, from, name string) bool {
-	out, err := l.vigilMembers(ctx, from, "list", "-o", "json")
+	v, err := l.viewsOf(ctx, from, name)
 	if err != nil {
 		return false
 	}
-	var ms []struct {
-		Name        string    `json:"name"`
-		LastHealthy time.Time `json:"lastHealthy"`
-	}
-	if json.Unmarshal([]byte(out), &ms) != nil {
-		return false
-	}
-	for _, m := range ms {
-		if m.Name == name && !m.LastHealthy.IsZero() {
+	for _, s := range v {
+		if s.Reachable {
 			return true
 		}
 	}
@@ -588,6 +568,16 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 	return l.finishStill(ctx, r, pr, start, holder, "while scaling")
 }
 
+// vipHolders lists the nodes that have the VIP now.
+func (l *Lab) vipHolders() ([]string, error) {
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	return w.holders(l.st.Nodes)
+}
+
 // finishStill ends a drill in which the VIP must not move: it records the
 // total, the client outage since start and the holder, and fails if the
 // VIP is anywhere but on holder (with holder "": on more or fewer than one
@@ -600,12 +590,8 @@ func (l *Lab) finishStill(ctx context.Context, r *Result, pr *prober, start time
 	replies := pr.close()
 	r.OutageMillis = millis(longestGap(replies, start, time.Now()))
 	r.After = lastBefore(replies, time.Now())
-	w, err := newVIPWatch(l.st.Nodes)
-	if err != nil {
-		return err
-	}
-	defer w.close()
-	if r.HoldersAfterHeal, err = w.holders(l.st.Nodes); err != nil {
+	var err error
+	if r.HoldersAfterHeal, err = l.vipHolders(); err != nil {
 		return err
 	}
 	if len(r.HoldersAfterHeal) != 1 || (holder != "" && r.HoldersAfterHeal[0] != holder) {

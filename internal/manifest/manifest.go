@@ -229,8 +229,9 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 //   - vigil run (ServiceAccount kube-system/vigil, or the user "vigil" of a
 //     kubeconfig made with `kubeadm kubeconfig user --client-name vigil`):
 //     its election Lease in kube-system; EndpointSlices (read) to find API
-//     servers; Events (create) to report leadership; Nodes (get, delete),
-//     used only by the opt-in removal of a pruned member's Node;
+//     servers; Events (create) to report leadership; Nodes (get, delete)
+//     and node Leases in kube-node-lease (get), used only by the opt-in
+//     removal of a pruned member's Node;
 //   - vigil agent (ServiceAccount kube-system/vigil-agent, or the user
 //     "vigil-agent"): EndpointSlices (read).
 func RBAC() []runtime.Object {
@@ -254,6 +255,19 @@ func RBAC() []runtime.Object {
 			TypeMeta: typeMeta("RoleBinding"), ObjectMeta: meta(DaemonName),
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: DaemonName},
 			Subjects: daemonSubjects,
+		},
+		&rbacv1.Role{
+			TypeMeta:   typeMeta("Role"),
+			ObjectMeta: metav1.ObjectMeta{Name: DaemonName + "-node-leases", Namespace: "kube-node-lease"},
+			Rules: []rbacv1.PolicyRule{{
+				APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get"},
+			}},
+		},
+		&rbacv1.RoleBinding{
+			TypeMeta:   typeMeta("RoleBinding"),
+			ObjectMeta: metav1.ObjectMeta{Name: DaemonName + "-node-leases", Namespace: "kube-node-lease"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: DaemonName + "-node-leases"},
+			Subjects:   daemonSubjects,
 		},
 		&rbacv1.ClusterRole{
 			TypeMeta:   typeMeta("ClusterRole"),

@@ -4,11 +4,12 @@
 // in the order the etcd documentation prescribes.
 //
 // Health: a member is reachable when its client URL answers Status within
-// StatusTimeout. "Last seen healthy" is recorded in etcd itself (under
-// RecordPrefix) by the VIP holder every few seconds, so any node, and the
-// CLI, can tell how long a member has been down. A member never recorded as
-// healthy is never pruned: nothing proves how long it has been down (it may
-// just have been added and not started yet).
+// StatusTimeout. Every vigil run observes every member and publishes its
+// own view in etcd (under ReportPrefix): how long it has seen each member
+// unreachable without a break, on its own monotonic clock. A member is
+// pruned only when a majority of the voters' views agree that it has been
+// unreachable for the whole period (evidence.go). A member that never
+// started (no name yet) is never pruned automatically.
 package membership
 
 import (
@@ -20,7 +21,6 @@ import (
 	"log/slog"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,8 +30,23 @@ import (
 	"go.uber.org/zap"
 )
 
-// DefaultRecordPrefix is where last-seen-healthy records live.
-const DefaultRecordPrefix = "/vigil/members/"
+// DefaultReportPrefix is where each vigil publishes its view of the
+// members, one key per node.
+const DefaultReportPrefix = "/vigil/member-views/"
+
+// reportTTL is the lease of a published report: the report of a vigil that
+// stopped without withdrawing it vanishes after this. Readers do not rely
+// on it for freshness (etcd extends leases when its leader changes); they
+// watch the sequence number move.
+const reportTTL = 10 * time.Second
+
+// memberListTimeout bounds one try at the member list, memberListTries
+// the tries. A linearizable read answers in a raft round trip; a second
+// also covers the election of a new raft leader.
+const (
+	memberListTimeout = time.Second
+	memberListTries   = 3
+)
 
 // DefaultStatusTimeout bounds one member's Status call. A live member on a
 // LAN answers in milliseconds; a second tells a dead one apart without
@@ -42,7 +57,7 @@ const DefaultStatusTimeout = time.Second
 type Config struct {
 	Endpoints     []string
 	TLS           *tls.Config
-	RecordPrefix  string
+	ReportPrefix  string
 	StatusTimeout time.Duration
 }
 
@@ -51,6 +66,9 @@ type Cluster struct {
 	cfg Config
 	cli *clientv3.Client
 	log *slog.Logger
+
+	mu    sync.Mutex       // guards lease
+	lease clientv3.LeaseID // of this process's published report; 0 before the first
 }
 
 // New connects (lazily) to the endpoints.
@@ -63,8 +81,8 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 			return nil, fmt.Errorf("%w: etcd endpoint %q must look like https://HOST:PORT", ErrInvalid, ep)
 		}
 	}
-	if cfg.RecordPrefix == "" {
-		cfg.RecordPrefix = DefaultRecordPrefix
+	if cfg.ReportPrefix == "" {
+		cfg.ReportPrefix = DefaultReportPrefix
 	}
 	if cfg.StatusTimeout == 0 {
 		cfg.StatusTimeout = DefaultStatusTimeout
@@ -74,7 +92,11 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 		TLS:              cfg.TLS,
 		DialTimeout:      2 * time.Second,
 		AutoSyncInterval: 30 * time.Second, // follow the member list
-		Logger:           zap.NewNop(),
+		// Find a dead member's connection within two seconds, so that
+		// requests stop being balanced onto it.
+		DialKeepAliveTime:    time.Second,
+		DialKeepAliveTimeout: time.Second,
+		Logger:               zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
@@ -86,15 +108,25 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 func (c *Cluster) Close() error { return c.cli.Close() }
 
 // View reads the member list (linearizable), asks every member for its
-// status and reads the health records.
+// status and reads the published reports.
 func (c *Cluster) View(ctx context.Context) (View, error) {
-	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	resp, err := c.cli.MemberList(lctx)
-	cancel()
+	// A member that just lost power still has an open-looking
+	// connection, and a request balanced onto it hangs until its
+	// deadline: short tries, each balanced onto the next endpoint.
+	var resp *clientv3.MemberListResponse
+	var err error
+	for range memberListTries {
+		lctx, cancel := context.WithTimeout(ctx, memberListTimeout)
+		resp, err = c.cli.MemberList(lctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil && ctx.Err() == nil {
 		// No quorum, perhaps: a member's own (serializable) list still
 		// shows what is wrong, and CheckRemove then refuses with reason.
-		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, memberListTimeout)
 		resp, err = c.cli.MemberList(sctx, clientv3.WithSerializable())
 		cancel()
 	}
@@ -106,6 +138,7 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 		v.Members = append(v.Members, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Learner: m.IsLearner})
 	}
 	var wg sync.WaitGroup
+	v.AskedAt = time.Now()
 	for i := range v.Members {
 		wg.Add(1)
 		go func() {
@@ -114,6 +147,7 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 		}()
 	}
 	wg.Wait()
+	v.AnsweredAt = time.Now()
 	c.useReachable(v)
 	var leaderIndex uint64
 	for _, m := range v.Members {
@@ -127,15 +161,23 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	recs, err := c.records(rctx)
+	v.Reports, err = c.Reports(rctx)
 	cancel()
 	if err != nil {
-		// Without quorum the records cannot be read; the view is still
+		// Without quorum the reports cannot be read; the view is still
 		// good for refusing with a reason.
-		c.log.Debug("cannot read health records", "err", err)
+		c.log.Debug("cannot read member reports", "err", err)
 	}
 	for i := range v.Members {
-		v.Members[i].LastHealthy = recs[v.Members[i].ID]
+		m := &v.Members[i]
+		for _, r := range v.Reports {
+			if s, ok := r.Members[m.IDString()]; ok {
+				if m.SeenBy == nil {
+					m.SeenBy = map[string]Sighting{}
+				}
+				m.SeenBy[r.Observer] = s
+			}
+		}
 	}
 	slices.SortFunc(v.Members, func(a, b Member) int { return strings.Compare(a.Name+a.IDString(), b.Name+b.IDString()) })
 	return v, nil
@@ -189,63 +231,66 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 	m.Error = strings.Join(errs, "; ")
 }
 
-// record is what the health records hold.
-type record struct {
-	Name        string    `json:"name"`
-	LastHealthy time.Time `json:"lastHealthy"`
-}
-
-func (c *Cluster) records(ctx context.Context) (map[uint64]time.Time, error) {
-	resp, err := c.cli.Get(ctx, c.cfg.RecordPrefix, clientv3.WithPrefix())
+// Reports reads every published report.
+func (c *Cluster) Reports(ctx context.Context) ([]Report, error) {
+	resp, err := c.cli.Get(ctx, c.cfg.ReportPrefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("read health records: %w", err)
+		return nil, fmt.Errorf("read member reports: %w", err)
 	}
-	out := map[uint64]time.Time{}
+	var out []Report
 	for _, kv := range resp.Kvs {
-		id, err := strconv.ParseUint(strings.TrimPrefix(string(kv.Key), c.cfg.RecordPrefix), 16, 64)
-		if err != nil {
+		var r Report
+		if err := json.Unmarshal(kv.Value, &r); err != nil || r.Observer == "" {
+			c.log.Debug("ignoring a malformed member report", "key", string(kv.Key), "err", err)
 			continue
 		}
-		var r record
-		if json.Unmarshal(kv.Value, &r) == nil {
-			out[id] = r.LastHealthy
-		}
+		out = append(out, r)
 	}
 	return out, nil
 }
 
-// RecordHealth writes now as the last-seen-healthy time of every reachable
-// member of v, and drops the records of members that are gone.
-func (c *Cluster) RecordHealth(ctx context.Context, v View, now time.Time) error {
-	var ops []clientv3.Op
-	ids := map[uint64]bool{}
-	for _, m := range v.Members {
-		ids[m.ID] = true
-		if !m.Reachable {
-			continue
-		}
-		b, _ := json.Marshal(record{Name: m.Name, LastHealthy: now.UTC()})
-		ops = append(ops, clientv3.OpPut(c.key(m.ID), string(b)))
-	}
-	recs, err := c.records(ctx)
+// Publish writes r as this process's report, on a lease it keeps alive
+// with every write, so the report of a vigil that died goes away.
+func (c *Cluster) Publish(ctx context.Context, r Report) error {
+	b, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	for id := range recs {
-		if !ids[id] {
-			ops = append(ops, clientv3.OpDelete(c.key(id)))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lease != 0 {
+		if _, err := c.cli.KeepAliveOnce(ctx, c.lease); err != nil {
+			if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				return fmt.Errorf("renew the member report's lease: %w", err)
+			}
+			c.lease = 0 // expired while etcd was out of reach
 		}
 	}
-	if len(ops) == 0 {
-		return nil
+	if c.lease == 0 {
+		g, err := c.cli.Grant(ctx, int64(reportTTL/time.Second))
+		if err != nil {
+			return fmt.Errorf("grant the member report's lease: %w", err)
+		}
+		c.lease = g.ID
 	}
-	if _, err := c.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-		return fmt.Errorf("record member health: %w", err)
+	if _, err := c.cli.Put(ctx, c.cfg.ReportPrefix+r.Observer, string(b), clientv3.WithLease(c.lease)); err != nil {
+		return fmt.Errorf("publish the member report: %w", err)
 	}
 	return nil
 }
 
-func (c *Cluster) key(id uint64) string { return c.cfg.RecordPrefix + strconv.FormatUint(id, 16) }
+// Withdraw deletes this process's report (at shutdown): a stopped vigil
+// testifies to nothing.
+func (c *Cluster) Withdraw(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lease == 0 {
+		return nil
+	}
+	_, err := c.cli.Revoke(ctx, c.lease)
+	c.lease = 0
+	return err
+}
 
 // Remove removes the member named or numbered nameOrID if CheckRemove allows
 // it, moving raft leadership away first when it leads. A member that is
@@ -318,9 +363,6 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		}
 		return fmt.Errorf("remove %s: %w", m.Label(), err)
 	}
-	if _, err := c.cli.Delete(ctx, c.key(m.ID)); err != nil {
-		c.log.Warn("cannot delete the health record of a removed member", "member", m.Label(), "err", err)
-	}
 	say("removed %s", m.Label())
 	return nil
 }
@@ -356,4 +398,34 @@ func (c *Cluster) moveLeader(ctx context.Context, m, to Member) error {
 	defer cli.Close()
 	_, err = cli.MoveLeader(ctx, to.ID)
 	return err
+}
+
+// FreshReports watches the published reports for up to wait (a one-shot
+// command has no history to judge them by) and returns which observers'
+// reports changed meanwhile. It returns early once every report has.
+func (c *Cluster) FreshReports(ctx context.Context, wait time.Duration) (func(observer string) bool, error) {
+	book := NewBook(wait)
+	deadline := time.Now().Add(wait)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		reports, err := c.Reports(rctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		book.Note(reports, now)
+		all := true
+		for _, r := range reports {
+			all = all && book.Fresh(r.Observer, now)
+		}
+		if (all && len(reports) > 0) || now.After(deadline) {
+			return func(o string) bool { return book.Fresh(o, now) }, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
@@ -178,42 +177,74 @@ func TestRefusalsAgainstRealCluster(t *testing.T) {
 	})
 }
 
-func TestPrune(t *testing.T) {
-	c := etcdtest.StartDistinct(t, 5)
+// publishAs writes a report as observer would.
+func publishAs(t *testing.T, c *etcdtest.Cluster, r Report) {
+	t.Helper()
 	cl := newCluster(t, c)
-	settle(t, c)
+	if err := cl.Publish(ctx(t), r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func byName(t *testing.T, cl *Cluster) map[string]Member {
+	t.Helper()
 	v, err := cl.View(ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.RecordHealth(ctx(t), v, time.Now()); err != nil {
-		t.Fatal(err)
+	out := map[string]Member{}
+	for _, m := range v.Members {
+		out[m.Name] = m
 	}
+	return out
+}
+
+func TestPrune(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 5)
+	cl := newCluster(t, c)
+	settle(t, c)
+	ms := byName(t, cl)
 	c.Kill(3)
 	c.Kill(4)
+	// m1, m2 and m3 report m4 down for two minutes. Only m1 lost m5;
+	// m2 and m3 still reach it (a one-sided view).
+	m4, m5 := ms["m4"], ms["m5"]
+	publishAs(t, c, report("m1", seen{m4, 2 * time.Minute}, seen{m5, 2 * time.Minute}))
+	publishAs(t, c, report("m2", seen{m4, 2 * time.Minute}, seen{m5, up}))
+	publishAs(t, c, report("m3", seen{m4, 2 * time.Minute}, seen{m5, up}))
+	fresh := func(string) bool { return true }
 
 	// Down for less than min-down: nothing happens.
-	removed, err := cl.Prune(ctx(t), time.Hour, false, say(t))
-	if err != nil || len(removed) != 0 {
-		t.Fatalf("Prune(1h) = %v, %v", removed, err)
+	removed, cases, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Hour, Fresh: fresh}, say(t))
+	if err != nil || len(removed) != 0 || len(cases) != 2 {
+		t.Fatalf("Prune(1h) = %v, %v, %v", removed, cases, err)
+	}
+	for _, cs := range cases {
+		if want := map[string]string{"m4": NotYet, "m5": OneSided}[cs.Member.Name]; cs.Verdict != want {
+			t.Fatalf("%s: verdict %s, want %s (%s)", cs.Member.Name, cs.Verdict, want, cs.Evidence())
+		}
 	}
 	// Dry run says, does nothing.
-	if _, err := cl.Prune(ctx(t), 0, true, say(t)); err != nil {
+	if _, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, DryRun: true, Fresh: fresh}, say(t)); err != nil {
 		t.Fatal(err)
 	}
 	if got := names(t, cl); len(got) != 5 {
 		t.Fatalf("dry run changed the membership: %v", got)
 	}
+	// Stale reports are no evidence.
+	if removed, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: func(string) bool { return false }}, say(t)); err != nil || len(removed) != 0 {
+		t.Fatalf("Prune on stale reports = %v, %v", removed, err)
+	}
 
-	// Two prunes at once: together they remove exactly the two dead
-	// members, and never a live one.
+	// Two prunes at once: together they remove exactly m4, the member a
+	// majority agrees is gone, and neither removes m5.
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = cl.Prune(ctx(t), 0, false, say(t))
+			_, _, errs[i] = cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh}, say(t))
 		}()
 	}
 	wg.Wait()
@@ -222,33 +253,93 @@ func TestPrune(t *testing.T) {
 			t.Errorf("concurrent prune: %v", err)
 		}
 	}
-	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2", "m3", "m5"}) {
 		t.Fatalf("members after two prunes: %v", got)
+	}
+	// --force acts on what this process sees.
+	removed, _, err = cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Force: true}, say(t))
+	if err != nil || len(removed) != 1 || removed[0].Name != "m5" {
+		t.Fatalf("Prune --force = %v, %v", removed, err)
 	}
 }
 
-func TestPruneFlappingAndUnrecorded(t *testing.T) {
+func TestPruneLeavesUnstartedMembers(t *testing.T) {
 	c := etcdtest.StartDistinct(t, 3)
 	cl := newCluster(t, c)
 	settle(t, c)
-	// m3 flaps: it was down, but vigil saw it healthy a moment ago (the
-	// record is fresh), so a prune with min-down 1 minute leaves it.
-	v, _ := cl.View(ctx(t))
-	if err := cl.RecordHealth(ctx(t), v, time.Now()); err != nil {
+	// Added, never started: no name, unreachable. Nothing tells how long
+	// it has been down, so only `members remove` takes it out.
+	peer, _ := c.NewMemberURLs()
+	if _, err := cl.cli.MemberAddAsLearner(ctx(t), []string{peer}); err != nil {
 		t.Fatal(err)
 	}
+	removed, cases, err := cl.Prune(ctx(t), PruneConfig{Force: true}, say(t))
+	if err != nil || len(removed) != 0 || len(cases) != 0 {
+		t.Fatalf("Prune = %v, %v, %v; want nothing removed", removed, cases, err)
+	}
+}
+
+// TestObserversPruneOnlyWhatTheyAgreeOn runs three observers on a real
+// cluster, the way three vigil runs do: nothing is pruned while all are
+// healthy; a dead member is pruned by the holder once both survivors have
+// seen it down for the whole period, and not before.
+func TestObserversPruneOnlyWhatTheyAgreeOn(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	settle(t, c)
+	const pruneAfter = 3 * time.Second
+	holderSince := time.Now()
+	var pruned sync.Map
+	octx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	obs := make([]*Observer, 3)
+	for i := range 3 {
+		name := c.Names[i]
+		obs[i] = NewObserver(newCluster(t, c), ObserverConfig{
+			Node: "node-" + name, Member: name, Interval: 200 * time.Millisecond, PruneAfter: pruneAfter,
+			Holding:  func() (bool, time.Time) { return i == 0, holderSince },
+			OnPruned: func(_ context.Context, m Member) { pruned.Store(m.Name, time.Now()) },
+		}, slog.New(slog.DiscardHandler))
+		wg.Add(1)
+		go func() { defer wg.Done(); obs[i].Run(octx) }()
+	}
+	cl := newCluster(t, c)
+	etcdtest.Retry(t, 10*time.Second, "three published reports", func() error {
+		v, err := cl.View(ctx(t))
+		if err != nil {
+			return err
+		}
+		if len(v.Reports) != 3 {
+			return fmt.Errorf("%d reports", len(v.Reports))
+		}
+		return nil
+	})
+	time.Sleep(2 * pruneAfter) // all healthy: nothing may go
+	if got := names(t, cl); len(got) != 3 {
+		t.Fatalf("healthy members pruned: %v", got)
+	}
+	killed := time.Now() // Kill takes a while; the member may stop answering at once
 	c.Kill(2)
-	removed, err := cl.Prune(ctx(t), time.Minute, false, say(t))
-	if err != nil || len(removed) != 0 {
-		t.Fatalf("Prune = %v, %v; want nothing removed", removed, err)
+	etcdtest.Retry(t, pruneAfter+15*time.Second, "m3 pruned", func() error {
+		if _, ok := pruned.Load("m3"); !ok {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	at, _ := pruned.Load("m3")
+	// A Status call sent a moment before the kill and never answered
+	// counts from when it was sent: allow that moment.
+	if d := at.(time.Time).Sub(killed); d < pruneAfter-50*time.Millisecond {
+		t.Fatalf("m3 pruned %v after it died, before --prune-after %v", d, pruneAfter)
 	}
-	// Without any record, even min-down 0 does not remove it.
-	if _, err := cl.cli.Delete(ctx(t), DefaultRecordPrefix, clientOpPrefix()); err != nil {
-		t.Fatal(err)
+	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Fatalf("members: %v", got)
 	}
-	removed, err = cl.Prune(ctx(t), 0, false, say(t))
-	if err != nil || len(removed) != 0 {
-		t.Fatalf("Prune without records = %v, %v; want nothing removed", removed, err)
+	// A stopped observer withdraws its report.
+	cancel()
+	wg.Wait()
+	if v, err := cl.View(ctx(t)); err != nil || len(v.Reports) != 0 {
+		t.Fatalf("reports after the observers stopped: %v, %v", v.Reports, err)
 	}
 }
 
@@ -350,5 +441,3 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("Remove through unreachable etcd = %v", err)
 	}
 }
-
-func clientOpPrefix() clientv3.OpOption { return clientv3.WithPrefix() }

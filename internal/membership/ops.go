@@ -12,49 +12,121 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
-// Prune removes members that have been unreachable for at least minDown,
-// one at a time, reading the cluster again before each removal and applying
-// CheckRemove every time, so it never removes below a healthy quorum and
-// two prunes at once (or two VIP holders in a row) never remove more than
-// the rules allow. With dryRun it only says what it would do.
-func (c *Cluster) Prune(ctx context.Context, minDown time.Duration, dryRun bool, say func(string, ...any)) ([]Member, error) {
+// PruneConfig says what Prune may remove.
+type PruneConfig struct {
+	// MinDown is how long a majority of the voters must have seen a
+	// member unreachable.
+	MinDown time.Duration
+	// DryRun only says what would be removed.
+	DryRun bool
+	// Force removes every member unreachable from here, whatever the
+	// reports say (vigil members prune --force). The quorum rules still
+	// apply.
+	Force bool
+	// Self is this process's own view (vigil run). It stands in for the
+	// published one, and it must itself show a member unreachable for
+	// MinDown, or the member is not removed.
+	Self *Report
+	// Fresh tells whether an observer's report is fresh.
+	Fresh func(observer string) bool
+	// View, when set, is a view read a moment ago, used for the first
+	// decision instead of reading another; every later one is read anew.
+	View *View
+	// OnRemoved, when set, is called right after each removal.
+	OnRemoved func(Member)
+}
+
+// Prune removes the unreachable members that a majority of the voters
+// agree have been unreachable for at least MinDown, one at a time, reading
+// the cluster again before each removal and applying CheckRemove every
+// time. It never removes below a healthy quorum, and two prunes at once
+// (or two VIP holders in a row) never remove more than the rules allow.
+// It returns the members removed and the evidence about every member still
+// unreachable, so the caller can say why each stays.
+func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say func(string, ...any)) ([]Member, []Case, error) {
 	var removed []Member
-	toldUnknown := map[uint64]bool{}
-	for {
-		v, err := c.View(ctx)
-		if err != nil {
-			return removed, err
+	for first := true; ; first = false {
+		var v View
+		var err error
+		if first && pc.View != nil {
+			v = *pc.View
+		} else if v, err = c.View(ctx); err != nil {
+			return removed, nil, err
 		}
-		dead, unknown := v.Dead(minDown, time.Now())
-		for _, m := range unknown {
-			if !toldUnknown[m.ID] {
-				toldUnknown[m.ID] = true
-				say("%s is unreachable but was never recorded healthy, so how long it has been down is unknown; not pruning it (vigil members remove %s removes it by hand)", m.Label(), m.IDString())
-			}
-		}
-		if len(dead) == 0 {
-			if len(removed) == 0 {
-				say("nothing to prune: no member has been down for %v", minDown)
-			}
-			return removed, nil
-		}
-		if dryRun {
-			for _, m := range dead {
-				if err := v.CheckRemove(m, false); err != nil {
-					say("would not remove %s, down since %s: %v", m.Label(), m.LastHealthy.Format(time.RFC3339), err)
-					continue
+		cases := v.Cases(pc)
+		var next *Case
+		for i, cs := range cases {
+			if pc.DryRun {
+				if cs.Removable(pc) {
+					if err := v.CheckRemove(cs.Member, false); err != nil {
+						say("would not remove %s: %v", cs.Member.Label(), err)
+						continue
+					}
+					say("would remove %s: %s", cs.Member.Label(), cs.Evidence())
+					v = v.without(cs.Member.ID)
 				}
-				say("would remove %s, down since %s", m.Label(), m.LastHealthy.Format(time.RFC3339))
-				v = v.without(m.ID)
+				continue
 			}
-			return nil, nil
+			if next == nil && cs.Removable(pc) {
+				next = &cases[i]
+			}
 		}
-		m := dead[0]
-		say("%s has been down since %s (%v)", m.Label(), m.LastHealthy.Format(time.RFC3339), time.Since(m.LastHealthy).Round(time.Second))
-		if err := c.remove(ctx, v, m, false, say); err != nil {
-			return removed, err
+		if pc.DryRun || next == nil {
+			return removed, cases, nil
 		}
-		removed = append(removed, m)
+		if pc.Force && next.Verdict != Agreed {
+			say("%s is unreachable from here; removing it by --force, although %s", next.Member.Label(), next.Evidence())
+		} else {
+			say("%s: %s", next.Member.Label(), next.Evidence())
+		}
+		if err := c.remove(ctx, v, next.Member, false, say); err != nil {
+			return removed, cases, err
+		}
+		removed = append(removed, next.Member)
+		if pc.OnRemoved != nil {
+			pc.OnRemoved(next.Member)
+		}
+	}
+}
+
+// Cases weighs the evidence about every member unreachable in v. A member
+// that never started (no name yet: added, its etcd not running) has no
+// case: nothing proves how long it has been down.
+func (v View) Cases(pc PruneConfig) []Case {
+	reports := slices.Clone(v.Reports)
+	fresh := pc.Fresh
+	if pc.Self != nil {
+		reports = slices.DeleteFunc(reports, func(r Report) bool { return r.Observer == pc.Self.Observer })
+		reports = append(reports, *pc.Self)
+		fresh = func(o string) bool { return o == pc.Self.Observer || (pc.Fresh != nil && pc.Fresh(o)) }
+	}
+	if fresh == nil {
+		fresh = func(string) bool { return false }
+	}
+	var out []Case
+	for _, m := range v.Members {
+		if m.Reachable || m.Name == "" {
+			continue
+		}
+		cs := v.Judge(m, pc.MinDown, reports, fresh)
+		if pc.Self != nil {
+			s := pc.Self.Members[m.IDString()]
+			cs.SelfDownMillis = s.DownMillis
+		}
+		out = append(out, cs)
+	}
+	return out
+}
+
+// Removable tells whether Prune may remove the member of c under pc.
+func (c Case) Removable(pc PruneConfig) bool {
+	switch {
+	case pc.Force:
+		return true
+	case pc.Self != nil && c.SelfDownMillis < pc.MinDown.Milliseconds():
+		return false // this process has not itself seen it down long enough
+	default:
+		return c.Verdict == Agreed
 	}
 }
 

@@ -28,9 +28,9 @@ type Member struct {
 	Lag    uint64 `json:"lag"`
 	DBSize int64  `json:"dbSize,omitempty"`
 	Error  string `json:"error,omitempty"`
-	// LastHealthy is when vigil last saw the member reachable (recorded in
-	// etcd by the VIP holder); zero when never recorded.
-	LastHealthy time.Time `json:"lastHealthy,omitzero"`
+	// SeenBy is what each vigil's published report says of the member,
+	// by observer (node name).
+	SeenBy map[string]Sighting `json:"seenBy,omitempty"`
 }
 
 // IDString is the member ID as etcdctl prints it.
@@ -50,6 +50,12 @@ type View struct {
 	// LeaderID is the raft leader as the reachable members report it; 0
 	// when none does.
 	LeaderID uint64
+	// Reports are the views the vigils have published.
+	Reports []Report
+	// AskedAt is when the members were asked for their status, and
+	// AnsweredAt when the last answer (or timeout) came: a member
+	// unreachable in this view did not answer at any time in between.
+	AskedAt, AnsweredAt time.Time
 }
 
 // counts returns voters and healthy (reachable) voters. Learners count for
@@ -112,26 +118,6 @@ func (v View) CheckRemove(m Member, force bool) error {
 			ErrRefused, m.Label(), healthyAfter, after, quorum(after))
 	}
 	return nil
-}
-
-// Dead returns the members that are unreachable now and were last seen
-// healthy more than minDown before now. Members never seen healthy (no
-// record: added but not started, or vigil never ran while they were up)
-// are not dead in this sense: nothing proves how long they have been down.
-func (v View) Dead(minDown time.Duration, now time.Time) (dead, unknown []Member) {
-	for _, m := range v.Members {
-		if m.Reachable {
-			continue
-		}
-		if m.LastHealthy.IsZero() {
-			unknown = append(unknown, m)
-			continue
-		}
-		if now.Sub(m.LastHealthy) >= minDown {
-			dead = append(dead, m)
-		}
-	}
-	return dead, unknown
 }
 
 // transferTarget picks the healthy voter, other than m, that is furthest

@@ -3,7 +3,6 @@ package membership
 import (
 	"errors"
 	"testing"
-	"time"
 )
 
 func view(ms ...Member) View { return View{Members: ms} }
@@ -56,23 +55,6 @@ func TestCheckRemove(t *testing.T) {
 				t.Log(err)
 			}
 		})
-	}
-}
-
-func TestDead(t *testing.T) {
-	now := time.Unix(10000, 0)
-	a := voter("a", true)
-	b := voter("b", false)
-	b.LastHealthy = now.Add(-10 * time.Minute)
-	c := voter("c", false)
-	c.LastHealthy = now.Add(-30 * time.Second)
-	d := voter("d", false) // never recorded
-	dead, unknown := view(a, b, c, d).Dead(5*time.Minute, now)
-	if len(dead) != 1 || dead[0].Name != "b" {
-		t.Fatalf("dead = %v, want b", dead)
-	}
-	if len(unknown) != 1 || unknown[0].Name != "d" {
-		t.Fatalf("unknown = %v, want d", unknown)
 	}
 }
 
