@@ -48,6 +48,10 @@ const (
 	memberListTries   = 3
 )
 
+// publishTimeout bounds the publication of a report (a lease renewal and
+// a put, two raft round trips).
+const publishTimeout = time.Second
+
 // DefaultStatusTimeout bounds one member's Status call. A live member on a
 // LAN answers in milliseconds; a second tells a dead one apart without
 // making `members list` slow.
@@ -160,7 +164,7 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 			m.Lag = leaderIndex - m.RaftIndex
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, memberListTimeout)
 	v.Reports, err = c.Reports(rctx)
 	cancel()
 	if err != nil {
@@ -256,6 +260,10 @@ func (c *Cluster) Publish(ctx context.Context, r Report) error {
 	if err != nil {
 		return err
 	}
+	// Each call is short: one hung on a member that just died must not
+	// stall the observer's rounds, or its counts restart.
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.lease != 0 {
