@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -36,5 +37,31 @@ func TestChaosConfigValidate(t *testing.T) {
 				t.Fatalf("err = %v, want one naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// The prune drills refuse a lab they cannot judge before they touch or
+// wait for anything; no lab is needed to see it.
+func TestPruneDrillsRefuseUnsuitableLabs(t *testing.T) {
+	three := []*Node{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}}
+	for _, tc := range []struct {
+		name  string
+		s     Settings
+		nodes []*Node
+		want  string
+	}{
+		{"no --prune-after", Settings{Impl: ImplVigil}, three, "needs a lab started with --prune-after"},
+		{"keepalived lab", Settings{Impl: ImplKeepalived, PruneAfter: 10 * time.Second}, three, "needs etcd and vigil"},
+		{"two nodes", Settings{Impl: ImplVigil, PruneAfter: 10 * time.Second}, three[:2], "needs 3 or more nodes"},
+	} {
+		for _, kind := range PruneDrills {
+			t.Run(tc.name+"/"+kind, func(t *testing.T) {
+				l := &Lab{}
+				l.st.Settings, l.st.Nodes = tc.s, tc.nodes
+				if r := l.Drill(context.Background(), kind, 1); !strings.Contains(r.Error, tc.want) {
+					t.Fatalf("error %q, want it to say %q", r.Error, tc.want)
+				}
+			})
+		}
 	}
 }

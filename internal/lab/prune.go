@@ -81,16 +81,19 @@ func (p *PruneResult) String() string {
 }
 
 func (l *Lab) pruneDrill(ctx context.Context, kind string, r *Result) error {
+	// Refused before anything is touched or waited for.
+	after := l.st.Settings.PruneAfter
+	switch {
+	case l.st.Settings.Impl != ImplVigil:
+		return fmt.Errorf("drill %s needs etcd and vigil; the lab runs %s", kind, l.st.Settings.Impl)
+	case after == 0:
+		return fmt.Errorf("drill %s needs a lab started with --prune-after (e.g. vigil-lab up --prune-after 10s)", kind)
+	case len(l.st.Nodes) < 3:
+		return fmt.Errorf("drill %s needs 3 or more nodes; the lab has %d", kind, len(l.st.Nodes))
+	}
 	holder, err := l.settledVigilLab(ctx, kind)
 	if err != nil {
 		return err
-	}
-	after := l.st.Settings.PruneAfter
-	if after == 0 {
-		return fmt.Errorf("drill %s needs a lab started with --prune-after (e.g. vigil-lab up --prune-after 10s)", kind)
-	}
-	if len(l.st.Nodes) < 3 {
-		return fmt.Errorf("drill %s needs 3 or more nodes; the lab has %d", kind, len(l.st.Nodes))
 	}
 	victim := l.otherNode(holder)
 	r.Target, r.Before = victim.Name, holder
