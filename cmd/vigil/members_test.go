@@ -196,6 +196,19 @@ func TestMembersDeleteNode(t *testing.T) {
 		t.Fatalf("list does not show m1's view of m3:\n%s", out)
 	}
 	observe("m2")
+	// Ask once m2's vigil has published its view of m3: prune itself
+	// waits only a few seconds for views to renew, and a loaded machine
+	// may take longer to start m2's first rounds.
+	for end := time.Now().Add(30 * time.Second); ; {
+		out, _, _ := run("list")
+		if strings.Contains(out, "m2 down") {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("m2's view of m3 never showed up:\n%s", out)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 	out, stderr, code = run("prune", "--min-down", "0s", "--delete-node", "--kubeconfig", adminKC)
 	if code != 0 || !strings.Contains(out, "deleted Node m3") {
 		t.Fatalf("prune --delete-node: exit %d\n%s%s", code, out, stderr)
