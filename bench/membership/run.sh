@@ -31,11 +31,11 @@ for d in $DRILLS; do
   fi
   $lab down >/dev/null 2>&1 || true
   case $d in
-    prune-*) $lab up --nodes 3 --prune-after "$PRUNE_AFTER" >/dev/null ;;
+    prune-*) $lab up --nodes 3 --prune-after "$PRUNE_AFTER" --etcd-log-level info >/dev/null ;;
     *) $lab up --nodes 3 >/dev/null ;;
   esac
   $lab drill "$d" --count "$COUNT" --json > "$out/$d.json" || true
-  cp -r /run/vigil-lab "$out/logs-$d" 2>/dev/null && find "$out/logs-$d" -type f ! -name vigil.log -delete || true
+  cp -r /run/vigil-lab "$out/logs-$d" 2>/dev/null && find "$out/logs-$d" -type f ! -name vigil.log ! -name etcd.log -delete || true
 done
 $lab down
 echo "COUNT=$COUNT DRILLS=\"$DRILLS\" PRUNE_AFTER=$PRUNE_AFTER bash bench/membership/run.sh" > "$out/command"
@@ -49,9 +49,9 @@ echo "COUNT=$COUNT DRILLS=\"$DRILLS\" PRUNE_AFTER=$PRUNE_AFTER bash bench/member
     echo "## $d"
     echo
     case $d in prune-*)
-      echo "| run | result | victim | pruned | pruned after ms (bound) | holder saw it down ms | members after | what each vigil saw |"
-      echo "|---|---|---|---|---|---|---|---|"
-      jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.prune.victim) | \(.prune.pruned) | \(if .prune.boundMillis then "\(.prune.prunedAfterMillis | round) (\(.prune.boundMillis | round))" else "-" end) | \(.prune.holderSawDownMillis // "-") | \(.prune.members | join(",")) | \(.prune.witnesses // "") |"' "$out/$d.json"
+      echo "| run | result | victim | pruned | pruned after ms (bound) | etcd answered ms later | client outage ms | holder saw it down ms | members after | what each vigil saw |"
+      echo "|---|---|---|---|---|---|---|---|---|---|"
+      jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.prune.victim) | \(.prune.pruned) | \(if .prune.boundMillis then "\(.prune.prunedAfterMillis | round) (\(.prune.boundMillis | round))" else "-" end) | \(.prune.etcdAnsweredAfterMillis // "-" | if type == "number" then round else . end) | \(.outageMillis | round) | \(.prune.holderSawDownMillis // "-") | \(.prune.members | join(",")) | \(.prune.witnesses // "") |"' "$out/$d.json"
       continue
     esac
     echo "| run | result | client outage ms | holder before -> after | split brain | phases (ms) |"

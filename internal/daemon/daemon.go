@@ -32,6 +32,17 @@ import (
 // member.
 const shedInterval = 2 * time.Second
 
+// shedTimeout bounds one check and move: the members' Status answers (half
+// a second at most) and etcd's MoveLeader, which returns once the new
+// leader has taken over, normally within a few heartbeats.
+const shedTimeout = 3 * time.Second
+
+// shedBackoff and shedMaxBackoff space out tries after a failed move.
+const (
+	shedBackoff    = 10 * time.Second
+	shedMaxBackoff = time.Minute
+)
+
 // Run validates cfg, prepares the node and runs until ctx is cancelled. Errors
 // it returns are configuration or environment errors; an unreachable etcd is
 // not one of them (it is retried).
@@ -504,18 +515,38 @@ func (h *holder) nodeDeleted(name string) {
 }
 
 // shed keeps etcd raft leadership off this node while it holds the VIP.
+// A failed move stalled etcd's writes while it lasted, so after one the
+// next try waits shedBackoff, doubling up to shedMaxBackoff.
 func (h *holder) shed(ctx context.Context) {
 	t := time.NewTicker(shedInterval)
 	defer t.Stop()
+	var backoffUntil time.Time
+	backoff := shedBackoff
+	deferred := ""
 	for {
-		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		to, err := h.lock.ShedRaftLeadership(cctx, h.cfg.EtcdMemberName)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil:
-			h.log.Warn("cannot move etcd leadership off the VIP holder", "err", err)
-		case to != "":
-			h.log.Info("moved etcd raft leadership off the VIP holder", "member", h.cfg.EtcdMemberName, "to", to)
+		if time.Now().After(backoffUntil) {
+			cctx, cancel := context.WithTimeout(ctx, shedTimeout)
+			to, err := h.lock.ShedRaftLeadership(cctx, h.cfg.EtcdMemberName)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case errors.Is(err, election.ErrShedDeferred):
+				if err.Error() != deferred {
+					h.log.Info("not moving etcd raft leadership off the VIP holder yet", "reason", err)
+					deferred = err.Error()
+				}
+			case err != nil:
+				h.log.Warn("cannot move etcd leadership off the VIP holder; waiting before the next try", "err", err, "wait", backoff)
+				backoffUntil = time.Now().Add(backoff)
+				backoff = min(2*backoff, shedMaxBackoff)
+				deferred = ""
+			default:
+				if to != "" {
+					h.log.Info("moved etcd raft leadership off the VIP holder", "member", h.cfg.EtcdMemberName, "to", to)
+				}
+				backoff, deferred = shedBackoff, ""
+			}
 		}
 		select {
 		case <-ctx.Done():

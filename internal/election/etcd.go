@@ -373,10 +373,34 @@ func (l *EtcdLock) follow(urls []string) {
 	}
 }
 
+// Moving raft leadership is a disruption of its own: until the transferee
+// has taken over, the leader drops proposals (the VIP holder's renewals
+// among them), for up to an etcd election timeout if the transfer fails.
+// So it is done only when it is safe and worth it.
+const (
+	// shedStatusTimeout bounds each member's Status answer, so that a
+	// powered-off member, whose connection hangs, cannot use up the time
+	// the move itself needs.
+	shedStatusTimeout = 500 * time.Millisecond
+	// shedMaxLag is how many raft entries behind the leader a transferee
+	// may be. One that is further behind has to catch up first, and the
+	// transfer may time out meanwhile.
+	shedMaxLag = 16
+)
+
+// ErrShedDeferred wraps the reason ShedRaftLeadership left leadership where
+// it is although this node's member leads: a voter does not answer or
+// follows another leader (a cluster with a fault: a transfer adds risk and
+// leaves no spare member to fail over to), or no voter is caught up.
+var ErrShedDeferred = errors.New("etcd raft leadership stays on this member for now")
+
 // ShedRaftLeadership moves etcd raft leadership away from the member called
 // name, if it leads, to the most caught-up other voter. The VIP holder calls
 // it so that losing the holder's machine does not also cost an etcd leader
-// election. It reports the member leadership moved to, or "".
+// election. It reports the member leadership moved to, or "" when name does
+// not lead. It moves nothing, and returns an error wrapping ErrShedDeferred,
+// unless every voter answers and follows the leader, and one of them is
+// within shedMaxLag entries of it.
 func (l *EtcdLock) ShedRaftLeadership(ctx context.Context, name string) (string, error) {
 	// With the Kubernetes election this lock does nothing else that would
 	// keep its voter list current.
@@ -384,10 +408,14 @@ func (l *EtcdLock) ShedRaftLeadership(ctx context.Context, name string) (string,
 	l.mu.Lock()
 	voters := l.voters
 	l.mu.Unlock()
-	answers := l.statusAll(ctx)
+	sctx, cancel := context.WithTimeout(ctx, shedStatusTimeout)
+	answers := l.statusAll(sctx)
+	cancel()
 	var leader *memberStatus
-	for i := range answers {
-		if answers[i].id == answers[i].leader {
+	byID := map[uint64]memberStatus{}
+	for i, a := range answers {
+		byID[a.id] = a
+		if a.id == a.leader {
 			leader = &answers[i]
 		}
 	}
@@ -395,20 +423,42 @@ func (l *EtcdLock) ShedRaftLeadership(ctx context.Context, name string) (string,
 		return "", nil
 	}
 	var cands []memberStatus
-	for _, a := range answers {
-		if _, voter := voters[a.id]; voter && a.id != leader.id && !a.learner && a.leader == leader.id {
+	for id, vname := range voters {
+		a, ok := byID[id]
+		switch {
+		case !ok:
+			return "", fmt.Errorf("%w: voter %s does not answer", ErrShedDeferred, voterLabel(vname, id))
+		case a.leader != leader.id:
+			return "", fmt.Errorf("%w: voter %s follows another leader (%x)", ErrShedDeferred, voterLabel(vname, id), a.leader)
+		case id != leader.id && !a.learner && a.raftIndex+shedMaxLag >= leader.raftIndex:
 			cands = append(cands, a)
 		}
 	}
 	if len(cands) == 0 {
-		return "", nil
+		if len(voters) < 2 {
+			return "", nil // a single member: nowhere to move it
+		}
+		return "", fmt.Errorf("%w: no other voter is within %d entries of the leader's raft index %d", ErrShedDeferred, shedMaxLag, leader.raftIndex)
 	}
-	sort.Slice(cands, func(i, j int) bool { return cands[i].raftIndex > cands[j].raftIndex })
+	sort.Slice(cands, func(i, j int) bool {
+		if cands[i].raftIndex != cands[j].raftIndex {
+			return cands[i].raftIndex > cands[j].raftIndex
+		}
+		return cands[i].id < cands[j].id
+	})
 	to := cands[0]
 	if _, err := leader.m.cli.MoveLeader(ctx, to.id); err != nil {
-		return "", fmt.Errorf("move etcd leadership from %s to %s: %w", name, voters[to.id], err)
+		return "", fmt.Errorf("move etcd leadership from %s to %s: %w", name, voterLabel(voters[to.id], to.id), err)
 	}
-	return voters[to.id], nil
+	return voterLabel(voters[to.id], to.id), nil
+}
+
+// voterLabel names a voter; one that has not started yet has no name.
+func voterLabel(name string, id uint64) string {
+	if name == "" {
+		return fmt.Sprintf("%x", id)
+	}
+	return name
 }
 
 // fanOut runs op through every member at once and returns the first success.

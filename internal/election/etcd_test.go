@@ -581,3 +581,43 @@ func TestIneligibleLeaderReleases(t *testing.T) {
 		t.Fatalf("a's stop reasons: %v", r)
 	}
 }
+
+// The VIP holder's member hands raft leadership to a caught-up voter, and
+// leaves it in place while a voter does not answer: a transfer then adds
+// risk to a cluster that already has a fault.
+func TestShedRaftLeadership(t *testing.T) {
+	c := etcdtest.Start(t, 3)
+	lead := c.WaitLeader(10 * time.Second)
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	if to, err := l.ShedRaftLeadership(ctx, c.Names[(lead+1)%3]); to != "" || err != nil {
+		t.Fatalf("shed for a member that does not lead = %q, %v; want nothing to do", to, err)
+	}
+	var to string
+	etcdtest.Retry(t, 10*time.Second, "move leadership off "+c.Names[lead], func() error {
+		to, err = l.ShedRaftLeadership(ctx, c.Names[lead])
+		if err == nil && to == "" {
+			return errors.New("nothing moved")
+		}
+		return err
+	})
+	now := c.WaitLeader(5 * time.Second)
+	if to == c.Names[lead] || c.Names[now] != to {
+		t.Fatalf("moved from %s to %s; raft leader now %s", c.Names[lead], to, c.Names[now])
+	}
+
+	c.Kill(lead) // a follower now
+	_, err = l.ShedRaftLeadership(ctx, c.Names[now])
+	if !errors.Is(err, ErrShedDeferred) || !strings.Contains(err.Error(), c.Names[lead]+" does not answer") {
+		t.Fatalf("shed with a voter down = %v; want it deferred, naming %s", err, c.Names[lead])
+	}
+	if c.Leader() != now {
+		t.Fatalf("raft leadership moved to %d with a voter down", c.Leader())
+	}
+}

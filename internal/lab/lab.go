@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +59,8 @@ type Settings struct {
 	// VIPLink gives every node a second link (vip0) that carries only the
 	// VIP, so faults can take the VIP's link down while etcd's stays up.
 	VIPLink bool `json:"vipLink,omitempty"`
+	// EtcdLogLevel is etcd's --log-level; empty means warn.
+	EtcdLogLevel string `json:"etcdLogLevel,omitempty"`
 }
 
 // vipIface is the interface vigil puts the VIP on.
@@ -113,6 +116,11 @@ func (s Settings) Validate() error {
 	}
 	if s.Workers > 0 && s.Impl != ImplVigil {
 		return fmt.Errorf("lab: --workers needs --impl vigil (the agent learns the control plane from etcd)")
+	}
+	switch s.EtcdLogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("lab: unknown --etcd-log-level %q (debug, info, warn or error)", s.EtcdLogLevel)
 	}
 	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
 		if p < 0 || p > 65535 {
@@ -386,7 +394,7 @@ func (l *Lab) startEtcdWith(n *Node, cluster, clusterState string) error {
 		"--initial-cluster", cluster,
 		"--initial-cluster-state", clusterState,
 		"--initial-cluster-token", "vigil-lab",
-		"--log-level", "warn",
+		"--log-level", cmp.Or(l.st.Settings.EtcdLogLevel, "warn"),
 	)
 }
 

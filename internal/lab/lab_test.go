@@ -125,7 +125,8 @@ func TestSettingsValidate(t *testing.T) {
 	for _, s := range []Settings{{Nodes: 0, Impl: ImplVigil}, {Nodes: 10, Impl: ImplVigil}, {Nodes: 3, Impl: "haproxy"},
 		{Nodes: 3, Impl: ImplKeepalived, Workers: 2}, {Nodes: 3, Impl: ImplVigil, Workers: 10},
 		{Nodes: 3, Impl: ImplVigil, APIServer: "k3s"}, {Nodes: 3, Impl: ImplKeepalived, APIServer: APIServerKube},
-		{Nodes: 3, Impl: ImplVigil, Election: ElectionKubernetes}, {Nodes: 3, Impl: ImplVigil, Election: "raft"}} {
+		{Nodes: 3, Impl: ImplVigil, Election: ElectionKubernetes}, {Nodes: 3, Impl: ImplVigil, Election: "raft"},
+		{Nodes: 3, Impl: ImplVigil, EtcdLogLevel: "verbose"}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v accepted", s)
 		}

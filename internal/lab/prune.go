@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The prune drills check that vigil run --prune-after removes a member only
@@ -56,6 +58,12 @@ type PruneResult struct {
 	// the bound it must meet.
 	PrunedAfterMillis float64 `json:"prunedAfterMillis,omitempty"`
 	BoundMillis       float64 `json:"boundMillis,omitempty"`
+	// EtcdAnsweredAfterMillis (real death): from the removal to the first
+	// linearizable read that succeeded. etcd's raft leader closes its
+	// connections to a removed member before it goes on, and a write to a
+	// powered-off machine can hold it there for up to 5 s (etcd's raft
+	// write timeout); this shows how long it did.
+	EtcdAnsweredAfterMillis float64 `json:"etcdAnsweredAfterMillis,omitempty"`
 	// HolderSawDownMillis (one-sided): the longest the holder's published
 	// view had the victim unreachable, which shows the block took.
 	HolderSawDownMillis float64 `json:"holderSawDownMillis,omitempty"`
@@ -67,7 +75,7 @@ type PruneResult struct {
 func (p *PruneResult) String() string {
 	s := fmt.Sprintf("victim %s, --prune-after %.0fs, members after: %s", p.Victim, p.PruneAfterMillis/1000, strings.Join(p.Members, ","))
 	if p.BoundMillis > 0 {
-		s += fmt.Sprintf(", pruned after %.0fms (bound %.0fms)", p.PrunedAfterMillis, p.BoundMillis)
+		s += fmt.Sprintf(", pruned after %.0fms (bound %.0fms), etcd answered %.0fms later", p.PrunedAfterMillis, p.BoundMillis, p.EtcdAnsweredAfterMillis)
 	} else {
 		s += ", pruned: " + yesNo(p.Pruned)
 	}
@@ -237,8 +245,7 @@ func (l *Lab) pruneRealDeath(ctx context.Context, r *Result, p *PruneResult, hol
 	bound := l.st.Settings.PruneAfter + realDeathSlack
 	p.BoundMillis = millis(bound)
 	for {
-		gone, err := l.memberGone(ctx, victim.Name)
-		if err == nil && gone {
+		if l.removedEverywhere(ctx, victim.Name) {
 			p.PrunedAfterMillis = millis(time.Since(fault))
 			break
 		}
@@ -252,9 +259,11 @@ func (l *Lab) pruneRealDeath(ctx context.Context, r *Result, p *PruneResult, hol
 			return ctx.Err()
 		}
 	}
+	pruned := time.Now()
 	if err := l.pruneSettle(ctx, p, victim.Name); err != nil {
 		return err
 	}
+	p.EtcdAnsweredAfterMillis = millis(time.Since(pruned))
 	phase("pruned "+victim.Name, p.Witnesses)
 	// The lab gets its third member back, as an operator would: a new
 	// node joins, the dead one is retired.
@@ -273,6 +282,35 @@ func (l *Lab) pruneRealDeath(ctx context.Context, r *Result, p *PruneResult, hol
 		return fmt.Errorf("%s was pruned %.0fms after its power-off, later than --prune-after + %v", victim.Name, p.PrunedAfterMillis, realDeathSlack)
 	}
 	return l.finishStill(ctx, r, pr, start, holder, "while a member that did not hold it was pruned")
+}
+
+// removedEverywhere tells whether every live member's own (serializable)
+// member list lacks name: the removal was committed and every live member
+// applied it. A linearizable read would also wait out a stall of etcd's
+// leader after the removal, which is measured apart.
+func (l *Lab) removedEverywhere(ctx context.Context, name string) bool {
+	for _, n := range l.st.Nodes {
+		if n.Cut {
+			continue
+		}
+		cli, err := etcdClient([]string{fmt.Sprintf("http://%s:%d", n.IP, etcdClientPort)})
+		if err != nil {
+			return false
+		}
+		mctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := cli.MemberList(mctx, clientv3.WithSerializable())
+		cancel()
+		cli.Close()
+		if err != nil {
+			return false
+		}
+		for _, m := range resp.Members {
+			if m.Name == name {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // pruneSettle waits until etcd answers and records its members.
