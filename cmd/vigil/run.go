@@ -152,7 +152,7 @@ any rights. See docs/kubeadm.md.`,
 	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "consecutive passed checks that bring a failed backend back")
 	f.IntVar(&cfg.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
 	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's passes, give the VIP to that peer (0: off)")
-	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members that a majority of the voters' vigils have seen unreachable, without a break, for this long, never below a healthy quorum; no prune in the first period after start or takeover (0: off; minutes in production)")
+	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members that a majority of the voters' vigils have seen unreachable, without a break, for this long, never below a healthy quorum; no prune in the first period after start or takeover (0: off; at least 10s; under 30s a removal can stall etcd, and the VIP, for up to 5 s; minutes in production)")
 	f.BoolVar(&cfg.PruneDeleteNode, "prune-delete-node", false, "with --prune-after and --kubeconfig: also delete the Node named like each pruned member, once its kubelet has not renewed its node Lease for --prune-after (and unless it is Ready)")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

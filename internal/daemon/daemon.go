@@ -258,6 +258,9 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		// Every node observes the members and publishes its view; the
 		// VIP holder also prunes what a majority agrees is gone.
 		mlog := log.With("component", "membership")
+		if cfg.PruneAfter > 0 && cfg.PruneAfter < QuietPruneAfter {
+			mlog.Warn("--prune-after is short: removing a powered-off member this soon after its death can stall etcd, and with it the VIP, for up to 5 s while etcd's leader times out its writes to that machine; use 30s or more (minutes in production)", "prune_after", cfg.PruneAfter)
+		}
 		members, err := membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, mlog)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
