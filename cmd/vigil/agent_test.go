@@ -53,6 +53,9 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"manifest", "daemonset"}, "--server is required"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes"}, "--kubeconfig is required"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes", "--kubeconfig", "/nonexistent"}, "--kubeconfig"},
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-max-conns", "100", "--lb-max-conns-per-source", "200"}, "--lb-max-conns-per-source 200 is above --lb-max-conns 100"},
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-idle-timeout", "-1s"}, "--lb-idle-timeout"},
+		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--lb-max-conns", "-7"}, "--lb-max-conns -7"},
 	}, extra...) {
 		cmd := exec.Command(vigil, tc.args...)
 		var out, errb bytes.Buffer

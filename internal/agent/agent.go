@@ -100,6 +100,11 @@ type Config struct {
 	CacheDir          string
 	DiscoveryInterval time.Duration
 	DrainTimeout      time.Duration
+	// MaxConns, MaxConnsPerSource and IdleTimeout bound each upstream's
+	// load balancer (lb.Config).
+	MaxConns          int
+	MaxConnsPerSource int
+	IdleTimeout       time.Duration
 	// MetricsAddress serves /metrics, /healthz and /status; empty for none.
 	MetricsAddress string
 	// LocalAddrs lists this host's addresses (nil: the interfaces'); a
@@ -252,6 +257,9 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 		// host than about the control plane: try the backends anyway.
 		TryAllWhenNoneUsable: true,
 		DrainTimeout:         a.cfg.DrainTimeout,
+		MaxConns:             a.cfg.MaxConns,
+		MaxConnsPerSource:    a.cfg.MaxConnsPerSource,
+		IdleTimeout:          a.cfg.IdleTimeout,
 		OnDialError:          func(b string, err error) { u.checker.MarkDead(b, err) },
 		Metrics:              reg,
 	}, a.log.With("upstream", name))
@@ -435,6 +443,9 @@ func (c *Config) withDefaults() error {
 	if c.DiscoveryInterval == 0 {
 		c.DiscoveryInterval = DefaultDiscoveryInterval
 	}
+	if c.MaxConnsPerSource == 0 {
+		c.MaxConnsPerSource = -1 // local clients all come from loopback
+	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = lb.DefaultDrainTimeout
 	}
@@ -479,6 +490,9 @@ func (c *Config) withDefaults() error {
 		return fmt.Errorf("%w: --discovery-interval %v is below 100ms", ErrConfig, c.DiscoveryInterval)
 	case c.DrainTimeout < 0:
 		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.DrainTimeout)
+	}
+	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c.MetricsAddress != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {

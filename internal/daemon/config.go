@@ -73,6 +73,11 @@ type Config struct {
 	// LBDrainTimeout bounds how long connections to a draining API server
 	// are left to finish.
 	LBDrainTimeout time.Duration
+	// LBMaxConns, LBMaxConnsPerSource and LBIdleTimeout are the load
+	// balancer's bounds (lb.Config).
+	LBMaxConns          int
+	LBMaxConnsPerSource int
+	LBIdleTimeout       time.Duration
 	// BackendPort is the API servers' port; backends are the etcd members'
 	// hosts with this port.
 	BackendPort int
@@ -375,6 +380,9 @@ func (c *Config) validateLB() error {
 		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.LBDrainTimeout)
 	case c.HealthGrace < 0:
 		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", ErrConfig, c.HealthGrace)
+	}
+	if err := lb.CheckLimits(c.LBMaxConns, c.LBMaxConnsPerSource, c.LBIdleTimeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c.MetricsAddress != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {

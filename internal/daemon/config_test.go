@@ -101,6 +101,10 @@ func TestValidate(t *testing.T) {
 		{"prune-after shorter than a reboot", func(c *Config) { c.PruneAfter = time.Second }, ErrConfig},
 		{"prune-after on", func(c *Config) { c.PruneAfter = 10 * time.Minute }, nil},
 		{"negative drain timeout", func(c *Config) { c.LBDrainTimeout = -time.Second }, ErrConfig},
+		{"max conns below -1", func(c *Config) { c.LBMaxConns = -2 }, ErrConfig},
+		{"per-source above total", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = 100, 200 }, ErrConfig},
+		{"negative idle timeout", func(c *Config) { c.LBIdleTimeout = -time.Second }, ErrConfig},
+		{"no connection limits", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = -1, -1 }, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -92,6 +92,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			Policy:       policy,
 			FreeBind:     true,
 			DrainTimeout: cfg.LBDrainTimeout,
+			MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,
 			// Passive checking: a refused connection ejects the backend
 			// before its next health check.
 			OnDialError: func(b string, err error) { checker.MarkDead(b, err) },

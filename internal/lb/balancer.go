@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -37,6 +39,37 @@ const (
 	// --shutdown-delay-duration is typically up to 70 s in managed clusters,
 	// and the server closes its connections itself when it exits.
 	DefaultDrainTimeout = 90 * time.Second
+	// DefaultMaxConns bounds the client connections served at once. An idle
+	// proxied connection costs about MemoryPerConn (two goroutines and two
+	// sockets; no copy buffer while idle), so the default fits
+	// DefaultMemoryBudget. The generated static pod has a 128Mi limit and
+	// vigil run itself used about 52 MiB in the lab: 48 MiB of connections
+	// leave room for bursts of copy buffers and the garbage collector.
+	DefaultMaxConns = int(DefaultMemoryBudget / MemoryPerConn)
+	// DefaultMaxConnsPerSource bounds the connections from one source IP: a
+	// quarter of the total, so one misbehaving client (or NAT) cannot take
+	// every slot while it leaves room for a large NATed client population.
+	DefaultMaxConnsPerSource = DefaultMaxConns / 4
+	// DefaultHalfCloseTimeout bounds how long the other side may go on
+	// sending after one side finished (sent its FIN): kube-apiserver's
+	// clients do not half-close to keep a stream open, so a half-closed
+	// connection that lingers is one whose peer is gone.
+	DefaultHalfCloseTimeout = time.Minute
+	// DefaultMemoryBudget is the memory the default connection limit is
+	// sized for.
+	DefaultMemoryBudget = 48 << 20
+	// MemoryPerConn is what one idle proxied connection was measured to
+	// cost vigil in RSS (bench/lb), rounded up.
+	MemoryPerConn = 16 << 10
+)
+
+// TCP keepalive on both sides, in seconds: a peer that vanished without a
+// FIN (a node that lost power while watching, a backend behind a path that
+// broke) is found after 30 + 3*10 s.
+const (
+	keepAliveIdle     = 30
+	keepAliveInterval = 10
+	keepAliveCount    = 3
 )
 
 // Config configures a Balancer.
@@ -68,10 +101,44 @@ type Config struct {
 	// reconnect backoff), while a dial would have worked. Backends that
 	// refuse still fail fast.
 	TryAllWhenNoneUsable bool
+	// MaxConns bounds the client connections served at once (0:
+	// DefaultMaxConns, -1: no bound). A connection beyond it is reset at
+	// once: the process, and the VIP it holds, must not run out of memory
+	// because one client opened too many.
+	MaxConns int
+	// MaxConnsPerSource bounds those from one source IP address (0:
+	// DefaultMaxConnsPerSource, -1: no bound).
+	MaxConnsPerSource int
+	// IdleTimeout closes a connection that carried no byte either way for
+	// this long (0: never, the default: a watch can be quiet for minutes).
+	IdleTimeout time.Duration
+	// HalfCloseTimeout closes a connection this long after one side
+	// finished sending, if the other has not finished too (0:
+	// DefaultHalfCloseTimeout).
+	HalfCloseTimeout time.Duration
 	// ReusePort sets SO_REUSEPORT on the listener, so that a new process
 	// can bind the same address before the old one exits (an upgrade of
 	// the worker agent without a moment with nothing listening).
 	ReusePort bool
+}
+
+// CheckLimits validates the connection limits and the idle timeout as
+// their flags (--lb-max-conns, --lb-max-conns-per-source,
+// --lb-idle-timeout) give them: a limit is positive, or -1 for none (0
+// means the default); the per-source limit is not above the total; the
+// timeout is 0 (off) or positive.
+func CheckLimits(maxConns, perSource int, idle time.Duration) error {
+	switch {
+	case maxConns < -1:
+		return fmt.Errorf("%w: --lb-max-conns %d: give a positive number, or -1 for no limit", ErrInvalidConfig, maxConns)
+	case perSource < -1:
+		return fmt.Errorf("%w: --lb-max-conns-per-source %d: give a positive number, or -1 for no limit", ErrInvalidConfig, perSource)
+	case maxConns > 0 && perSource > maxConns:
+		return fmt.Errorf("%w: --lb-max-conns-per-source %d is above --lb-max-conns %d", ErrInvalidConfig, perSource, maxConns)
+	case idle < 0:
+		return fmt.Errorf("%w: --lb-idle-timeout %v must be 0 (off) or positive", ErrInvalidConfig, idle)
+	}
+	return nil
 }
 
 // Balancer forwards TCP connections to usable backends. TLS passes through
@@ -89,7 +156,9 @@ type Balancer struct {
 	closed  bool
 	serving bool
 	clients map[net.Conn]struct{} // every accepted connection until it ends
+	sources map[netip.Addr]int    // accepted connections per source address
 	lastNoB time.Time
+	lastCap time.Time // last "limit reached" log
 
 	wg sync.WaitGroup // connection goroutines
 }
@@ -98,6 +167,13 @@ type Balancer struct {
 type proxyConn struct {
 	client, server net.Conn
 	once           sync.Once
+}
+
+// touch pushes both read deadlines d out: the pair carried a byte.
+func (c *proxyConn) touch(d time.Duration) {
+	t := time.Now().Add(d)
+	_ = c.client.SetReadDeadline(t)
+	_ = c.server.SetReadDeadline(t)
 }
 
 func (c *proxyConn) close() {
@@ -119,14 +195,29 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
-	if cfg.Dial == nil {
-		// No TCP keepalive towards backends: they are health-checked, and a
-		// dead one has its connections closed. That saves four setsockopt
-		// calls per connection.
-		cfg.Dial = (&net.Dialer{KeepAlive: -1}).DialContext
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = DefaultMaxConns
 	}
-	if cfg.DialTimeout < 0 || cfg.Attempts < 1 || cfg.DrainTimeout < 0 {
-		return nil, fmt.Errorf("%w: dial timeout, attempts and drain timeout must be positive", ErrInvalidConfig)
+	if cfg.MaxConnsPerSource == 0 {
+		cfg.MaxConnsPerSource = DefaultMaxConnsPerSource
+	}
+	if cfg.HalfCloseTimeout == 0 {
+		cfg.HalfCloseTimeout = DefaultHalfCloseTimeout
+	}
+	if cfg.Dial == nil {
+		// TCP keepalive towards backends too: a backend path that breaks
+		// silently (a powered-off machine between health checks, a
+		// firewall that drops state) is found and its connections end,
+		// rather than leaking and skewing least-connections.
+		cfg.Dial = (&net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: keepAliveIdle * time.Second, Interval: keepAliveInterval * time.Second, Count: keepAliveCount,
+		}}).DialContext
+	}
+	if cfg.DialTimeout < 0 || cfg.Attempts < 1 || cfg.DrainTimeout < 0 || cfg.HalfCloseTimeout < 0 {
+		return nil, fmt.Errorf("%w: dial timeout, attempts, drain and half-close timeouts must be positive", ErrInvalidConfig)
+	}
+	if err := CheckLimits(cfg.MaxConns, cfg.MaxConnsPerSource, cfg.IdleTimeout); err != nil {
+		return nil, err
 	}
 	host, port, err := net.SplitHostPort(cfg.Listen)
 	if err != nil || host == "" {
@@ -148,6 +239,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		pool:    newPool(cfg.Policy),
 		drains:  map[string]*time.Timer{},
 		clients: map[net.Conn]struct{}{},
+		sources: map[netip.Addr]int{},
 		serving: !cfg.Standby,
 		m:       newMetrics(),
 	}
@@ -185,16 +277,37 @@ func (b *Balancer) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = 0
+		src := sourceAddr(c)
 		b.mu.Lock()
 		ok := b.serving
-		if ok {
+		limit := ""
+		switch {
+		case !ok:
+		case b.cfg.MaxConns > 0 && len(b.clients) >= b.cfg.MaxConns:
+			limit = "max_conns"
+		case b.cfg.MaxConnsPerSource > 0 && b.sources[src] >= b.cfg.MaxConnsPerSource:
+			limit = "max_conns_per_source"
+		default:
 			b.clients[c] = struct{}{}
+			b.sources[src]++
 		}
+		logLimit := limit != "" && time.Since(b.lastCap) > 5*time.Second
+		if logLimit {
+			b.lastCap = time.Now()
+		}
+		n := len(b.clients)
 		b.mu.Unlock()
-		if !ok {
+		if !ok || limit != "" {
 			// Not the VIP holder (or just stopped being it): a stray
-			// connection, told at once.
+			// connection; or over a limit. Either way told at once.
 			reset(c)
+			if limit != "" {
+				b.m.refused.WithLabelValues(limit).Inc()
+				if logLimit {
+					b.log.Warn("connection limit reached; resetting new connections (logged every 5s)", "limit", limit,
+						"connections", n, "max_conns", b.cfg.MaxConns, "max_conns_per_source", b.cfg.MaxConnsPerSource, "client", src.String())
+				}
+			}
 			continue
 		}
 		b.wg.Add(1)
@@ -203,6 +316,9 @@ func (b *Balancer) Run(ctx context.Context) error {
 			b.serve(ctx, c)
 			b.mu.Lock()
 			delete(b.clients, c)
+			if b.sources[src]--; b.sources[src] <= 0 {
+				delete(b.sources, src)
+			}
 			b.mu.Unlock()
 		}()
 	}
@@ -457,9 +573,14 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 	be.m.accepted.Inc()
 	b.mu.Unlock()
 
+	if b.cfg.IdleTimeout > 0 {
+		pc.touch(b.cfg.IdleTimeout)
+	}
 	done := make(chan int64, 1)
-	go func() { done <- pipe(pc.server, pc.client, pc) }()
-	down := pipe(pc.client, pc.server, pc)
+	go func() {
+		done <- b.pipe(&copier{dst: pc.server, src: pc.client, dataFirst: true, idle: b.cfg.IdleTimeout, pc: pc}, pc.server)
+	}()
+	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc}, pc.client)
 	up := <-done
 	pc.close()
 	b.m.toBackend.Add(float64(up))
@@ -472,23 +593,43 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 	b.mu.Unlock()
 }
 
-// pipe copies src to dst. On a clean end of src it half-closes dst, so the
-// other direction can finish (a client that shut down writing still reads
-// the answer); on an error it closes the pair, or the other direction could
-// wait forever on a peer that is gone. See copyAdaptive for how bytes move.
-func pipe(dst, src net.Conn, pc *proxyConn) int64 {
-	n, err := copyAdaptive(dst, src)
+// pipe runs one direction. On a clean end of its source it half-closes
+// the destination, so the other direction can finish (a client that shut
+// down writing still reads the answer), and gives that direction
+// HalfCloseTimeout to do so: its reads from dst get that deadline. On an
+// error, a deadline among them, it closes the pair, or the other direction
+// could wait forever on a peer that is gone.
+func (b *Balancer) pipe(c *copier, dst net.Conn) int64 {
+	n, err := c.copy()
 	if err != nil {
-		pc.close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			b.m.closed.WithLabelValues("timeout").Inc()
+		}
+		c.pc.close()
 		return n
 	}
 	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 		if cw.CloseWrite() == nil {
+			// The other direction reads from dst. With an idle timeout,
+			// its next read would push this deadline out again: the
+			// idle timeout then stands in for this one only while bytes
+			// still flow.
+			_ = dst.SetReadDeadline(time.Now().Add(b.cfg.HalfCloseTimeout))
 			return n
 		}
 	}
-	pc.close()
+	c.pc.close()
 	return n
+}
+
+// sourceAddr is c's remote IP address (IPv4-mapped IPv6 unmapped).
+func sourceAddr(c net.Conn) netip.Addr {
+	if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		if ap := ta.AddrPort(); ap.IsValid() {
+			return ap.Addr().Unmap()
+		}
+	}
+	return netip.Addr{}
 }
 
 // reset closes c with an RST rather than a FIN, so a client learns at once

@@ -3,7 +3,13 @@ package lb
 import (
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // smallBuf is the buffer interactive traffic is copied through. A read that
@@ -12,27 +18,60 @@ const smallBuf = 16 << 10
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, smallBuf); return &b }}
 
-// copyAdaptive copies src to dst. API server traffic is mostly small
-// requests and answers, for which one read(2) and one write(2) beat the two
-// splice(2) calls through a pipe that io.Copy would use; bulk transfers
-// (large lists, logs, exec streams) are spliced, so their bytes never enter
-// user space. The switch happens the first time a read fills the buffer.
-func copyAdaptive(dst, src net.Conn) (int64, error) {
-	bp := bufPool.Get().(*[]byte)
-	buf := *bp
+// buffersInUse counts copy buffers taken from the pool and not yet put
+// back: what the load balancer's connections hold in user space beyond
+// their goroutines. An idle connection holds none.
+var buffersInUse atomic.Int64
+
+// copier copies one direction of a proxied connection.
+type copier struct {
+	dst, src net.Conn
+	// dataFirst: src is known to have data to read at once (a client
+	// accepted with TCP_DEFER_ACCEPT), so the first read need not wait
+	// for it without a buffer.
+	dataFirst bool
+	// idle, when not 0, is the idle timeout: every read pushes both
+	// directions' read deadlines this far out (see proxyConn.touch).
+	idle time.Duration
+	pc   *proxyConn
+}
+
+// copy copies src to dst. API server traffic is mostly small requests and
+// answers, for which one read(2) and one write(2) beat the two splice(2)
+// calls through a pipe that io.Copy would use; bulk transfers (large lists,
+// logs, exec streams) are spliced, so their bytes never enter user space.
+// The switch happens the first time a read fills the buffer.
+//
+// Between reads no buffer is held: the copier waits until src is readable
+// (waitReadable) and only then takes one from the pool, so a connection
+// that sits idle, as most watches do, costs its goroutines and sockets but
+// no buffer.
+func (c *copier) copy() (int64, error) {
 	var total int64
+	var peek [1]byte
+	first := true
 	for {
-		n, rerr := src.Read(buf)
+		if !first || !c.dataFirst {
+			if err := waitReadable(c.src, peek[:]); err != nil {
+				return total, err
+			}
+		}
+		first = false
+		bp := bufPool.Get().(*[]byte)
+		buffersInUse.Add(1)
+		buf := *bp
+		n, rerr := c.src.Read(buf)
 		if n > 0 {
-			w, werr := dst.Write(buf[:n])
+			c.touch()
+			w, werr := c.dst.Write(buf[:n])
 			total += int64(w)
 			if werr != nil {
-				bufPool.Put(bp)
+				putBuf(bp)
 				return total, werr
 			}
 		}
+		putBuf(bp)
 		if rerr != nil {
-			bufPool.Put(bp)
 			if rerr == io.EOF {
 				return total, nil
 			}
@@ -42,8 +81,75 @@ func copyAdaptive(dst, src net.Conn) (int64, error) {
 			break
 		}
 	}
-	bufPool.Put(bp)
-	// Bulk from here on: io.Copy between two *net.TCPConn splices.
-	n, err := io.Copy(dst, src)
+	// Bulk from here on: io.Copy between two *net.TCPConn splices. With an
+	// idle timeout every read must push the deadlines, which a splice
+	// cannot; that path copies through io.Copy's own buffer instead.
+	var n int64
+	var err error
+	if c.idle > 0 {
+		n, err = io.Copy(struct{ io.Writer }{c.dst}, touchReader{c})
+	} else {
+		n, err = io.Copy(c.dst, c.src)
+	}
 	return total + n, err
+}
+
+func (c *copier) touch() {
+	if c.idle > 0 {
+		c.pc.touch(c.idle)
+	}
+}
+
+func putBuf(bp *[]byte) {
+	buffersInUse.Add(-1)
+	bufPool.Put(bp)
+}
+
+// touchReader reads from the copier's src and pushes the idle deadlines.
+type touchReader struct{ c *copier }
+
+func (r touchReader) Read(p []byte) (int, error) {
+	n, err := r.c.src.Read(p)
+	if n > 0 {
+		r.c.touch()
+	}
+	return n, err
+}
+
+// waitReadable blocks until c has data or its peer has finished sending
+// (then it returns nil, and the read that follows gets the data or EOF), or
+// until an error or deadline ends the wait, which it returns. It reads
+// nothing: a one-byte MSG_PEEK tells whether a read would block. A socket
+// error (a reset) is reported to one call only, and the peek is that call,
+// so its error is returned here, not left for the read.
+func waitReadable(c net.Conn, peek []byte) error {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var perr error
+	err = rc.Read(func(fd uintptr) bool {
+		for {
+			_, _, e := unix.Recvfrom(int(fd), peek, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false
+			case nil:
+				return true
+			default:
+				perr = &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("recvfrom", e)}
+				return true
+			}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return perr
 }

@@ -52,10 +52,3 @@ func listen(addr string, freeBind, reusePort bool) (net.Listener, error) {
 	}
 	return lc.Listen(context.Background(), "tcp", addr)
 }
-
-// Client keepalive, in seconds: a silent client is found after 30 + 3*10 s.
-const (
-	keepAliveIdle     = 30
-	keepAliveInterval = 10
-	keepAliveCount    = 3
-)

@@ -14,6 +14,7 @@ type metrics struct {
 	closed     *prometheus.CounterVec
 	bytes      *prometheus.CounterVec
 	rejected   prometheus.Counter
+	refused    *prometheus.CounterVec
 	usable     prometheus.Gauge
 	known      prometheus.Gauge
 	toBackend  prometheus.Counter
@@ -43,6 +44,9 @@ func newMetrics() *metrics {
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_lb_rejected_total", Help: "Client connections closed because no backend was usable.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vigil_lb_refused_total", Help: "Client connections reset at once because a connection limit was reached, by limit (max_conns, max_conns_per_source).",
+		}, []string{"limit"}),
 		usable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vigil_lb_backends_usable", Help: "Backends taking new connections; 0 means the load balancer is degraded.",
 		}),
@@ -55,7 +59,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.backendUp, m.active, m.accepted, m.dialErrors, m.closed, m.bytes, m.rejected, m.usable, m.known} {
+	for _, c := range []prometheus.Collector{m.backendUp, m.active, m.accepted, m.dialErrors, m.closed, m.bytes, m.rejected, m.refused, m.usable, m.known} {
 		if err := r.Register(c); err != nil {
 			return fmt.Errorf("register load balancer metrics: %w", err)
 		}

@@ -130,6 +130,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 					ReadOnlyRootFilesystem:   ptr(true),
 				},
 				Resources:                resources("50m", "32Mi", "128Mi"),
+				Env:                      goMemLimit("100MiB"),
 				LivenessProbe:            healthz(metricsPortDaemon),
 				VolumeMounts:             mounts,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -208,6 +209,7 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 							ReadOnlyRootFilesystem:   ptr(true),
 						},
 						Resources:     resources("10m", "24Mi", "64Mi"),
+						Env:           goMemLimit("50MiB"),
 						LivenessProbe: healthz(metricsPortAgent),
 						VolumeMounts: []corev1.VolumeMount{
 							{Name: "ca", MountPath: PKIDir + "/ca.crt", ReadOnly: true},
@@ -350,6 +352,13 @@ func join(ss []string) string {
 		out += s
 	}
 	return out
+}
+
+// goMemLimit sets GOMEMLIMIT to about 80% of the container's memory limit:
+// near it the Go runtime collects garbage harder instead of letting the
+// kernel kill the process at the limit (and the VIP holder with it).
+func goMemLimit(v string) []corev1.EnvVar {
+	return []corev1.EnvVar{{Name: "GOMEMLIMIT", Value: v}}
 }
 
 func resources(cpu, mem, memLimit string) corev1.ResourceRequirements {

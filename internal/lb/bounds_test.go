@@ -1,0 +1,150 @@
+package lb
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Connections beyond the total or the per-source limit are reset at once;
+// the ones already served carry on, and a freed slot is usable again.
+func TestConnectionLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		limit   string
+		allowed int
+	}{
+		{"total", Config{MaxConns: 3, MaxConnsPerSource: -1}, "max_conns", 3},
+		{"per source", Config{MaxConns: 10, MaxConnsPerSource: 2}, "max_conns_per_source", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := newBackend(t, "a", false)
+			b, _ := startLB(t, tc.cfg, be)
+			var held []net.Conn
+			for range tc.allowed {
+				c, _, name := dial(t, b, true)
+				if name != "a" {
+					t.Fatalf("connection within the limit got %q", name)
+				}
+				held = append(held, c)
+			}
+			refused(t, b)
+			if n := counterValue(b.m.refused.WithLabelValues(tc.limit)); n != 1 {
+				t.Fatalf("vigil_lb_refused_total{limit=%q} = %v, want 1", tc.limit, n)
+			}
+			// The served ones still work.
+			for _, c := range held {
+				if _, err := io.WriteString(c, "x"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			held[0].Close()
+			waitConns(t, b, tc.allowed-1)
+			if _, _, name := dial(t, b, true); name != "a" {
+				t.Fatalf("a freed slot was not reused: got %q", name)
+			}
+		})
+	}
+}
+
+// An idle timeout closes a connection with no traffic either way, and
+// traffic in either direction keeps it open.
+func TestIdleTimeout(t *testing.T) {
+	be := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{IdleTimeout: 300 * time.Millisecond}, be)
+	c, r, _ := dial(t, b, true)
+	for range 5 { // 750 ms of traffic, every 150 ms
+		time.Sleep(150 * time.Millisecond)
+		if _, err := io.WriteString(c, "ping\n"); err != nil {
+			t.Fatalf("closed while busy: %v", err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("echo = %q, %v", line, err)
+		}
+	}
+	took := closedWithin(t, r, c, 3*time.Second)
+	if took < 200*time.Millisecond {
+		t.Fatalf("closed %v after the last byte, before the idle timeout", took)
+	}
+	if n := counterValue(b.m.closed.WithLabelValues("timeout")); n < 1 {
+		t.Fatalf("vigil_lb_connections_closed_total{reason=timeout} = %v", n)
+	}
+}
+
+// Without an idle timeout a quiet connection stays (a watch), and holds no
+// copy buffer while it waits.
+func TestQuietConnectionsStayAndHoldNoBuffer(t *testing.T) {
+	be := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{}, be)
+	var rs []net.Conn
+	for range 20 {
+		c, _, name := dial(t, b, true)
+		if name != "a" {
+			t.Fatalf("got %q", name)
+		}
+		rs = append(rs, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := buffersInUse.Load(); n != 0 {
+		t.Fatalf("%d copy buffers held by 20 idle connections, want 0", n)
+	}
+	waitConns(t, b, 20)
+	for _, c := range rs {
+		if _, err := io.WriteString(c, "still here\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// After the client finished sending, the backend has HalfCloseTimeout to
+// finish too; a backend that never does is cut off.
+func TestHalfCloseTimeout(t *testing.T) {
+	hung := newBackend(t, "hung", true) // reads everything, never answers or closes
+	b, _ := startLB(t, Config{HalfCloseTimeout: 300 * time.Millisecond}, hung)
+	c, r, _ := dial(t, b, false)
+	waitConns(t, b, 1)
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	took := closedWithin(t, r, c, 3*time.Second)
+	if took < 200*time.Millisecond {
+		t.Fatalf("closed %v after the half-close, before the timeout", took)
+	}
+	waitConns(t, b, 0)
+}
+
+func TestLimitConfigErrors(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for _, cfg := range []Config{
+		{MaxConns: -2}, {MaxConnsPerSource: -5}, {MaxConns: 10, MaxConnsPerSource: 11},
+		{IdleTimeout: -time.Second}, {HalfCloseTimeout: -time.Second},
+	} {
+		cfg.Listen = "127.0.0.1:0"
+		b, err := New(cfg, log)
+		if !errors.Is(err, ErrInvalidConfig) {
+			if b != nil {
+				b.Close()
+			}
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		} else if !strings.Contains(err.Error(), "--lb-") && !strings.Contains(err.Error(), "timeout") {
+			t.Errorf("error %q names neither the flag nor the timeout", err)
+		}
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
