@@ -12,6 +12,7 @@ hack/build.sh
 RUNS=${RUNS:-3}
 ROUNDS=${ROUNDS:-3}
 EJECTIONS=${EJECTIONS:-3}
+FLOOD=${FLOOD:-0} # connection attempts from one source at the end of each run (0: none)
 out=bench/lb/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 lab=bin/vigil-lab
@@ -20,9 +21,9 @@ $lab down >/dev/null 2>&1 || true
 $lab up --nodes 3 --lb-port 7443 --backend-port 7000 --health-port 6443 >/dev/null
 for run in $(seq 1 "$RUNS"); do
   echo "== run $run"
-  $lab bench-lb --rounds "$ROUNDS" --ejections "$EJECTIONS" --json > "$out/run-$run.json"
+  $lab bench-lb --rounds "$ROUNDS" --ejections "$EJECTIONS" --flood "$FLOOD" --json > "$out/run-$run.json"
 done
 $lab down
-echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS bash bench/lb/run.sh" > "$out/command"
+echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS FLOOD=$FLOOD bash bench/lb/run.sh" > "$out/command"
 { uname -r; nproc; haproxy -v | head -1; } > "$out/machine"
 bench/lb/summarize.sh "$out"

@@ -23,7 +23,16 @@ jq -s -r '
     "| balancer | median ms | worst ms | client errors (all ejections) |",
     "|---|---|---|---|",
     "| vigil | \($ej | map(.vigilMillis) | median | round) | \($ej | map(.vigilMillis) | max | round) | \($ej | map(.vigilClientErrors) | add) of \($ej | map(.vigilConns) | add) |",
-    "| haproxy | \($ej | map(.haproxyMillis) | median | round) | \($ej | map(.haproxyMillis) | max | round) | \($ej | map(.haproxyClientErrors) | add) of \($ej | map(.haproxyConns) | add) |"
+    "| haproxy | \($ej | map(.haproxyMillis) | median | round) | \($ej | map(.haproxyMillis) | max | round) | \($ej | map(.haproxyClientErrors) | add) of \($ej | map(.haproxyConns) | add) |",
+    ( [.[].flood | select(. != null)] as $fl
+      | if ($fl | length) == 0 then empty else
+        "",
+        "Flood through vigil: connection attempts from one source address (each sends a byte, then nothing), while another client keeps connecting from its own:\n",
+        "| run | attempts | per second | held to the end | reset | dial errors | other client: connections, errors | other p50 / p99 µs | VIP not only on the holder (samples) | holder RSS before -> max MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        ( $fl | to_entries[] | .key as $i | .value
+          | "| \($i + 1) | \(.flood.count) | \(.flood.perSecond | round) | \(.flood.held // 0) | \(.flood.refused // 0) | \(.flood.errors) | \(.other.count), \(.other.errors) | \(.other.p50us | r1) / \(.other.p99us | r1) | \(.notOnHolder) of \(.vipSamples) | \(.holderRSSBeforeMiB | r1) -> \(.holderRSSMiB | r1) |" )
+      end )
 ' "$out"/run-*.json > "$out/summary.md"
 { echo; echo "Command: \`$(cat "$out/command")\`"; echo; echo "Machine: $(tr '\n' ' ' < "$out/machine")"; } >> "$out/summary.md"
 cat "$out/summary.md"

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +42,9 @@ type LBBenchConfig struct {
 	Streams   int           // parallel connections for throughput
 	Samples   int           // rtt and connect samples
 	Ejections int
+	// Flood, when not 0, ends the run with that many connection attempts
+	// from one source through vigil's balancer (see FloodResult).
+	Flood int
 }
 
 // LBBenchResult is a whole run.
@@ -49,6 +53,114 @@ type LBBenchResult struct {
 	Holder    string        `json:"holder"`
 	Loads     []LoadResult  `json:"loads"`
 	Ejections []Ejection    `json:"ejections"`
+	Flood     *FloodResult  `json:"flood,omitempty"`
+}
+
+// FloodResult is a flood of connections from one source address through
+// vigil's balancer, while another client keeps connecting from its own
+// address: the flooder's connections beyond the per-source limit must be
+// reset, the other client must keep being served, and the VIP must stay on
+// its holder the whole time, with that holder's memory bounded.
+type FloodResult struct {
+	Source string     `json:"source"`
+	Flood  LoadResult `json:"flood"`
+	// Other is the other client's new connections (connect mode) during
+	// the flood.
+	Other  LoadResult `json:"other"`
+	Holder string     `json:"holder"`
+	// VIPSamples counts samples of every node's addresses every 20 ms;
+	// NotOnHolder those in which the VIP was anywhere but only on Holder.
+	VIPSamples  int `json:"vipSamples"`
+	NotOnHolder int `json:"notOnHolder"`
+	// HolderRSSMiB is the largest resident set of the holder's vigil seen
+	// during the flood, sampled every 200 ms; HolderRSSBeforeMiB before it.
+	HolderRSSBeforeMiB float64 `json:"holderRSSBeforeMiB"`
+	HolderRSSMiB       float64 `json:"holderRSSMiB"`
+}
+
+// floodSource is the second address the client namespace floods from.
+var floodSource = netip.MustParseAddr("10.250.0.3")
+
+// floodHold is how long the flooder keeps what was accepted after its last
+// attempt; floodOther is how long the other client keeps connecting.
+const (
+	floodHold  = 5 * time.Second
+	floodOther = 15 * time.Second
+)
+
+func (l *Lab) floodOnce(ctx context.Context, holder string, attempts int) (*FloodResult, error) {
+	res := &FloodResult{Source: floodSource.String(), Holder: holder}
+	h, err := l.node(holder)
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("%s/%d", floodSource, subnetBits)
+	if err := ip(ctx, "-n", clientNS, "addr", "add", addr, "dev", nodeIface); err != nil {
+		return nil, err
+	}
+	defer func() { _ = ip(context.Background(), "-n", clientNS, "addr", "del", addr, "dev", nodeIface) }()
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	res.HolderRSSBeforeMiB = rssMiB(h.PIDs[roleVigil])
+	sctx, stop := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			hs, err := w.holders(l.st.Nodes)
+			res.VIPSamples++
+			if err != nil || len(hs) != 1 || hs[0] != holder {
+				res.NotOnHolder++
+			}
+			if i%10 == 0 {
+				res.HolderRSSMiB = max(res.HolderRSSMiB, rssMiB(h.PIDs[roleVigil]))
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	target := fmt.Sprintf("%s:%d", VIP.Addr(), BenchVigilPort)
+	other := make(chan error, 1)
+	go func() {
+		var err error
+		res.Other, err = l.runLoad(ctx, LoadConfig{Mode: LoadConnect, Target: target, Duration: floodOther})
+		other <- err
+	}()
+	res.Flood, err = l.runLoad(ctx, LoadConfig{Mode: LoadFlood, Target: target, Samples: attempts, Workers: 64, Duration: floodHold, Source: floodSource.String()})
+	oerr := <-other
+	stop()
+	<-sampled
+	if err != nil {
+		return res, fmt.Errorf("flood: %w", err)
+	}
+	if oerr != nil {
+		return res, fmt.Errorf("the other client: %w", oerr)
+	}
+	return res, nil
+}
+
+// rssMiB is a process's resident set in MiB, or 0 if it cannot be read.
+func rssMiB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
+			var kb float64
+			fmt.Sscan(f[1], &kb)
+			return kb / 1024
+		}
+	}
+	return 0
 }
 
 // Ejection is one killed backend as both balancers saw it.
@@ -175,6 +287,16 @@ func (l *Lab) BenchLB(ctx context.Context, cfg LBBenchConfig, progress io.Writer
 		fmt.Fprintf(progress, "ejection %d  %s  vigil %6.0fms (%d client errors of %d)  haproxy %6.0fms (%d client errors of %d)\n",
 			i+1, e.Backend, e.VigilMillis, e.VigilClientErrors, e.VigilConns, e.HAProxyMillis, e.HAProxyClientErrors, e.HAProxyConns)
 	}
+	if cfg.Flood > 0 {
+		f, err := l.floodOnce(ctx, holder, cfg.Flood)
+		if err != nil {
+			return res, err
+		}
+		res.Flood = f
+		fmt.Fprintf(progress, "flood  %d attempts from %s at %.0f/s: %d held to the end, %d reset, %d dial errors; other client %d connections, %d errors, p50 %.0fus p99 %.0fus; VIP not only on %s in %d of %d samples; holder RSS %.1f -> max %.1f MiB\n",
+			f.Flood.Count, f.Source, f.Flood.PerSecond, f.Flood.Held, f.Flood.Refused, f.Flood.Errors,
+			f.Other.Count, f.Other.Errors, f.Other.P50us, f.Other.P99us, holder, f.NotOnHolder, f.VIPSamples, f.HolderRSSBeforeMiB, f.HolderRSSMiB)
+	}
 	return res, nil
 }
 
@@ -193,7 +315,7 @@ func (l *Lab) runLoad(ctx context.Context, lc LoadConfig) (LoadResult, error) {
 	var r LoadResult
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", clientNS, l.selfBin, "loadgen",
 		"--mode", lc.Mode, "--target", lc.Target, "--duration", lc.Duration.String(),
-		"--samples", itoa(lc.Samples), "--workers", itoa(lc.Workers)).Output()
+		"--samples", itoa(lc.Samples), "--workers", itoa(lc.Workers), "--source", lc.Source).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -20,7 +21,16 @@ const (
 	LoadConnect    = "connect"    // sequential new connections: connect, one round trip, close
 	LoadConns      = "conns"      // Workers loops of LoadConnect for Duration: connections per second
 	LoadThroughput = "throughput" // Workers connections each reading "get" bytes for Duration
+	// LoadFlood: Workers loops open Samples connections in all from
+	// Source, each sending a few bytes and then nothing; those the target
+	// keeps open are held for Duration after the last attempt, those it
+	// resets are counted and closed.
+	LoadFlood = "flood"
 )
+
+// floodCheck is how long a flood connection waits to see whether the
+// target reset it: a balancer at a limit resets at once.
+const floodCheck = 20 * time.Millisecond
 
 // LoadConfig configures one load generator run.
 type LoadConfig struct {
@@ -29,6 +39,8 @@ type LoadConfig struct {
 	Duration time.Duration
 	Samples  int
 	Workers  int
+	// Source is the local address to connect from (flood; empty: any).
+	Source string
 }
 
 // LoadResult is what a run measured.
@@ -39,9 +51,13 @@ type LoadResult struct {
 	Errors int     `json:"errors"`
 	P50us  float64 `json:"p50us,omitempty"`
 	P99us  float64 `json:"p99us,omitempty"`
-	// PerSecond is connections per second (conns) or MiB per second
-	// (throughput).
+	// PerSecond is connections per second (conns, flood) or MiB per
+	// second (throughput).
 	PerSecond float64 `json:"perSecond,omitempty"`
+	// Held and Refused (flood): connections the target kept open, and
+	// reset.
+	Held    int `json:"held,omitempty"`
+	Refused int `json:"refused,omitempty"`
 }
 
 // RunLoad runs one measurement.
@@ -69,8 +85,10 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 		r.Count = len(lat)
 		r.P50us, r.P99us = percentiles(lat)
 	case LoadConnect:
+		// With a Duration, it samples for that long instead.
 		var lat []time.Duration
-		for range cfg.Samples {
+		end := time.Now().Add(cfg.Duration)
+		for i := 0; cfg.Duration > 0 && time.Now().Before(end) || cfg.Duration <= 0 && i < cfg.Samples; i++ {
 			start := time.Now()
 			if err := connectOnce(cfg.Target); err != nil {
 				r.Errors++
@@ -124,8 +142,86 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 		wg.Wait()
 		r.Count = cfg.Workers
 		r.PerSecond = float64(total) / (1 << 20) / cfg.Duration.Seconds()
+	case LoadFlood:
+		return flood(ctx, cfg)
 	default:
 		return r, fmt.Errorf("unknown load mode %q", cfg.Mode)
+	}
+	return r, nil
+}
+
+// flood runs LoadFlood.
+func flood(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
+	r := LoadResult{Mode: cfg.Mode, Target: cfg.Target}
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if cfg.Source != "" {
+		a, err := netip.ParseAddr(cfg.Source)
+		if err != nil {
+			return r, fmt.Errorf("--source %q: %w", cfg.Source, err)
+		}
+		d.LocalAddr = &net.TCPAddr{IP: a.AsSlice()}
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	var wg sync.WaitGroup
+	next := make(chan struct{}, cfg.Workers)
+	start := time.Now()
+	go func() {
+		defer close(next)
+		for range cfg.Samples {
+			select {
+			case next <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for range cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1)
+			for range next {
+				c, err := d.DialContext(ctx, "tcp", cfg.Target)
+				if err != nil {
+					mu.Lock()
+					r.Errors++
+					mu.Unlock()
+					continue
+				}
+				_, err = io.WriteString(c, "n") // no newline: the backend waits
+				if err == nil {
+					_ = c.SetReadDeadline(time.Now().Add(floodCheck))
+					_, err = c.Read(buf)
+					if ne, ok := err.(net.Error); ok && ne.Timeout() {
+						err = nil
+					}
+				}
+				mu.Lock()
+				if err != nil {
+					r.Refused++
+					c.Close()
+				} else {
+					held = append(held, c)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	r.Count = r.Refused + len(held) + r.Errors
+	r.PerSecond = float64(r.Count) / time.Since(start).Seconds()
+	sleepCtx(ctx, cfg.Duration)
+	// What is still open now was held the whole time.
+	for _, c := range held {
+		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		if ne, ok := err.(net.Error); err == nil || ok && ne.Timeout() {
+			r.Held++
+		} else {
+			r.Refused++
+		}
+		c.Close()
 	}
 	return r, nil
 }

@@ -120,11 +120,21 @@ func (l *Lab) joinEtcd(ctx context.Context, n *Node) error {
 	return l.startEtcdWith(n, ic, "existing")
 }
 
+// vigilMembersTimeout bounds one `vigil members` command in a drill; the
+// slowest (prune, replace) take a few seconds each.
+const vigilMembersTimeout = 2 * time.Minute
+
 // vigilMembers runs `vigil members ARGS` inside node's namespace, against
 // the lab's etcd, and returns its output.
 func (l *Lab) vigilMembers(ctx context.Context, node string, args ...string) (string, error) {
 	full := append([]string{"netns", "exec", nodeNS(node), l.vigilBin, "members", "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ",")}, args...)
-	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
+	// Bounded, so that a command that hangs fails the drill with its
+	// output instead of stalling it.
+	ctx, cancel := context.WithTimeout(ctx, vigilMembersTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", full...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("vigil members %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}

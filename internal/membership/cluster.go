@@ -325,16 +325,20 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 			return fmt.Errorf("%w: %s leads raft and no other healthy voter can take over", ErrRefused, m.Label())
 		}
 		say("%s leads raft; moving leadership to %s first", m.Label(), to.Label())
-		if err := c.moveLeader(ctx, m, to); err != nil {
-			return fmt.Errorf("move raft leadership off %s: %w", m.Label(), err)
-		}
-		// Check again with the new leader in place.
+		merr := c.moveLeader(ctx, m, to)
+		// Check again with the new leader in place. The move may also
+		// have failed because leadership went elsewhere at the same time
+		// (a VIP holder shedding it): what counts is that m no longer
+		// leads.
 		var err error
 		if v, err = c.View(ctx); err != nil {
 			return err
 		}
 		if m, err = v.Find(m.IDString()); err != nil {
 			return err
+		}
+		if merr != nil && m.Leader {
+			return fmt.Errorf("move raft leadership off %s: %w", m.Label(), merr)
 		}
 		if err := v.CheckRemove(m, force); err != nil {
 			return err
@@ -398,15 +402,27 @@ func (c *Cluster) gone(ctx context.Context, id uint64) (bool, error) {
 
 // moveLeader asks the leader m to hand raft leadership to to; the request
 // must reach the leader itself.
+//
+// etcd answers only once to leads, waiting for as long as the request's
+// context allows: a transfer that fails, or leadership that goes to another
+// member meanwhile, would leave an unbounded call waiting for ever. So the
+// call is bounded by moveLeaderTimeout.
 func (c *Cluster) moveLeader(ctx context.Context, m, to Member) error {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: m.ClientURLs, TLS: c.cfg.TLS, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	_, err = cli.MoveLeader(ctx, to.ID)
+	mctx, cancel := context.WithTimeout(ctx, moveLeaderTimeout)
+	defer cancel()
+	_, err = cli.MoveLeader(mctx, to.ID)
 	return err
 }
+
+// moveLeaderTimeout bounds one raft leadership transfer: a caught-up
+// transferee takes over within a few heartbeats, and raft gives up on a
+// transfer after an election timeout (1 s by default).
+const moveLeaderTimeout = 5 * time.Second
 
 // FreshReports watches the published reports for up to wait (a one-shot
 // command has no history to judge them by) and returns which observers'
