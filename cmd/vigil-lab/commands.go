@@ -414,6 +414,9 @@ Then --ejections times: SIGKILL a non-holder's backend while a client
 connects through each balancer, and time until each balancer marks it down.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
 			l, err := g.open()
 			if err != nil {
 				return err

@@ -65,3 +65,24 @@ func TestPruneDrillsRefuseUnsuitableLabs(t *testing.T) {
 		}
 	}
 }
+
+func TestLBBenchConfigValidate(t *testing.T) {
+	ok := LBBenchConfig{Rounds: 1, Duration: time.Second, Workers: 1, Streams: 1, Samples: 1}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []func(*LBBenchConfig){
+		func(c *LBBenchConfig) { c.Flood = -1 },
+		func(c *LBBenchConfig) { c.Rounds = -1 },
+		func(c *LBBenchConfig) { c.Ejections = -2 },
+		func(c *LBBenchConfig) { c.Duration = 0 },
+		func(c *LBBenchConfig) { c.Workers = 0 },
+		func(c *LBBenchConfig) { c.Samples = 0 },
+	} {
+		c := ok
+		bad(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}

@@ -47,6 +47,20 @@ type LBBenchConfig struct {
 	Flood int
 }
 
+// Validate refuses a configuration that cannot measure anything, before
+// the lab is touched.
+func (c LBBenchConfig) Validate() error {
+	switch {
+	case c.Rounds < 0 || c.Ejections < 0 || c.Flood < 0:
+		return fmt.Errorf("lab: --rounds %d, --ejections %d and --flood %d must not be negative", c.Rounds, c.Ejections, c.Flood)
+	case c.Duration <= 0:
+		return fmt.Errorf("lab: --duration %v must be positive", c.Duration)
+	case c.Workers < 1 || c.Streams < 1 || c.Samples < 1:
+		return fmt.Errorf("lab: --workers %d, --streams %d and --samples %d must be at least 1", c.Workers, c.Streams, c.Samples)
+	}
+	return nil
+}
+
 // LBBenchResult is a whole run.
 type LBBenchResult struct {
 	Config    LBBenchConfig `json:"config"`
@@ -224,6 +238,9 @@ backend apiserverbackend
 // BenchLB runs the load balancer benchmark.
 func (l *Lab) BenchLB(ctx context.Context, cfg LBBenchConfig, progress io.Writer) (LBBenchResult, error) {
 	res := LBBenchResult{Config: cfg}
+	if err := cfg.Validate(); err != nil {
+		return res, err
+	}
 	s := l.st.Settings
 	if s.Impl != ImplVigil || s.LBPort != BenchVigilPort || s.BackendPort != BulkPort || s.HealthPort != APIServerPort {
 		return res, fmt.Errorf("lab: the benchmark needs vigil-lab up --lb-port %d --backend-port %d --health-port %d", BenchVigilPort, BulkPort, APIServerPort)

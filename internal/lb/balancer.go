@@ -578,9 +578,9 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 	}
 	done := make(chan int64, 1)
 	go func() {
-		done <- b.pipe(&copier{dst: pc.server, src: pc.client, dataFirst: true, idle: b.cfg.IdleTimeout, pc: pc}, pc.server)
+		done <- b.pipe(&copier{dst: pc.server, src: pc.client, dataFirst: true, idle: b.cfg.IdleTimeout, pc: pc})
 	}()
-	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc}, pc.client)
+	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc})
 	up := <-done
 	pc.close()
 	b.m.toBackend.Add(float64(up))
@@ -599,7 +599,8 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 // HalfCloseTimeout to do so: its reads from dst get that deadline. On an
 // error, a deadline among them, it closes the pair, or the other direction
 // could wait forever on a peer that is gone.
-func (b *Balancer) pipe(c *copier, dst net.Conn) int64 {
+func (b *Balancer) pipe(c *copier) int64 {
+	dst := c.dst
 	n, err := c.copy()
 	if err != nil {
 		if errors.Is(err, os.ErrDeadlineExceeded) {

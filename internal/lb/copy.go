@@ -34,6 +34,14 @@ type copier struct {
 	// directions' read deadlines this far out (see proxyConn.touch).
 	idle time.Duration
 	pc   *proxyConn
+
+	// For waitReadable, set up once per direction rather than per read:
+	// src's raw connection (nil if it has none), the peek callback bound
+	// to this copier, its one-byte buffer and the error it saw.
+	raw     syscall.RawConn
+	ready   func(fd uintptr) bool
+	peek    [1]byte
+	peekErr error
 }
 
 // copy copies src to dst. API server traffic is mostly small requests and
@@ -48,11 +56,15 @@ type copier struct {
 // no buffer.
 func (c *copier) copy() (int64, error) {
 	var total int64
-	var peek [1]byte
+	if sc, ok := c.src.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			c.raw, c.ready = raw, c.peekReady
+		}
+	}
 	first := true
 	for {
 		if !first || !c.dataFirst {
-			if err := waitReadable(c.src, peek[:]); err != nil {
+			if err := c.waitReadable(); err != nil {
 				return total, err
 			}
 		}
@@ -116,40 +128,38 @@ func (r touchReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// waitReadable blocks until c has data or its peer has finished sending
+// waitReadable blocks until src has data or its peer has finished sending
 // (then it returns nil, and the read that follows gets the data or EOF), or
 // until an error or deadline ends the wait, which it returns. It reads
 // nothing: a one-byte MSG_PEEK tells whether a read would block. A socket
 // error (a reset) is reported to one call only, and the peek is that call,
 // so its error is returned here, not left for the read.
-func waitReadable(c net.Conn, peek []byte) error {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+func (c *copier) waitReadable() error {
+	if c.raw == nil {
 		return nil
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	var perr error
-	err = rc.Read(func(fd uintptr) bool {
-		for {
-			_, _, e := unix.Recvfrom(int(fd), peek, unix.MSG_PEEK|unix.MSG_DONTWAIT)
-			switch e {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false
-			case nil:
-				return true
-			default:
-				perr = &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("recvfrom", e)}
-				return true
-			}
-		}
-	})
-	if err != nil {
+	c.peekErr = nil
+	if err := c.raw.Read(c.ready); err != nil {
 		return err
 	}
-	return perr
+	return c.peekErr
+}
+
+// peekReady is the raw read callback of waitReadable: true once a read
+// would not block.
+func (c *copier) peekReady(fd uintptr) bool {
+	for {
+		_, _, e := unix.Recvfrom(int(fd), c.peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		case nil:
+			return true
+		default:
+			c.peekErr = &net.OpError{Op: "read", Net: "tcp", Source: c.src.LocalAddr(), Addr: c.src.RemoteAddr(), Err: os.NewSyscallError("recvfrom", e)}
+			return true
+		}
+	}
 }
