@@ -159,6 +159,11 @@ func newDrillCmd(g *globals) *cobra.Command {
                      --health-grace + 1 s, and requests through the load
                      balancer may fail only around that move
   apiserver-slow     the same with an API server that answers after 3 s
+  backend-paused     open 30 watches through the VIP, SIGSTOP another node's
+                     (stand-in) API server for 1.5 s, SIGCONT it: none of
+                     the watches may be reset, and the VIP must not move
+  backend-killed     the same, but SIGKILL that API server: every watch it
+                     served must end within 1 s; then restart it
   replace-node       power the holder off for good, vigil members prune, a
                      new node joins etcd as kubeadm join does, runs vigil;
                      prints each phase (the lab gets a new node: n4, n5...)

@@ -260,7 +260,7 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 		MaxConns:             a.cfg.MaxConns,
 		MaxConnsPerSource:    a.cfg.MaxConnsPerSource,
 		IdleTimeout:          a.cfg.IdleTimeout,
-		OnDialError:          func(b string, err error) { u.checker.MarkDead(b, err) },
+		OnDialError:          func(b string, err error) { u.checker.DialFailed(b, err) },
 		Metrics:              reg,
 	}, a.log.With("upstream", name))
 	if err != nil {

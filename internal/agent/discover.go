@@ -88,7 +88,7 @@ func (d *discoverer) run(ctx context.Context) {
 				d.cli.SetEndpoints(d.a.memberListEndpoints()...)
 			}
 		}
-		t.Reset(d.a.cfg.DiscoveryInterval)
+		t.Reset(discovery.Jitter(d.a.cfg.DiscoveryInterval))
 	}
 }
 

@@ -94,8 +94,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			DrainTimeout: cfg.LBDrainTimeout,
 			MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,
 			// Passive checking: a refused connection ejects the backend
-			// before its next health check.
-			OnDialError: func(b string, err error) { checker.MarkDead(b, err) },
+			// before its next health check; a timed-out one counts as a
+			// failed check.
+			OnDialError: func(b string, err error) { checker.DialFailed(b, err) },
 			Metrics:     m.reg,
 			Standby:     true, // serving only while holding the VIP
 		}, log)

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"net/url"
@@ -233,8 +234,21 @@ func (d *Discovery) Run(ctx context.Context) error {
 		if b, names := d.union(); len(b) > 0 {
 			d.publish(b, names)
 		}
-		t.Reset(d.cfg.Interval)
+		t.Reset(Jitter(d.cfg.Interval))
 	}
+}
+
+// Jitter returns d shortened by a random part of up to a fifth. Periodic
+// work that many processes do against the same servers (every agent reads
+// the etcd member list) uses it, so that processes started together, by a
+// rollout or a power cut, drift apart within a few rounds instead of
+// hitting the servers in the same instant forever. Only shortened, so every
+// documented interval stays an upper bound.
+func Jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d - rand.N(d/5+1)
 }
 
 // union is the union of every source's last answer, and the names of the

@@ -263,3 +263,23 @@ func TestPublishedOnly(t *testing.T) {
 	pub.publish("10.0.0.21:6443")
 	s.wait(t, 5*time.Second, []string{"10.0.0.21:6443"})
 }
+
+// TestJitter: within (4/5·d, d], and spread, so processes started together
+// drift apart.
+func TestJitter(t *testing.T) {
+	const d = 2 * time.Second
+	seen := map[time.Duration]bool{}
+	for range 1000 {
+		j := Jitter(d)
+		if j > d || j < d-d/5 {
+			t.Fatalf("Jitter(%v) = %v, outside [%v, %v]", d, j, d-d/5, d)
+		}
+		seen[j] = true
+	}
+	if len(seen) < 100 {
+		t.Fatalf("1000 draws gave %d distinct intervals", len(seen))
+	}
+	if Jitter(0) != 0 {
+		t.Fatal("Jitter(0) != 0")
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -188,7 +190,7 @@ func New(cfg Config, log *slog.Logger) (*Checker, error) {
 		probes: map[string]*probe{},
 		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vigil_health_checks_total",
-			Help: "Health checks of API server backends, by result (ok, draining, dead).",
+			Help: "Health checks of API server backends, by result (ok, draining, dead: refused, unreachable: no answer in time or another failure).",
 		}, []string{"backend", "result"}),
 	}
 	if cfg.Metrics != nil {
@@ -227,17 +229,62 @@ func (c *Checker) Set(backends []string) {
 		if !want[b] {
 			p.cancel()
 			delete(c.probes, b)
-			for _, r := range []string{"ok", "draining", "dead"} {
+			for _, r := range []string{"ok", "draining", "dead", "unreachable"} {
 				c.checks.DeleteLabelValues(b, r)
 			}
 		}
 	}
 }
 
-// MarkDead takes a backend down at once; the data path calls it when a
-// connection to the backend was refused or timed out.
+// MarkDead takes a backend down at once as Dead.
 func (c *Checker) MarkDead(backend string, err error) {
 	c.change(backend, func(t *tracker, now time.Time) bool { return t.markDead(err.Error(), now) })
+}
+
+// DialFailed is passive health checking: the data path calls it when a
+// connection to backend failed. What the error proves decides what happens:
+//
+//   - refused: nothing listens on the port, so the process is gone. The
+//     backend is marked Dead at once, before its next check.
+//   - a local shortage (no free source port, out of file descriptors or
+//     buffers) or a cancelled attempt: nothing about the backend. Ignored.
+//   - anything else (a timeout, no route): counts as one failed check, with
+//     cause Unreachable. A single slow answer takes nothing down; Fall of
+//     them in a row, from checks or connections, do.
+func (c *Checker) DialFailed(backend string, err error) {
+	switch cause := dialCause(err); cause {
+	case Dead:
+		c.MarkDead(backend, err)
+	case Unreachable:
+		r := result{cause: Unreachable, err: err.Error(), started: time.Now()}
+		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })
+	}
+}
+
+// dialCause says what a failed connection attempt proves about its
+// backend: Dead, Unreachable, or NoCause when the failure is this host's
+// own (or the attempt was cancelled).
+func dialCause(err error) Cause {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return Dead
+	case errors.Is(err, syscall.EADDRNOTAVAIL), errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE),
+		errors.Is(err, syscall.ENOBUFS), errors.Is(err, syscall.ENOMEM), errors.Is(err, context.Canceled):
+		return NoCause
+	default:
+		return Unreachable
+	}
+}
+
+// checkCause is what a failed check proves: Dead when the connection was
+// refused, Unreachable otherwise (a local shortage too: the check could
+// not prove the backend healthy, so it counts as a failure, but not as
+// proof that its process is gone).
+func checkCause(err error) Cause {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return Dead
+	}
+	return Unreachable
 }
 
 // Status returns the status of one backend.
@@ -303,8 +350,11 @@ func (c *Checker) loop(ctx context.Context, backend string) {
 		c.checks.WithLabelValues(backend, resultLabel(r.cause)).Inc()
 		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })
 		// The next check starts one interval after this one started, or at
-		// once if this one took longer (a timed-out check).
-		next.Reset(max(0, c.cfg.Interval-time.Since(start)))
+		// once if this one took longer (a timed-out check). The interval
+		// is shortened by a random part of up to a fifth, so that checkers
+		// started together (1,000 agents after a rollout) drift apart
+		// instead of probing every API server in the same instant.
+		next.Reset(max(0, c.cfg.Interval-rand.N(c.cfg.Interval/5+1)-time.Since(start)))
 	}
 }
 
@@ -354,7 +404,7 @@ func (c *Checker) change(backend string, f func(*tracker, time.Time) bool) {
 func (c *Checker) check(ctx context.Context, backend string) result {
 	host, port, err := net.SplitHostPort(backend)
 	if err != nil {
-		return result{cause: Dead, err: err.Error()}
+		return result{cause: Unreachable, err: err.Error()}
 	}
 	if c.cfg.Port != 0 {
 		port = strconv.Itoa(c.cfg.Port)
@@ -363,7 +413,7 @@ func (c *Checker) check(ctx context.Context, backend string) result {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.Scheme+"://"+net.JoinHostPort(host, port)+c.cfg.Path, nil)
 	if err != nil {
-		return result{cause: Dead, err: err.Error()}
+		return result{cause: Unreachable, err: err.Error()}
 	}
 	req.Header.Set("User-Agent", "vigil-health")
 	resp, err := c.client.Do(req)
@@ -372,12 +422,12 @@ func (c *Checker) check(ctx context.Context, backend string) result {
 		if errors.As(err, &ue) {
 			err = ue.Err // the URL is the backend; logs say so already
 		}
-		return result{cause: Dead, err: err.Error()}
+		return result{cause: checkCause(err), err: err.Error()}
 	}
 	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	if err != nil {
-		return result{cause: Dead, err: "read " + c.cfg.Path + ": " + err.Error()}
+		return result{cause: Unreachable, err: "read " + c.cfg.Path + ": " + err.Error()}
 	}
 	if resp.StatusCode != http.StatusOK {
 		return result{cause: Draining, err: fmt.Sprintf("GET %s: HTTP %d", c.cfg.Path, resp.StatusCode)}
@@ -391,6 +441,8 @@ func resultLabel(c Cause) string {
 		return "draining"
 	case Dead:
 		return "dead"
+	case Unreachable:
+		return "unreachable"
 	default:
 		return "ok"
 	}

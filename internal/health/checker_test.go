@@ -1,16 +1,20 @@
 package health
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +77,12 @@ func (c *changes) add(s Status) {
 	c.mu.Unlock()
 }
 
+func (c *changes) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.all)
+}
+
 func (c *changes) last(backend string) (Status, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -127,25 +137,30 @@ func TestCheckerFollowsBackendHealth(t *testing.T) {
 	a.mode.Store("ok")
 	waitFor(t, 3*time.Second, "up again", state(Up, NoCause))
 
-	// A hung server is dead: no answer within the timeout. Generous bound;
-	// the defaults give at most interval + fall*timeout = 1.6 s.
+	// A hung server is unreachable, not dead: no answer within the
+	// timeout does not prove its process gone. Generous bound; the
+	// defaults give at most interval + fall*timeout = 1.6 s.
 	a.mode.Store("hang")
-	took := waitFor(t, 5*time.Second, "dead after hanging", state(Down, Dead))
+	took := waitFor(t, 5*time.Second, "unreachable after hanging", state(Down, Unreachable))
 	t.Logf("hung backend ejected after %v", took)
 	a.mode.Store("ok")
 	waitFor(t, 3*time.Second, "up after hang", state(Up, NoCause))
 
-	// A closed server (refused connections) is dead.
+	// A closed server (refused connections) is dead: its process is gone.
 	a.srv.Close()
 	took = waitFor(t, 5*time.Second, "dead after close", state(Down, Dead))
 	t.Logf("closed backend ejected after %v", took)
 }
 
-func TestCheckerWrongCAIsDead(t *testing.T) {
+func TestCheckerWrongCAIsDown(t *testing.T) {
 	a := newAPIServer(t)
 	c, ch := newChecker(t, Config{TLS: &tls.Config{RootCAs: x509.NewCertPool()}}) // trusts no CA
 	c.Set([]string{a.backend()})
-	waitFor(t, 3*time.Second, "dead", func() bool { st, ok := ch.last(a.backend()); return ok && st.Cause == Dead })
+	// Down, but the process answers: not Dead.
+	waitFor(t, 3*time.Second, "down", func() bool {
+		st, ok := ch.last(a.backend())
+		return ok && st.State == Down && st.Cause == Unreachable
+	})
 	st, _ := c.Status(a.backend())
 	if !strings.Contains(st.LastError, "certificate") {
 		t.Errorf("LastError = %q, want a certificate error", st.LastError)
@@ -187,6 +202,43 @@ func TestCheckerMarkDeadAndSet(t *testing.T) {
 	c.Set([]string{a.backend()})
 	if len(c.Statuses()) != 1 {
 		t.Fatal("Set after Close started a probe")
+	}
+}
+
+// TestDialFailed: what a failed data-path connection proves decides what
+// it does to the backend.
+func TestDialFailed(t *testing.T) {
+	a := newAPIServer(t)
+	b := a.backend()
+	c, ch := newChecker(t, Config{TLS: &tls.Config{InsecureSkipVerify: true}, Interval: time.Hour}) // only the first check runs
+	c.Set([]string{b})
+	waitFor(t, 3*time.Second, "up", func() bool { st, ok := ch.last(b); return ok && st.State == Up })
+	opErr := func(errno syscall.Errno) error {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: errno}}
+	}
+	expect := func(step string, s State, cause Cause) {
+		t.Helper()
+		if st, _ := c.Status(b); st.State != s || st.Cause != cause {
+			t.Fatalf("%s: %v cause %v, want %v cause %v", step, st.State, st.Cause, s, cause)
+		}
+	}
+	// This host's own shortages say nothing about the backend.
+	for _, e := range []error{opErr(syscall.EADDRNOTAVAIL), opErr(syscall.EMFILE), context.Canceled} {
+		c.DialFailed(b, e)
+		c.DialFailed(b, e)
+		expect(fmt.Sprintf("after %v twice", e), Up, NoCause)
+	}
+	// A timeout is one failed check: one is not enough (fall 2), two are,
+	// and the cause is Unreachable, not Dead.
+	c.DialFailed(b, context.DeadlineExceeded)
+	expect("after one timeout", Up, NoCause)
+	c.DialFailed(b, opErr(syscall.EHOSTUNREACH))
+	expect("after a timeout and no route", Down, Unreachable)
+	// A refused connection proves the process gone.
+	c.DialFailed(b, opErr(syscall.ECONNREFUSED))
+	expect("after a refused connection", Down, Dead)
+	if got := ch.count(); got != 3 { // up, unreachable, dead
+		t.Errorf("%d changes reported, want 3", got)
 	}
 }
 

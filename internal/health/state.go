@@ -38,10 +38,17 @@ const (
 	// still serves requests in flight, so its established connections are
 	// left to finish; only new ones go elsewhere.
 	Draining
-	// Dead: no answer (refused, reset, TLS failure, timeout). Established
-	// connections are closed at once so their clients reconnect elsewhere
-	// instead of hanging on a peer that may never answer again.
+	// Dead: the backend's port refuses connections: its node is up and
+	// its process is gone (killed, crashed, exited). Established connections
+	// are closed at once: they are dead already, or about to be, and their
+	// clients should reconnect elsewhere now.
 	Dead
+	// Unreachable: no answer in time, or a failure that does not prove the
+	// process gone (timeout, no route, reset, TLS error). The process may
+	// only be slow or paused: new connections go elsewhere, established ones
+	// are left alone for the balancer's grace period, since resetting
+	// thousands of watches costs the whole control plane a relist.
+	Unreachable
 )
 
 func (c Cause) String() string {
@@ -50,6 +57,8 @@ func (c Cause) String() string {
 		return "draining"
 	case Dead:
 		return "dead"
+	case Unreachable:
+		return "unreachable"
 	default:
 		return "none"
 	}
@@ -149,8 +158,8 @@ func (t *tracker) observe(r result, now time.Time) bool {
 	return t.st.State != before.State || t.st.Cause != before.Cause
 }
 
-// markDead takes the backend down at once; the data path saw it refuse or
-// time out a connection.
+// markDead takes the backend down at once; the data path saw it refuse a
+// connection.
 func (t *tracker) markDead(err string, now time.Time) bool {
 	before := t.st
 	t.okRun = 0

@@ -43,8 +43,9 @@ type APIServerConfig struct {
 }
 
 // ServeAPIServer runs the stand-in kube-apiserver of one lab node: HTTPS
-// /readyz, /livez and /version (which names the node, so a client through
-// the VIP sees which backend answered) until ctx is cancelled.
+// /readyz, /livez, /version (which names the node, so a client through
+// the VIP sees which backend answered) and /watch (a stream of events
+// naming the node) until ctx is cancelled.
 func ServeAPIServer(ctx context.Context, cfg APIServerConfig, log *slog.Logger) error {
 	cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
 	if err != nil {
@@ -132,8 +133,38 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 	case "/version":
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, "{\"gitVersion\":\"v0.0.0-vigil-lab\",\"node\":%q}\n", s.cfg.Name)
+	case "/watch":
+		s.watch(w, r)
 	default:
 		http.NotFound(w, r)
+	}
+}
+
+// WatchTick is how often the stand-in's /watch stream sends an event.
+const WatchTick = 100 * time.Millisecond
+
+// watch streams one JSON line every WatchTick, naming this node, until the
+// client goes: a long-lived response like a kube-apiserver watch, whose
+// connection through the VIP the watch drills follow.
+func (s *standIn) watch(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	t := time.NewTicker(WatchTick)
+	defer t.Stop()
+	for seq := 0; ; seq++ {
+		if _, err := fmt.Fprintf(w, "{\"node\":%q,\"seq\":%d}\n", s.cfg.Name, seq); err != nil {
+			return
+		}
+		fl.Flush()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -32,7 +32,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -60,7 +60,7 @@ func DrillsFor(s Settings) []string {
 	}
 	out := []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
 	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() {
-		out = append(out, DrillAPIServerDown, DrillAPIServerSlow)
+		out = append(out, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled)
 	}
 	return out
 }
@@ -93,6 +93,8 @@ type Result struct {
 	LateReplies int `json:"lateReplies,omitempty"`
 	// API is set by the API server drills.
 	API *APIResult `json:"api,omitempty"`
+	// Watch is set by the watch drills (backend-paused, backend-killed).
+	Watch *WatchResult `json:"watch,omitempty"`
 	// Phases are the timed steps of multi-step drills (replace-node).
 	Phases []Phase `json:"phases,omitempty"`
 	// Workers is set by scale-workers-unaffected.
@@ -127,6 +129,10 @@ func (r Result) String() string {
 	if a := r.API; a != nil {
 		s = fmt.Sprintf("%-17s #%-3d VIP moved after %5.0fms (bound %.0fms)  %s -> %s  requests %d, failed %d in the move window, %d outside; longest without an answer %.0fms  split-brain: %s",
 			r.Drill, r.Run, a.MovedAfterMillis, a.BoundMillis, orDash(r.Before), orDash(r.After), a.Requests, a.FailedInWindow, a.FailedOutside, a.LongestFailureMillis, yesNo(r.SplitBrain))
+	}
+	if w := r.Watch; w != nil {
+		s = fmt.Sprintf("%-17s #%-3d %s's API server, VIP on %s -> %s  %s  split-brain: %s",
+			r.Drill, r.Run, orDash(r.Target), orDash(r.Before), orDash(r.After), w, yesNo(r.SplitBrain))
 	}
 	for _, w := range r.Workers {
 		s += "\n    " + w.String()
@@ -192,6 +198,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillAPIServerDown || kind == DrillAPIServerSlow {
 		return l.apiDrill(ctx, kind, r)
+	}
+	if kind == DrillBackendPaused || kind == DrillBackendKilled {
+		return l.watchDrill(ctx, kind, r)
 	}
 	if kind == DrillReplaceNode {
 		return l.replaceNode(ctx, r)

@@ -102,6 +102,12 @@ func TestDrills(t *testing.T) {
 				if r.After == r.Target {
 					t.Fatalf("%s still holds the VIP with a failing API server", r.Target)
 				}
+			case DrillBackendPaused, DrillBackendKilled:
+				// OK() and the drill covered resets, the kill bound and
+				// the VIP staying put; here: it watched what it meant to.
+				if r.Watch == nil || r.Watch.OnTarget == 0 || r.After != r.Before {
+					t.Fatalf("watch result: %+v, VIP %s -> %s", r.Watch, r.Before, r.After)
+				}
 			case DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath:
 				// The drill itself failed on a wrong prune or a late one;
 				// here: it judged what it meant to.

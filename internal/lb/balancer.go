@@ -39,6 +39,17 @@ const (
 	// --shutdown-delay-duration is typically up to 70 s in managed clusters,
 	// and the server closes its connections itself when it exits.
 	DefaultDrainTimeout = 90 * time.Second
+	// DefaultUnreachableGrace is how long a backend may go without
+	// answering (health checks time out, connections to it time out) before
+	// its established connections are closed. A kube-apiserver paused by a
+	// long GC, a full disk or a SIGSTOP, or an overloaded one, answers again
+	// within seconds, and every watch it holds is worth keeping: a reset
+	// one costs the server a relist. A backend whose process is gone
+	// refuses connections and is closed at once instead (health.Dead); one
+	// that stays silent for this long is most likely powered off, and its
+	// clients are better off reconnecting elsewhere than waiting for TCP
+	// keepalive.
+	DefaultUnreachableGrace = 5 * time.Second
 	// DefaultMaxConns bounds the client connections served at once. An idle
 	// proxied connection costs about MemoryPerConn (two goroutines and two
 	// sockets; no copy buffer while idle), so the default fits
@@ -84,10 +95,12 @@ type Config struct {
 	DialTimeout  time.Duration
 	Attempts     int
 	DrainTimeout time.Duration
+	// UnreachableGrace: see DefaultUnreachableGrace (0: that default).
+	UnreachableGrace time.Duration
 	// Dial connects to a backend; nil uses net.Dialer.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// OnDialError is told about every failed connection attempt to a
-	// backend (passive health checking: the checker marks it dead).
+	// backend (passive health checking: health.Checker.DialFailed).
 	OnDialError func(backend string, err error)
 	// Metrics receives the balancer's metrics; nil keeps them private.
 	Metrics prometheus.Registerer
@@ -152,7 +165,7 @@ type Balancer struct {
 
 	mu      sync.Mutex // guards the fields below
 	pool    *pool
-	drains  map[string]*time.Timer
+	closing map[string]*pendingClose // by backend address
 	closed  bool
 	serving bool
 	clients map[net.Conn]struct{} // every accepted connection until it ends
@@ -161,6 +174,13 @@ type Balancer struct {
 	lastCap time.Time // last "limit reached" log
 
 	wg sync.WaitGroup // connection goroutines
+}
+
+// pendingClose closes a down backend's connections later, unless it comes
+// back up first: when its drain timeout ends, or its unreachable grace.
+type pendingClose struct {
+	at    time.Time
+	timer *time.Timer
 }
 
 // proxyConn is one client connection and its backend connection.
@@ -195,6 +215,9 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
+	if cfg.UnreachableGrace == 0 {
+		cfg.UnreachableGrace = DefaultUnreachableGrace
+	}
 	if cfg.MaxConns == 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
@@ -213,8 +236,8 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 			Enable: true, Idle: keepAliveIdle * time.Second, Interval: keepAliveInterval * time.Second, Count: keepAliveCount,
 		}}).DialContext
 	}
-	if cfg.DialTimeout < 0 || cfg.Attempts < 1 || cfg.DrainTimeout < 0 || cfg.HalfCloseTimeout < 0 {
-		return nil, fmt.Errorf("%w: dial timeout, attempts, drain and half-close timeouts must be positive", ErrInvalidConfig)
+	if cfg.DialTimeout < 0 || cfg.Attempts < 1 || cfg.DrainTimeout < 0 || cfg.HalfCloseTimeout < 0 || cfg.UnreachableGrace < 0 {
+		return nil, fmt.Errorf("%w: dial timeout, attempts, drain and half-close timeouts and unreachable grace must be positive", ErrInvalidConfig)
 	}
 	if err := CheckLimits(cfg.MaxConns, cfg.MaxConnsPerSource, cfg.IdleTimeout); err != nil {
 		return nil, err
@@ -237,7 +260,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		log:     log.With("listen", cfg.Listen),
 		ln:      ln,
 		pool:    newPool(cfg.Policy),
-		drains:  map[string]*time.Timer{},
+		closing: map[string]*pendingClose{},
 		clients: map[net.Conn]struct{}{},
 		sources: map[netip.Addr]int{},
 		serving: !cfg.Standby,
@@ -324,8 +347,8 @@ func (b *Balancer) Run(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	b.closed = true
-	for _, t := range b.drains {
-		t.Stop()
+	for _, pc := range b.closing {
+		pc.timer.Stop()
 	}
 	b.mu.Unlock()
 	b.CloseAll("load balancer stopping")
@@ -350,10 +373,7 @@ func (b *Balancer) SetBackends(addrs []string) {
 		for c := range be.conns {
 			conns = append(conns, c)
 		}
-		if t := b.drains[be.addr]; t != nil {
-			t.Stop()
-			delete(b.drains, be.addr)
-		}
+		b.cancelClose(be.addr)
 		b.m.forget(be.addr)
 		b.log.Info("backend removed", "backend", be.addr, "closing", len(be.conns))
 	}
@@ -363,9 +383,18 @@ func (b *Balancer) SetBackends(addrs []string) {
 	closeAll(conns)
 }
 
-// Update applies a health change of one backend: up takes new connections;
-// down takes none; dead also closes its connections at once, draining
-// closes them only after the drain timeout.
+// Update applies a health change of one backend. Up takes new
+// connections; down, for any cause, takes none. What happens to its
+// established connections depends on the cause (see health.Cause):
+//
+//   - Dead (refused: the process is gone): closed at once, so their clients
+//     reconnect to a live server now;
+//   - Unreachable (silent: paused, overloaded, or powered off): left alone
+//     until UnreachableGrace after it stopped answering, then closed;
+//   - Draining (answering, failing /readyz): left to finish until
+//     DrainTimeout.
+//
+// A backend that comes back up before its deadline keeps every connection.
 func (b *Balancer) Update(st health.Status) {
 	b.mu.Lock()
 	be, ok := b.pool.m[st.Backend]
@@ -376,26 +405,61 @@ func (b *Balancer) Update(st health.Status) {
 	be.usable = st.State == health.Up
 	b.m.backendUp.WithLabelValues(be.addr).Set(boolFloat(be.usable))
 	b.m.usable.Set(float64(b.pool.usableCount()))
-	if t := b.drains[be.addr]; t != nil && (be.usable || st.Cause == health.Dead) {
-		t.Stop()
-		delete(b.drains, be.addr)
+	if be.usable || st.Cause == health.Dead {
+		b.cancelClose(be.addr)
 	}
 	var conns []*proxyConn
-	switch {
-	case st.State == health.Down && st.Cause == health.Dead:
-		for c := range be.conns {
-			conns = append(conns, c)
+	if st.State == health.Down && len(be.conns) > 0 {
+		now := time.Now()
+		switch st.Cause {
+		case health.Dead:
+			for c := range be.conns {
+				conns = append(conns, c)
+			}
+		case health.Unreachable:
+			since := st.FailingSince
+			if since.IsZero() || since.After(now) {
+				since = now
+			}
+			if b.closeAt(be.addr, since.Add(b.cfg.UnreachableGrace), "backend_unreachable") {
+				b.log.Info("backend unreachable; its connections are kept for the grace period, in case it answers again",
+					"backend", be.addr, "connections", len(be.conns), "grace", b.cfg.UnreachableGrace, "err", st.LastError)
+			}
+		case health.Draining:
+			if b.closeAt(be.addr, now.Add(b.cfg.DrainTimeout), "drain_timeout") {
+				b.log.Info("backend draining; its connections may finish", "backend", be.addr, "connections", len(be.conns), "timeout", b.cfg.DrainTimeout)
+			}
 		}
-	case st.State == health.Down && st.Cause == health.Draining && len(be.conns) > 0 && b.drains[be.addr] == nil:
-		addr := be.addr
-		b.drains[addr] = time.AfterFunc(b.cfg.DrainTimeout, func() { b.closeBackend(addr, "drain timeout") })
-		b.log.Info("backend draining; its connections may finish", "backend", addr, "connections", len(be.conns), "timeout", b.cfg.DrainTimeout)
 	}
 	b.mu.Unlock()
 	if len(conns) > 0 {
 		b.log.Info("closing connections to a dead backend", "backend", st.Backend, "connections", len(conns))
 		b.m.closed.WithLabelValues("backend_dead").Add(float64(len(conns)))
 		closeAll(conns)
+	}
+}
+
+// closeAt arranges for addr's connections to be closed at t, unless one is
+// due earlier already; it reports whether it set a new deadline. b.mu is
+// held.
+func (b *Balancer) closeAt(addr string, t time.Time, reason string) bool {
+	if p := b.closing[addr]; p != nil {
+		if !p.at.After(t) {
+			return false
+		}
+		p.timer.Stop()
+	}
+	p := &pendingClose{at: t}
+	p.timer = time.AfterFunc(time.Until(t), func() { b.closeBackend(addr, p, reason) })
+	b.closing[addr] = p
+	return true
+}
+
+// cancelClose drops addr's pending close. b.mu is held.
+func (b *Balancer) cancelClose(addr string) {
+	if p := b.closing[addr]; p != nil {
+		p.timer.Stop()
+		delete(b.closing, addr)
 	}
 }
 
@@ -491,9 +555,15 @@ func (b *Balancer) CloseConnections(addr, reason string) {
 	closeAll(conns)
 }
 
-func (b *Balancer) closeBackend(addr, reason string) {
+// closeBackend closes addr's connections when its pending close p is due,
+// if the backend is still down and p was not replaced or cancelled.
+func (b *Balancer) closeBackend(addr string, p *pendingClose, reason string) {
 	b.mu.Lock()
-	delete(b.drains, addr)
+	if b.closing[addr] != p {
+		b.mu.Unlock()
+		return
+	}
+	delete(b.closing, addr)
 	be, ok := b.pool.m[addr]
 	var conns []*proxyConn
 	if ok && !be.usable {
@@ -504,6 +574,7 @@ func (b *Balancer) closeBackend(addr, reason string) {
 	b.mu.Unlock()
 	if len(conns) > 0 {
 		b.log.Info("closing connections to a backend", "backend", addr, "reason", reason, "connections", len(conns))
+		b.m.closed.WithLabelValues(reason).Add(float64(len(conns)))
 	}
 	closeAll(conns)
 }

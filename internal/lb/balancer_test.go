@@ -302,6 +302,67 @@ func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
 	}
 }
 
+// TestUnreachableBackendKeepsConnectionsForGrace: a backend that stops
+// answering (a paused kube-apiserver) takes no new connections, but keeps
+// its established ones if it answers again within the grace period; one
+// that stays silent has them closed when the grace ends, counted from when
+// it stopped answering.
+func TestUnreachableBackendKeepsConnectionsForGrace(t *testing.T) {
+	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
+	const grace = 1500 * time.Millisecond
+	b, _ := startLB(t, Config{Policy: RoundRobin, UnreachableGrace: grace}, a, bb)
+	var ca net.Conn
+	var ra *bufio.Reader
+	for ca == nil {
+		c, r, name := dial(t, b, true)
+		if name == "a" {
+			ca, ra = c, r
+		}
+	}
+	echo := func(step string) {
+		t.Helper()
+		if _, err := ca.Write([]byte("x\n")); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		_ = ca.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if line, err := ra.ReadString('\n'); err != nil || line != "x\n" {
+			t.Fatalf("%s: echo %q, %v", step, line, err)
+		}
+	}
+	// Down, then up again before the grace ends: nothing is closed.
+	silent := time.Now()
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Unreachable, FailingSince: silent})
+	for range 4 {
+		if _, _, name := dial(t, b, true); name != "b" {
+			t.Fatalf("new connection went to %q while a is unreachable", name)
+		}
+	}
+	time.Sleep(grace / 2)
+	b.Update(health.Status{Backend: a.addr(), State: health.Up})
+	time.Sleep(grace) // past where the grace would have ended
+	echo("after a came back")
+
+	// Down for good: closed when the grace ends, counted from FailingSince.
+	silent = time.Now().Add(-grace / 2)
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Unreachable, FailingSince: silent})
+	echo("within the grace")
+	closedWithin(t, ra, ca, 5*time.Second)
+	if took := time.Since(silent); took < grace-100*time.Millisecond {
+		t.Fatalf("closed %v after the backend went silent, before the grace %v", took, grace)
+	}
+}
+
+// TestUnreachableThenDeadClosesAtOnce: a paused backend whose process is
+// then killed (its port refuses) has its connections closed at once.
+func TestUnreachableThenDeadClosesAtOnce(t *testing.T) {
+	a := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{UnreachableGrace: time.Hour}, a)
+	c, r, _ := dial(t, b, true)
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Unreachable, FailingSince: time.Now()})
+	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Dead})
+	closedWithin(t, r, c, 2*time.Second)
+}
+
 func TestDrainingThenDeadClosesAtOnce(t *testing.T) {
 	a := newBackend(t, "a", false)
 	b, _ := startLB(t, Config{DrainTimeout: time.Hour}, a)

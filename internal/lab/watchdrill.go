@@ -1,0 +1,383 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/netns"
+)
+
+// Watch drills: long-lived connections (watches) through the VIP holder's
+// load balancer to another node's API server, whose process is paused or
+// killed. The node and vigil stay up, and the VIP does not move.
+//
+//   - backend-paused: SIGSTOP for PauseFor, then SIGCONT. The server is slow,
+//     not gone: the balancer stops sending it new connections, but none of
+//     its watches may be reset.
+//   - backend-killed: SIGKILL. The server is gone: every one of its watches
+//     must end within KilledBound, so clients reconnect to a live one.
+const (
+	DrillBackendPaused = "backend-paused"
+	DrillBackendKilled = "backend-killed"
+	// PauseFor is how long backend-paused keeps the API server stopped:
+	// longer than vigil's health checks take to mark it down (interval +
+	// fall*timeout = 1.6 s at most), so the drill covers a backend that is
+	// down and comes back, and well inside the balancer's unreachable grace.
+	PauseFor = 1500 * time.Millisecond
+	// KilledBound is how soon after the kill every watch to the killed
+	// server must have ended.
+	KilledBound = time.Second
+	// DrillWatches is how many watches the drills open through the VIP;
+	// about a third land on each of three backends.
+	DrillWatches = 30
+)
+
+// WatchResult adds what a watch drill measures to Result.
+type WatchResult struct {
+	// Watches were open through the VIP when the fault came; OnTarget of
+	// them were served by the target's API server.
+	Watches  int `json:"watches"`
+	OnTarget int `json:"onTarget"`
+	// Reset counts the target's watches that ended during the drill;
+	// ResetElsewhere those served by other API servers.
+	Reset          int `json:"reset"`
+	ResetElsewhere int `json:"resetElsewhere"`
+	// Resumed counts the target's watches that delivered an event after the
+	// pause ended (backend-paused).
+	Resumed int `json:"resumed,omitempty"`
+	// EndedMillis are, for backend-killed, the times from the kill to the
+	// end of each of the target's watches; median and worst.
+	EndedMedianMillis float64  `json:"endedMedianMillis,omitempty"`
+	EndedWorstMillis  float64  `json:"endedWorstMillis,omitempty"`
+	FirstErrors       []string `json:"firstErrors,omitempty"`
+}
+
+func (w WatchResult) String() string {
+	s := fmt.Sprintf("watches %d, %d on the target: %d reset (%d elsewhere)", w.Watches, w.OnTarget, w.Reset, w.ResetElsewhere)
+	if w.Resumed > 0 {
+		s += fmt.Sprintf(", %d resumed after the pause", w.Resumed)
+	}
+	if w.EndedWorstMillis > 0 {
+		s += fmt.Sprintf("; ended after the kill: median %.0fms, worst %.0fms", w.EndedMedianMillis, w.EndedWorstMillis)
+	}
+	return s
+}
+
+// watchStream is one watch through the VIP.
+type watchStream struct {
+	node string // the API server that serves it
+
+	mu    sync.Mutex // guards the fields below
+	last  time.Time  // when the last event arrived
+	ended time.Time  // zero while it is open
+	err   error
+}
+
+func (w *watchStream) state() (last, ended time.Time, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last, w.ended, w.err
+}
+
+// watchClient opens watches through VIP:port from the client namespace.
+type watchClient struct {
+	client *http.Client
+	url    string
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (l *Lab) newWatchClient(port int) (*watchClient, error) {
+	pem, err := os.ReadFile(l.caPath())
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	dial := netns.Dialer(clientNS)
+	ctx, cancel := context.WithCancel(context.Background())
+	return &watchClient{
+		client: &http.Client{Transport: &http.Transport{
+			DisableKeepAlives:     true, // one connection per watch
+			TLSClientConfig:       &tls.Config{RootCAs: pool, ServerName: VIP.Addr().String()},
+			TLSHandshakeTimeout:   5 * time.Second,
+			ResponseHeaderTimeout: 5 * time.Second,
+			DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				return dial(ctx, addr)
+			},
+		}},
+		url:    fmt.Sprintf("https://%s/watch", netip.AddrPortFrom(VIP.Addr(), uint16(port))),
+		ctx:    ctx,
+		cancel: cancel,
+	}, nil
+}
+
+// open starts one watch and returns once its first event named its server.
+func (c *watchClient) open() (*watchStream, error) {
+	req, err := http.NewRequestWithContext(c.ctx, http.MethodGet, c.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+	defer cancel()
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("lab: open a watch through the VIP: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("lab: open a watch through the VIP: HTTP %d", resp.StatusCode)
+	}
+	r := bufio.NewReader(resp.Body)
+	first := make(chan error, 1)
+	w := &watchStream{}
+	go func() {
+		var ev struct{ Node string }
+		line, err := r.ReadBytes('\n')
+		if err == nil {
+			err = json.Unmarshal(line, &ev)
+		}
+		w.node = ev.Node
+		first <- err
+	}()
+	select {
+	case err = <-first:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		resp.Body.Close()
+		return nil, fmt.Errorf("lab: first event of a watch: %w", err)
+	}
+	w.last = time.Now()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer resp.Body.Close()
+		for {
+			_, err := r.ReadBytes('\n')
+			now := time.Now()
+			w.mu.Lock()
+			if err != nil {
+				w.ended, w.err = now, err
+				w.mu.Unlock()
+				return
+			}
+			w.last = now
+			w.mu.Unlock()
+		}
+	}()
+	return w, nil
+}
+
+// close ends every watch and waits for their readers.
+func (c *watchClient) close() {
+	c.cancel()
+	c.wg.Wait()
+	c.client.CloseIdleConnections()
+}
+
+// watchDrill runs backend-paused or backend-killed and heals the lab.
+func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error) {
+	s := l.st.Settings
+	if s.Impl != ImplVigil || s.LBPort == 0 || (s.BackendPort != 0 && s.BackendPort != APIServerPort) || s.kube() {
+		return fmt.Errorf("drill %s needs vigil's load balancer in front of the stand-in API servers (vigil-lab up --lb-port 6443 --backend-port 6443)", kind)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+		return err
+	}
+	var target *Node
+	for _, n := range l.st.Nodes {
+		if n.Name != holder && !n.Cut {
+			target = n
+			break
+		}
+	}
+	if target == nil {
+		return fmt.Errorf("drill %s needs a node besides the holder %s", kind, holder)
+	}
+	r.Target, r.Before = target.Name, holder
+
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	mon := startMonitor(w, d.live, probeInterval)
+	defer mon.close()
+
+	wc, err := l.newWatchClient(s.LBPort)
+	if err != nil {
+		return err
+	}
+	defer wc.close()
+	var streams []*watchStream
+	for range DrillWatches {
+		ws, err := wc.open()
+		if err != nil {
+			return err
+		}
+		streams = append(streams, ws)
+	}
+	res := &WatchResult{Watches: len(streams)}
+	r.Watch = res
+	for _, ws := range streams {
+		if ws.node == target.Name {
+			res.OnTarget++
+		}
+	}
+	if res.OnTarget == 0 {
+		return fmt.Errorf("none of %d watches through the VIP went to %s", len(streams), target.Name)
+	}
+	if !sleepCtx(ctx, 500*time.Millisecond) { // baseline
+		return ctx.Err()
+	}
+
+	pid := target.PIDs[roleAPIServer]
+	if pid == 0 || !alive(pid) {
+		return fmt.Errorf("the API server on %s is not running", target.Name)
+	}
+	var checkErr error
+	switch kind {
+	case DrillBackendPaused:
+		checkErr = l.pauseBackend(ctx, target, pid, streams, res)
+	case DrillBackendKilled:
+		checkErr = l.killBackend(ctx, target, pid, streams, res)
+	}
+	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
+		checkErr = errors.Join(checkErr, err)
+	}
+
+	doubles := mon.close()
+	r.SplitBrain = len(doubles) > 0
+	if r.SplitBrain {
+		r.SplitDetail = fmt.Sprintf("%d samples with two holders, first %v", len(doubles), doubles[0].holders)
+	}
+	final, err := w.holders(d.live())
+	if err != nil {
+		return errors.Join(checkErr, err)
+	}
+	r.HoldersAfterHeal = final
+	if len(final) == 1 {
+		r.After = final[0]
+	}
+	if r.After != holder {
+		checkErr = errors.Join(checkErr, fmt.Errorf("the VIP moved from %s to %v; only another node's API server failed", holder, final))
+	}
+	return checkErr
+}
+
+// pauseBackend stops the target's API server for PauseFor and checks that
+// none of the watches through the VIP ended, and that the target's resumed.
+func (l *Lab) pauseBackend(ctx context.Context, target *Node, pid int, streams []*watchStream, res *WatchResult) error {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("SIGSTOP the API server on %s: %w", target.Name, err)
+	}
+	sleepCtx(ctx, PauseFor)
+	resumed := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		return fmt.Errorf("SIGCONT the API server on %s: %w", target.Name, err)
+	}
+	// Long enough for vigil to find the server up again (rise 2 checks), and
+	// for any reset to show.
+	if !sleepCtx(ctx, 3*time.Second) {
+		return ctx.Err()
+	}
+	for _, ws := range streams {
+		last, ended, err := ws.state()
+		onTarget := ws.node == target.Name
+		if !ended.IsZero() {
+			if onTarget {
+				res.Reset++
+			} else {
+				res.ResetElsewhere++
+			}
+			if len(res.FirstErrors) < 3 {
+				res.FirstErrors = append(res.FirstErrors, fmt.Sprintf("%s: %v", ws.node, err))
+			}
+			continue
+		}
+		if onTarget && last.After(resumed) {
+			res.Resumed++
+		}
+	}
+	var errs []error
+	if res.Reset+res.ResetElsewhere > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d watches were reset by a %v pause of %s's API server (%d of them on it): %v",
+			res.Reset+res.ResetElsewhere, res.Watches, PauseFor, target.Name, res.Reset, res.FirstErrors))
+	}
+	if res.Resumed != res.OnTarget-res.Reset {
+		errs = append(errs, fmt.Errorf("%d of %d open watches on %s delivered no event after the pause", res.OnTarget-res.Reset-res.Resumed, res.OnTarget-res.Reset, target.Name))
+	}
+	return errors.Join(errs...)
+}
+
+// killBackend SIGKILLs the target's API server, checks that its watches
+// ended within KilledBound and no other did, and starts it again.
+func (l *Lab) killBackend(ctx context.Context, target *Node, pid int, streams []*watchStream, res *WatchResult) error {
+	killed := time.Now()
+	killPID(pid)
+	errs := []error{waitGone(ctx, pid, 5*time.Second)}
+	// Wait for the target's watches to end, well past the bound, so a late
+	// one is measured rather than cut off.
+	deadline := killed.Add(KilledBound + 4*time.Second)
+	var ends []float64
+	for {
+		ends = ends[:0]
+		for _, ws := range streams {
+			if _, ended, _ := ws.state(); ws.node == target.Name && !ended.IsZero() {
+				ends = append(ends, millis(ended.Sub(killed)))
+			}
+		}
+		if len(ends) == res.OnTarget || time.Now().After(deadline) || !sleepCtx(ctx, 10*time.Millisecond) {
+			break
+		}
+	}
+	res.Reset = len(ends)
+	for _, ws := range streams {
+		if _, ended, err := ws.state(); ws.node != target.Name && !ended.IsZero() {
+			res.ResetElsewhere++
+			if len(res.FirstErrors) < 3 {
+				res.FirstErrors = append(res.FirstErrors, fmt.Sprintf("%s: %v", ws.node, err))
+			}
+		}
+	}
+	if len(ends) > 0 {
+		slices.Sort(ends)
+		res.EndedMedianMillis, res.EndedWorstMillis = median(ends), ends[len(ends)-1]
+	}
+	switch {
+	case res.Reset < res.OnTarget:
+		errs = append(errs, fmt.Errorf("%d of %d watches to %s's killed API server still open %v after the kill", res.OnTarget-res.Reset, res.OnTarget, target.Name, time.Since(killed).Round(time.Millisecond)))
+	case res.EndedWorstMillis > millis(KilledBound):
+		errs = append(errs, fmt.Errorf("the last watch to %s's killed API server ended %.0fms after the kill, above %v", target.Name, res.EndedWorstMillis, KilledBound))
+	}
+	if res.ResetElsewhere > 0 {
+		errs = append(errs, fmt.Errorf("%d watches to other API servers ended: %v", res.ResetElsewhere, res.FirstErrors))
+	}
+	if err := l.startAPIServer(target); err != nil {
+		errs = append(errs, fmt.Errorf("restart the API server on %s: %w", target.Name, err))
+	}
+	return errors.Join(errs...)
+}
