@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -187,6 +188,8 @@ type pendingClose struct {
 type proxyConn struct {
 	client, server net.Conn
 	once           sync.Once
+	// finished counts the directions whose source ended cleanly (EOF).
+	finished atomic.Int32
 }
 
 // touch pushes both read deadlines d out: the pair carried a byte.
@@ -649,7 +652,7 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn) {
 	}
 	done := make(chan int64, 1)
 	go func() {
-		done <- b.pipe(&copier{dst: pc.server, src: pc.client, dataFirst: true, idle: b.cfg.IdleTimeout, pc: pc})
+		done <- b.pipe(&copier{dst: pc.server, src: pc.client, idle: b.cfg.IdleTimeout, pc: pc})
 	}()
 	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc})
 	up := <-done
@@ -677,6 +680,14 @@ func (b *Balancer) pipe(c *copier) int64 {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			b.m.closed.WithLabelValues("timeout").Inc()
 		}
+		c.pc.close()
+		return n
+	}
+	if c.pc.finished.Add(1) == 2 {
+		// The other direction ended cleanly too: both peers finished
+		// sending and everything was forwarded, so closing sends the FIN
+		// that a half-close would, one system call sooner (the common end
+		// of a short connection, as HAProxy ends it).
 		c.pc.close()
 		return n
 	}

@@ -26,22 +26,19 @@ var buffersInUse atomic.Int64
 // copier copies one direction of a proxied connection.
 type copier struct {
 	dst, src net.Conn
-	// dataFirst: src is known to have data to read at once (a client
-	// accepted with TCP_DEFER_ACCEPT), so the first read need not wait
-	// for it without a buffer.
-	dataFirst bool
 	// idle, when not 0, is the idle timeout: every read pushes both
 	// directions' read deadlines this far out (see proxyConn.touch).
 	idle time.Duration
 	pc   *proxyConn
 
-	// For waitReadable, set up once per direction rather than per read:
-	// src's raw connection (nil if it has none), the peek callback bound
-	// to this copier, its one-byte buffer and the error it saw.
-	raw     syscall.RawConn
-	ready   func(fd uintptr) bool
-	peek    [1]byte
-	peekErr error
+	// For read, set up once per direction rather than per read: src's raw
+	// connection (nil if it has none), the read callback bound to this
+	// copier, and what the callback read.
+	raw   syscall.RawConn
+	ready func(fd uintptr) bool
+	rbuf  *[]byte
+	rn    int
+	rerr  error
 }
 
 // copy copies src to dst. API server traffic is mostly small requests and
@@ -50,46 +47,38 @@ type copier struct {
 // logs, exec streams) are spliced, so their bytes never enter user space.
 // The switch happens the first time a read fills the buffer.
 //
-// Between reads no buffer is held: the copier waits until src is readable
-// (waitReadable) and only then takes one from the pool, so a connection
-// that sits idle, as most watches do, costs its goroutines and sockets but
-// no buffer.
+// Between reads no buffer is held: read takes one from the pool only once
+// src is readable, so a connection that sits idle, as most watches do,
+// costs its goroutines and sockets but no buffer.
 func (c *copier) copy() (int64, error) {
 	var total int64
 	if sc, ok := c.src.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
-			c.raw, c.ready = raw, c.peekReady
+			c.raw, c.ready = raw, c.readReady
 		}
 	}
-	first := true
 	for {
-		if !first || !c.dataFirst {
-			if err := c.waitReadable(); err != nil {
-				return total, err
-			}
-		}
-		first = false
-		bp := bufPool.Get().(*[]byte)
-		buffersInUse.Add(1)
-		buf := *bp
-		n, rerr := c.src.Read(buf)
+		bp, n, rerr := c.read()
 		if n > 0 {
 			c.touch()
-			w, werr := c.dst.Write(buf[:n])
+			w, werr := c.dst.Write((*bp)[:n])
 			total += int64(w)
 			if werr != nil {
 				putBuf(bp)
 				return total, werr
 			}
 		}
-		putBuf(bp)
+		full := bp != nil && n == len(*bp)
+		if bp != nil {
+			putBuf(bp)
+		}
 		if rerr != nil {
 			if rerr == io.EOF {
 				return total, nil
 			}
 			return total, rerr
 		}
-		if n == len(buf) {
+		if full {
 			break
 		}
 	}
@@ -112,6 +101,11 @@ func (c *copier) touch() {
 	}
 }
 
+func getBuf() *[]byte {
+	buffersInUse.Add(1)
+	return bufPool.Get().(*[]byte)
+}
+
 func putBuf(bp *[]byte) {
 	buffersInUse.Add(-1)
 	bufPool.Put(bp)
@@ -128,37 +122,51 @@ func (r touchReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// waitReadable blocks until src has data or its peer has finished sending
-// (then it returns nil, and the read that follows gets the data or EOF), or
-// until an error or deadline ends the wait, which it returns. It reads
-// nothing: a one-byte MSG_PEEK tells whether a read would block. A socket
-// error (a reset) is reported to one call only, and the peek is that call,
-// so its error is returned here, not left for the read.
-func (c *copier) waitReadable() error {
+// read waits until src is readable and reads what is there into a buffer
+// from the pool, which the caller puts back (bp is nil when n is 0). The
+// buffer is taken only once the socket has data: one read(2) in the raw
+// connection's callback both tests readiness and reads, and a read that
+// would block gives the buffer back before the goroutine parks. Deadlines
+// (idle and half-close timeouts) end the wait as for any read.
+func (c *copier) read() (bp *[]byte, n int, err error) {
 	if c.raw == nil {
-		return nil
+		bp = getBuf()
+		n, err = c.src.Read(*bp)
+		if n == 0 {
+			putBuf(bp)
+			bp = nil
+		}
+		return bp, n, err
 	}
-	c.peekErr = nil
+	c.rbuf, c.rn, c.rerr = nil, 0, nil
 	if err := c.raw.Read(c.ready); err != nil {
-		return err
+		return nil, 0, err
 	}
-	return c.peekErr
+	return c.rbuf, c.rn, c.rerr
 }
 
-// peekReady is the raw read callback of waitReadable: true once a read
-// would not block.
-func (c *copier) peekReady(fd uintptr) bool {
+// readReady is the raw read callback of read: false (wait, and call again)
+// while a read would block.
+func (c *copier) readReady(fd uintptr) bool {
+	bp := getBuf()
 	for {
-		_, _, e := unix.Recvfrom(int(fd), c.peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch e {
-		case unix.EINTR:
+		n, e := unix.Read(int(fd), *bp)
+		switch {
+		case e == unix.EINTR:
 			continue
-		case unix.EAGAIN:
+		case e == unix.EAGAIN:
+			putBuf(bp)
 			return false
-		case nil:
+		case e != nil:
+			putBuf(bp)
+			c.rerr = &net.OpError{Op: "read", Net: "tcp", Source: c.src.LocalAddr(), Addr: c.src.RemoteAddr(), Err: os.NewSyscallError("read", e)}
+			return true
+		case n == 0:
+			putBuf(bp)
+			c.rerr = io.EOF
 			return true
 		default:
-			c.peekErr = &net.OpError{Op: "read", Net: "tcp", Source: c.src.LocalAddr(), Addr: c.src.RemoteAddr(), Err: os.NewSyscallError("recvfrom", e)}
+			c.rbuf, c.rn = bp, n
 			return true
 		}
 	}
