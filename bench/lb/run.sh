@@ -12,7 +12,8 @@ hack/build.sh
 RUNS=${RUNS:-3}
 ROUNDS=${ROUNDS:-3}
 EJECTIONS=${EJECTIONS:-3}
-FLOOD=${FLOOD:-0} # connection attempts from one source at the end of each run (0: none)
+FLOOD=${FLOOD:-0} # connection attempts at the end of each run (0: none)
+FLOOD_SOURCES=${FLOOD_SOURCES:-1} # source addresses they come from (5 or more meet the total limit)
 out=bench/lb/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 lab=bin/vigil-lab
@@ -21,9 +22,9 @@ $lab down >/dev/null 2>&1 || true
 $lab up --nodes 3 --lb-port 7443 --backend-port 7000 --health-port 6443 >/dev/null
 for run in $(seq 1 "$RUNS"); do
   echo "== run $run"
-  $lab bench-lb --rounds "$ROUNDS" --ejections "$EJECTIONS" --flood "$FLOOD" --json > "$out/run-$run.json"
+  $lab bench-lb --rounds "$ROUNDS" --ejections "$EJECTIONS" --flood "$FLOOD" --flood-sources "$FLOOD_SOURCES" --json > "$out/run-$run.json"
 done
 $lab down
-echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS FLOOD=$FLOOD bash bench/lb/run.sh" > "$out/command"
-{ uname -r; nproc; haproxy -v | head -1; } > "$out/machine"
+echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS FLOOD=$FLOOD FLOOD_SOURCES=$FLOOD_SOURCES bash bench/lb/run.sh" > "$out/command"
+{ uname -r; nproc; haproxy -v | sed -n 1p; } > "$out/machine"
 bench/lb/summarize.sh "$out"

@@ -450,7 +450,8 @@ connects through each balancer, and time until each balancer marks it down.`,
 	f.IntVar(&cfg.Streams, "streams", 4, "parallel connections in the throughput measurement")
 	f.IntVar(&cfg.Samples, "samples", 2000, "samples of the rtt and connect measurements")
 	f.IntVar(&cfg.Ejections, "ejections", 3, "backends to kill and time the ejection of")
-	f.IntVar(&cfg.Flood, "flood", 0, "end with this many connection attempts from one source address through vigil (each sends a byte and then nothing), while another client keeps connecting; reports what was held and reset, the other client's latency, whether the VIP stayed, and the holder's RSS")
+	f.IntVar(&cfg.Flood, "flood", 0, "end with this many connection attempts from --flood-sources source addresses through vigil (each sends a byte and then nothing), while another client keeps connecting; reports what was held and reset, the other client's latency, whether the VIP stayed, and the holder's RSS")
+	f.IntVar(&cfg.FloodSources, "flood-sources", 1, fmt.Sprintf("source addresses the flood comes from, 1 to %d (10.250.0.3 onward): 1 meets vigil's per-source limit, 5 or more its total limit (--lb-max-conns 3072, 768 per source)", lab.MaxFloodSources))
 	f.BoolVar(&asJSON, "json", false, "print the result as JSON (progress goes to stderr)")
 	return cmd
 }
@@ -476,7 +477,7 @@ func newLoadgenCmd() *cobra.Command {
 	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "duration of conns and throughput")
 	f.IntVar(&cfg.Samples, "samples", 1000, "samples of rtt and connect")
 	f.IntVar(&cfg.Workers, "workers", 4, "parallel clients")
-	f.StringVar(&cfg.Source, "source", "", "local address to connect from (flood)")
+	f.StringVar(&cfg.Source, "source", "", "local addresses to connect from, comma-separated, taken in turn (flood)")
 	return cmd
 }
 

@@ -67,7 +67,7 @@ func TestPruneDrillsRefuseUnsuitableLabs(t *testing.T) {
 }
 
 func TestLBBenchConfigValidate(t *testing.T) {
-	ok := LBBenchConfig{Rounds: 1, Duration: time.Second, Workers: 1, Streams: 1, Samples: 1}
+	ok := LBBenchConfig{Rounds: 1, Duration: time.Second, Workers: 1, Streams: 1, Samples: 1, FloodSources: 1}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -78,6 +78,8 @@ func TestLBBenchConfigValidate(t *testing.T) {
 		func(c *LBBenchConfig) { c.Duration = 0 },
 		func(c *LBBenchConfig) { c.Workers = 0 },
 		func(c *LBBenchConfig) { c.Samples = 0 },
+		func(c *LBBenchConfig) { c.FloodSources = 0 },
+		func(c *LBBenchConfig) { c.FloodSources = MaxFloodSources + 1 },
 	} {
 		c := ok
 		bad(&c)

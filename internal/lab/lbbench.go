@@ -43,9 +43,18 @@ type LBBenchConfig struct {
 	Samples   int           // rtt and connect samples
 	Ejections int
 	// Flood, when not 0, ends the run with that many connection attempts
-	// from one source through vigil's balancer (see FloodResult).
+	// from FloodSources source addresses through vigil's balancer (see
+	// FloodResult).
 	Flood int
+	// FloodSources is how many source addresses the flood comes from
+	// (default 1): one meets the per-source limit; more than
+	// --lb-max-conns / --lb-max-conns-per-source meet the total limit.
+	FloodSources int
 }
+
+// MaxFloodSources bounds --flood-sources: the flood's addresses run from
+// 10.250.0.3 up, below the first node's.
+const MaxFloodSources = 8
 
 // Validate refuses a configuration that cannot measure anything, before
 // the lab is touched.
@@ -53,6 +62,8 @@ func (c LBBenchConfig) Validate() error {
 	switch {
 	case c.Rounds < 0 || c.Ejections < 0 || c.Flood < 0:
 		return fmt.Errorf("lab: --rounds %d, --ejections %d and --flood %d must not be negative", c.Rounds, c.Ejections, c.Flood)
+	case c.FloodSources < 1 || c.FloodSources > MaxFloodSources:
+		return fmt.Errorf("lab: --flood-sources %d must be 1 to %d", c.FloodSources, MaxFloodSources)
 	case c.Duration <= 0:
 		return fmt.Errorf("lab: --duration %v must be positive", c.Duration)
 	case c.Workers < 1 || c.Streams < 1 || c.Samples < 1:
@@ -70,13 +81,14 @@ type LBBenchResult struct {
 	Flood     *FloodResult  `json:"flood,omitempty"`
 }
 
-// FloodResult is a flood of connections from one source address through
-// vigil's balancer, while another client keeps connecting from its own
-// address: the flooder's connections beyond the per-source limit must be
-// reset, the other client must keep being served, and the VIP must stay on
-// its holder the whole time, with that holder's memory bounded.
+// FloodResult is a flood of connections from one or more source addresses
+// through vigil's balancer, while another client keeps connecting from its
+// own address: the flooder's connections beyond the per-source limit (or
+// the total one) must be reset, the other client must keep being served,
+// and the VIP must stay on its holder the whole time, with that holder's
+// memory bounded.
 type FloodResult struct {
-	Source string     `json:"source"`
+	Source string     `json:"source"` // comma-separated when several
 	Flood  LoadResult `json:"flood"`
 	// Other is the other client's new connections (connect mode) during
 	// the flood.
@@ -92,8 +104,9 @@ type FloodResult struct {
 	HolderRSSMiB       float64 `json:"holderRSSMiB"`
 }
 
-// floodSource is the second address the client namespace floods from.
-var floodSource = netip.MustParseAddr("10.250.0.3")
+// floodSource returns the i-th (0-based) address the client namespace
+// floods from: 10.250.0.3 onward.
+func floodSource(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 250, 0, byte(3 + i)}) }
 
 // floodHold is how long the flooder keeps what was accepted after its last
 // attempt; floodOther is how long the other client keeps connecting.
@@ -102,17 +115,23 @@ const (
 	floodOther = 15 * time.Second
 )
 
-func (l *Lab) floodOnce(ctx context.Context, holder string, attempts int) (*FloodResult, error) {
-	res := &FloodResult{Source: floodSource.String(), Holder: holder}
+func (l *Lab) floodOnce(ctx context.Context, holder string, attempts, sources int) (*FloodResult, error) {
+	res := &FloodResult{Holder: holder}
 	h, err := l.node(holder)
 	if err != nil {
 		return nil, err
 	}
-	addr := fmt.Sprintf("%s/%d", floodSource, subnetBits)
-	if err := ip(ctx, "-n", clientNS, "addr", "add", addr, "dev", nodeIface); err != nil {
-		return nil, err
+	var srcs []string
+	for i := range sources {
+		src := floodSource(i)
+		addr := fmt.Sprintf("%s/%d", src, subnetBits)
+		if err := ip(ctx, "-n", clientNS, "addr", "add", addr, "dev", nodeIface); err != nil {
+			return nil, err
+		}
+		defer func() { _ = ip(context.Background(), "-n", clientNS, "addr", "del", addr, "dev", nodeIface) }()
+		srcs = append(srcs, src.String())
 	}
-	defer func() { _ = ip(context.Background(), "-n", clientNS, "addr", "del", addr, "dev", nodeIface) }()
+	res.Source = strings.Join(srcs, ",")
 	w, err := newVIPWatch(l.st.Nodes)
 	if err != nil {
 		return nil, err
@@ -148,7 +167,7 @@ func (l *Lab) floodOnce(ctx context.Context, holder string, attempts int) (*Floo
 		res.Other, err = l.runLoad(ctx, LoadConfig{Mode: LoadConnect, Target: target, Duration: floodOther})
 		other <- err
 	}()
-	res.Flood, err = l.runLoad(ctx, LoadConfig{Mode: LoadFlood, Target: target, Samples: attempts, Workers: 64, Duration: floodHold, Source: floodSource.String()})
+	res.Flood, err = l.runLoad(ctx, LoadConfig{Mode: LoadFlood, Target: target, Samples: attempts, Workers: 64, Duration: floodHold, Source: res.Source})
 	oerr := <-other
 	stop()
 	<-sampled
@@ -305,7 +324,7 @@ func (l *Lab) BenchLB(ctx context.Context, cfg LBBenchConfig, progress io.Writer
 			i+1, e.Backend, e.VigilMillis, e.VigilClientErrors, e.VigilConns, e.HAProxyMillis, e.HAProxyClientErrors, e.HAProxyConns)
 	}
 	if cfg.Flood > 0 {
-		f, err := l.floodOnce(ctx, holder, cfg.Flood)
+		f, err := l.floodOnce(ctx, holder, cfg.Flood, cfg.FloodSources)
 		if err != nil {
 			return res, err
 		}

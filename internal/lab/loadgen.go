@@ -9,7 +9,9 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -153,14 +155,25 @@ func RunLoad(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 // flood runs LoadFlood.
 func flood(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 	r := LoadResult{Mode: cfg.Mode, Target: cfg.Target}
-	d := net.Dialer{Timeout: 2 * time.Second}
-	if cfg.Source != "" {
-		a, err := netip.ParseAddr(cfg.Source)
+	// One dialer per source address; attempts take them in turn.
+	var dialers []*net.Dialer
+	if cfg.Source == "" {
+		dialers = append(dialers, &net.Dialer{Timeout: 2 * time.Second})
+	}
+	for _, src := range strings.Split(cfg.Source, ",") {
+		if src == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(src)
 		if err != nil {
 			return r, fmt.Errorf("--source %q: %w", cfg.Source, err)
 		}
-		d.LocalAddr = &net.TCPAddr{IP: a.AsSlice()}
+		dialers = append(dialers, &net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: a.AsSlice()}})
 	}
+	if len(dialers) == 0 {
+		return r, fmt.Errorf("--source %q: no address", cfg.Source)
+	}
+	var attempt atomic.Uint64
 	var mu sync.Mutex
 	var held []net.Conn
 	var wg sync.WaitGroup
@@ -182,6 +195,7 @@ func flood(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 			defer wg.Done()
 			buf := make([]byte, 1)
 			for range next {
+				d := dialers[attempt.Add(1)%uint64(len(dialers))]
 				c, err := d.DialContext(ctx, "tcp", cfg.Target)
 				if err != nil {
 					mu.Lock()

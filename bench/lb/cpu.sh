@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Where does a balancer spend per connection? In the bench lab, ROUNDS
+# rounds (default 3), in turn for vigil's balancer (VIP:7443), a minimal Go
+# proxy (bench/lb/miniproxy, VIP:9443) and HAProxy with kubeadm's recipe
+# (VIP:8443), all on the VIP holder over the same three backends: 8 clients
+# open connections for 8 s (vigil-lab loadgen --mode conns), and the
+# balancer's CPU time (utime+stime from /proc) and context switches (every
+# thread's) are read before and after. Prints and keeps, in
+# results/<timestamp>-cpu/, connections per second, CPU µs per connection
+# and context switches per connection.
+# Usage, as root: bash bench/lb/cpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source hack/deps.sh ip haproxy jq
+hack/build.sh
+GOTOOLCHAIN=local CGO_ENABLED=0 go build -o bin/miniproxy ./bench/lb/miniproxy
+ROUNDS=${ROUNDS:-3}
+out=bench/lb/results/$(date -u +%Y%m%d-%H%M%S)-cpu
+mkdir -p "$out"
+lab=bin/vigil-lab
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; $lab down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+$lab down >/dev/null 2>&1 || true
+$lab up --nodes 3 --lb-port 7443 --backend-port 7000 --health-port 6443 >/dev/null
+holder=$($lab status --json | jq -r '.vipHolders[0]')
+i=${holder#n}
+vigil_pid=$(jq -r ".nodes[$((i - 1))].pids.vigil" /run/vigil-lab/state.json)
+vip=10.250.0.100
+backends="10.250.0.11:7000 10.250.0.12:7000 10.250.0.13:7000"
+cat > "$out/haproxy.cfg" <<CFG
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 20s
+    timeout server 20s
+frontend apiserver
+    bind $vip:8443
+    default_backend apiserverbackend
+backend apiserverbackend
+    option httpchk GET /healthz
+    http-check expect status 200
+    option ssl-hello-chk
+    balance roundrobin
+    server n1 10.250.0.11:7000 check port 6443
+    server n2 10.250.0.12:7000 check port 6443
+    server n3 10.250.0.13:7000 check port 6443
+CFG
+ip netns exec "vlab-$holder" haproxy -f "$out/haproxy.cfg" -db >/dev/null 2>&1 &
+pids+=($!)
+haproxy_pid=$!
+# shellcheck disable=SC2086
+ip netns exec "vlab-$holder" bin/miniproxy "$vip:9443" $backends >/dev/null 2>&1 &
+pids+=($!)
+mini_pid=$!
+sleep 3
+ctxsw() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }'; }
+cpu() { awk '{ print $14 + $15 }' /proc/"$1"/stat; }
+hz=$(getconf CLK_TCK)
+measure() { # name pid port
+  local c0 t0 c1 t1 n
+  c0=$(ctxsw "$2"); t0=$(cpu "$2")
+  ip netns exec vlab-cl $lab loadgen --mode conns --target "$vip:$3" --workers 8 --duration 8s > "$out/load.json"
+  c1=$(ctxsw "$2"); t1=$(cpu "$2")
+  n=$(jq .count "$out/load.json")
+  jq -n --arg name "$1" --argjson round "$round" --argjson n "$n" --argjson ps "$(jq .perSecond "$out/load.json")" \
+    --argjson cpu "$(( (t1 - t0) * 1000000 / hz ))" --argjson cs "$((c1 - c0))" \
+    '{target: $name, round: $round, conns: $n, perSecond: ($ps | round), cpuMicrosPerConn: ($cpu / $n | round), ctxSwitchesPerConn: ($cs / $n * 100 | round / 100)}'
+}
+for round in $(seq 1 "$ROUNDS"); do
+  measure vigil "$vigil_pid" 7443
+  measure miniproxy "$mini_pid" 9443
+  measure haproxy "$haproxy_pid" 8443
+done | jq -s . > "$out/results.json"
+rm -f "$out/load.json"
+echo "ROUNDS=$ROUNDS bash bench/lb/cpu.sh" > "$out/command"
+{ uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; } > "$out/machine"
+{
+  echo "| target | round | conns/s | CPU µs per connection | context switches per connection |"
+  echo "|---|---|---|---|---|"
+  jq -r '.[] | "| \(.target) | \(.round) | \(.perSecond) | \(.cpuMicrosPerConn) | \(.ctxSwitchesPerConn) |"' "$out/results.json"
+  echo
+  echo "Medians:"
+  echo
+  echo "| target | conns/s | CPU µs per connection | context switches per connection |"
+  echo "|---|---|---|---|"
+  jq -r 'def median: sort | .[(length - 1) / 2 | floor];
+    group_by(.target)[] | "| \(.[0].target) | \(map(.perSecond) | median) | \(map(.cpuMicrosPerConn) | median) | \(map(.ctxSwitchesPerConn) | median) |"' "$out/results.json"
+} > "$out/summary.md"
+cat "$out/summary.md"
