@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -35,6 +36,36 @@ type standIn struct {
 	name string
 	srv  *httptest.Server
 	once sync.Once
+}
+
+// sharedPort returns a port free on every one of hosts. A port that is free
+// on 127.0.0.1 (etcdtest.FreePort) may be in use on 127.0.0.11: the
+// embedded etcd members there make outbound connections from ephemeral
+// ports, so each candidate is tried on every host, and another one taken
+// if any refuses.
+func sharedPort(t *testing.T, hosts ...string) int {
+	t.Helper()
+	for range 50 {
+		port := etcdtest.FreePort(t)
+		var lns []net.Listener
+		ok := true
+		for _, h := range hosts {
+			ln, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(port)))
+			if err != nil {
+				ok = false
+				break
+			}
+			lns = append(lns, ln)
+		}
+		for _, ln := range lns {
+			ln.Close()
+		}
+		if ok {
+			return port
+		}
+	}
+	t.Fatalf("no port free on all of %v after 50 tries", hosts)
+	return 0
 }
 
 func newStandIn(t *testing.T, addr string) *standIn {
@@ -158,7 +189,7 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 // the agent sees every write across all of it.
 func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	c := etcdtest.StartDistinct(t, 3)
-	port := etcdtest.FreePort(t)
+	port := sharedPort(t, etcdtest.Host(0), etcdtest.Host(1), etcdtest.Host(2), etcdtest.Host(3))
 	api := func(i int) string { return fmt.Sprintf("%s:%d", etcdtest.Host(i), port) }
 	stand := map[int]*standIn{}
 	for i := range 3 {
@@ -315,7 +346,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 // following the member list through the cached client URLs.
 func TestRestartsFromCacheWhileSeedsAreDown(t *testing.T) {
 	c := etcdtest.StartDistinct(t, 3)
-	port := etcdtest.FreePort(t)
+	port := sharedPort(t, etcdtest.Host(0), etcdtest.Host(1), etcdtest.Host(2))
 	var apis []string
 	for i := range 3 {
 		apis = append(apis, fmt.Sprintf("%s:%d", etcdtest.Host(i), port))
@@ -514,7 +545,7 @@ func TestPortConflictLeavesNothingOpen(t *testing.T) {
 // connection while it is up; the others take over when it dies; the seed
 // is used only when no learned backend is usable.
 func TestPrefersLocalThenSeed(t *testing.T) {
-	port := etcdtest.FreePort(t)
+	port := sharedPort(t, etcdtest.Host(0), etcdtest.Host(1))
 	local, remote := fmt.Sprintf("%s:%d", etcdtest.Host(1), port), fmt.Sprintf("%s:%d", etcdtest.Host(0), port)
 	sl, sr := newStandIn(t, local), newStandIn(t, remote)
 	seed := newStandIn(t, "127.0.0.1:0")
