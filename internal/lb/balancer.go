@@ -235,7 +235,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		// silently (a powered-off machine between health checks, a
 		// firewall that drops state) is found and its connections end,
 		// rather than leaking and skewing least-connections.
-		cfg.Dial = (&net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
+		cfg.Dial = (&net.Dialer{Control: dialControl, KeepAliveConfig: net.KeepAliveConfig{
 			Enable: true, Idle: keepAliveIdle * time.Second, Interval: keepAliveInterval * time.Second, Count: keepAliveCount,
 		}}).DialContext
 	}

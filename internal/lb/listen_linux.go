@@ -52,3 +52,19 @@ func listen(addr string, freeBind, reusePort bool) (net.Listener, error) {
 	}
 	return lc.Listen(context.Background(), "tcp", addr)
 }
+
+// dialControl prepares a socket to a backend before it connects: with
+// TCP_QUICKACK off, the kernel does not send the handshake's last ACK on
+// its own but lets it ride on the first data, which the balancer writes at
+// once (it holds the client's first bytes already, see TCP_DEFER_ACCEPT):
+// one packet fewer for both sides on every connection, as HAProxy does.
+func dialControl(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}

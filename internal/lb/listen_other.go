@@ -5,7 +5,11 @@ package lb
 import (
 	"context"
 	"net"
+	"syscall"
 )
+
+// dialControl: nothing to prepare elsewhere.
+var dialControl func(network, address string, c syscall.RawConn) error
 
 // listen opens a TCP listener; free binding needs Linux.
 func listen(addr string, _, _ bool) (net.Listener, error) {
