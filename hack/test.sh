@@ -5,9 +5,13 @@
 # a message otherwise. Leaves no namespace behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh ip nft
+source hack/deps.sh ip nft containerd runc
 export GOTOOLCHAIN=local
 hack/build.sh
+# vigil's image (both architectures), imported into a real containerd and run
+# by TestImageRunsInContainerd.
+hack/build-image.sh
+export VIGIL_IMAGE_ARCHIVE="$PWD/bin/vigil-image.oci.tar"
 # The real kube-apiserver for the Kubernetes tests: 15-20 minutes the first
 # time on two cores, seconds afterwards (Go build cache, stamp in bin/).
 hack/build-kube-apiserver.sh

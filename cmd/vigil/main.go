@@ -14,10 +14,13 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/vigil-ha/vigil"
 )
 
-// version is set with -ldflags "-X main.version=..." by release builds.
-var version = "dev"
+// version, when set with -ldflags "-X main.version=...", overrides the
+// VERSION file's (vigil.Version).
+var version string
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -47,7 +50,10 @@ func newVersionCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := version
-			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" {
+			if v == "" {
+				v = vigil.Version
+			}
+			if bi, ok := debug.ReadBuildInfo(); ok {
 				for _, s := range bi.Settings {
 					if s.Key == "vcs.revision" {
 						v += "+" + s.Value

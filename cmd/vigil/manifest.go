@@ -44,7 +44,7 @@ It runs with host networking and only the NET_ADMIN and NET_RAW capabilities.`,
 	f := cmd.Flags()
 	f.StringVar(&o.VIP, "vip", "", "virtual IP, optionally with prefix length (required)")
 	f.StringVar(&o.Interface, "interface", "", "interface that carries the VIP (required)")
-	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image")
+	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
 	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
@@ -67,7 +67,7 @@ func newManifestDaemonSetCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Server, "server", "", "API server URL the agents start from, https://VIP:PORT (required)")
-	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image")
+	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
 	f.StringVar(&o.Listen, "apiserver-listen", "127.0.0.1:6443", "local API server endpoint on each worker")
 	return cmd
 }

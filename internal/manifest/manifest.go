@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/vigil-ha/vigil"
 )
 
 // ErrInvalid wraps every bad-input error.
@@ -36,7 +38,6 @@ const (
 	Namespace          = "kube-system"
 	DaemonName         = "vigil"
 	AgentName          = "vigil-agent"
-	DefaultImage       = "ghcr.io/vigil-ha/vigil:latest"
 	PKIDir             = "/etc/kubernetes/pki"
 	DefaultEtcdURL     = "https://127.0.0.1:2379"
 	DefaultAgentCache  = "/var/lib/vigil-agent"
@@ -335,6 +336,11 @@ func parseVIP(s string) (string, error) {
 	}
 	return "", fmt.Errorf("%w: --vip %q is not an IP address or address/prefix", ErrInvalid, s)
 }
+
+// DefaultImage is this version's image, pinned by tag: a static pod must
+// start before any registry is reachable through the cluster, and a moving
+// tag (:latest) could change under a node that restarts.
+var DefaultImage = vigil.Image()
 
 func image(s string) string {
 	if s == "" {

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds vigil's container image, ghcr.io/vigil-ha/vigil:v$(cat VERSION), for
+# linux/amd64 and linux/arm64 in one index, as an OCI image archive:
+#   bin/vigil-image.oci.tar
+# with no container daemon (hack/buildimage, go-containerregistry as a
+# library). The binaries are static and built reproducibly (-trimpath, no
+# build id, the commit's time as every time stamp), so the same commit gives
+# the same archive, byte for byte; the script prints its sha256.
+#
+# Load it:   ctr -n k8s.io images import bin/vigil-image.oci.tar
+#            podman load -i bin/vigil-image.oci.tar
+# Push it:   skopeo copy --all oci-archive:bin/vigil-image.oci.tar \
+#              docker://registry.example.com/vigil:v$(cat VERSION)
+# Usage: bash hack/build-image.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN=local CGO_ENABLED=0
+version=$(cat VERSION)
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
+revision=$(git rev-parse HEAD 2>/dev/null || true)
+if [ -n "$revision" ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+  revision="$revision-dirty"
+fi
+mkdir -p bin/image
+args=()
+for arch in amd64 arm64; do
+  GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w -buildid=" \
+    -o "bin/image/vigil-linux-$arch" ./cmd/vigil
+  args+=(--binary "linux/$arch=bin/image/vigil-linux-$arch")
+done
+go run ./hack/buildimage --out bin/vigil-image.oci.tar --epoch "$epoch" --revision "$revision" "${args[@]}"
+echo "ghcr.io/vigil-ha/vigil:v$version -> bin/vigil-image.oci.tar"
+sha256sum bin/vigil-image.oci.tar

@@ -1,0 +1,238 @@
+// Command buildimage writes vigil's container image as an OCI image
+// archive: one image per architecture (a single layer holding the static
+// binary at /usr/local/bin/vigil), in one multi-architecture index, named
+// ghcr.io/vigil-ha/vigil:v<VERSION>. It needs no container daemon, and the
+// same binaries and epoch give the same archive, byte for byte.
+// hack/build-image.sh builds the binaries and runs it.
+//
+//	buildimage --out bin/vigil-image.oci.tar --epoch 1764547200 \
+//	    --binary linux/amd64=bin/image/vigil-linux-amd64 \
+//	    --binary linux/arm64=bin/image/vigil-linux-arm64
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/vigil-ha/vigil"
+)
+
+// binPath is where the binary lives in the image.
+const binPath = "usr/local/bin/vigil"
+
+type binaries []string
+
+func (b *binaries) String() string     { return strings.Join(*b, ",") }
+func (b *binaries) Set(v string) error { *b = append(*b, v); return nil }
+
+func main() {
+	var (
+		bins     binaries
+		out      string
+		ref      string
+		epoch    int64
+		revision string
+	)
+	flag.Var(&bins, "binary", "OS/ARCH=PATH of a static vigil binary; repeat once per architecture")
+	flag.StringVar(&out, "out", "", "the OCI image archive to write")
+	flag.StringVar(&ref, "ref", vigil.Image(), "the image's name, recorded in the archive")
+	flag.Int64Var(&epoch, "epoch", 0, "creation time of every file and of the image, in seconds since 1970 (SOURCE_DATE_EPOCH; the commit's time keeps rebuilds identical)")
+	flag.StringVar(&revision, "revision", "", "the source revision, recorded as org.opencontainers.image.revision")
+	flag.Parse()
+	if err := run(bins, out, ref, time.Unix(epoch, 0).UTC(), revision); err != nil {
+		fmt.Fprintln(os.Stderr, "buildimage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(bins []string, out, ref string, created time.Time, revision string) error {
+	if out == "" || len(bins) == 0 {
+		return errors.New("--out and at least one --binary are required")
+	}
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	for _, b := range bins {
+		platform, path, ok := strings.Cut(b, "=")
+		osName, arch, ok2 := strings.Cut(platform, "/")
+		if !ok || !ok2 || osName != "linux" || path == "" {
+			return fmt.Errorf("--binary %q: want linux/ARCH=PATH", b)
+		}
+		img, err := image(path, arch, created, revision)
+		if err != nil {
+			return fmt.Errorf("image for %s: %w", platform, err)
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{
+			Add:        img,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: osName, Architecture: arch}},
+		})
+	}
+	dir, err := os.MkdirTemp("", "vigil-image-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return err
+	}
+	// containerd names an imported image by io.containerd.image.name,
+	// podman and skopeo by org.opencontainers.image.ref.name.
+	names := map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": ref}
+	if err := p.AppendIndex(idx, layout.WithAnnotations(names)); err != nil {
+		return err
+	}
+	return tarDir(dir, out, created)
+}
+
+// image is one architecture's image: the binary in one layer, run as its
+// entrypoint.
+func image(binary, arch string, created time.Time, revision string) (v1.Image, error) {
+	data, err := os.ReadFile(binary)
+	if err != nil {
+		return nil, err
+	}
+	layerTar, err := layerContents(data, created)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, types.OCIManifestSchema1), types.OCIConfigJSON)
+	img, err := mutate.Append(base, mutate.Addendum{
+		Layer:     layer,
+		MediaType: types.OCILayer,
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/build-image.sh", Comment: "vigil " + vigil.Version},
+	})
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", arch
+	cf.Created = v1.Time{Time: created}
+	cf.Config.Entrypoint = []string{"/" + binPath}
+	cf.Config.Env = []string{"PATH=/usr/local/bin"}
+	// Root inside the container, with only the capabilities the pod
+	// grants: vigil run needs NET_ADMIN and NET_RAW, which Kubernetes
+	// gives a non-root process only through file capabilities. The agent's
+	// DaemonSet needs none and may run as any user.
+	cf.Config.User = "0:0"
+	cf.Config.Labels = map[string]string{
+		"org.opencontainers.image.title":   "vigil",
+		"org.opencontainers.image.version": vigil.Version,
+		"org.opencontainers.image.source":  "https://github.com/vigil-ha/vigil",
+	}
+	if revision != "" {
+		cf.Config.Labels["org.opencontainers.image.revision"] = revision
+	}
+	return mutate.ConfigFile(img, cf)
+}
+
+// layerContents is the layer's tar: the binary and its directories, owned
+// by root, every time stamp the epoch.
+func layerContents(binary []byte, created time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: created, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: binPath, Mode: 0o755, Size: int64(len(binary)), ModTime: created, Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(binary); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// tarDir writes the OCI layout in dir as a tar archive at out, entries in
+// sorted order with fixed owners and times, so that the archive depends on
+// its contents only.
+func tarDir(dir, out string, created time.Time) error {
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != dir {
+			paths = append(paths, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.Sort(paths)
+	tmp := out + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	tw := tar.NewWriter(f)
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		name, _ := filepath.Rel(dir, p)
+		h := &tar.Header{Name: filepath.ToSlash(name), ModTime: created, Mode: 0o644, Format: tar.FormatPAX}
+		if st.IsDir() {
+			h.Typeflag, h.Name, h.Mode = tar.TypeDir, h.Name+"/", 0o755
+		} else {
+			h.Typeflag, h.Size = tar.TypeReg, st.Size()
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			f.Close()
+			return err
+		}
+		if !st.IsDir() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				f.Close()
+				return err
+			}
+			if _, err := tw.Write(data); err != nil {
+				f.Close()
+				return err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, out)
+}
