@@ -53,24 +53,14 @@ type httpsProber struct {
 }
 
 func (l *Lab) startHTTPSProber(port int) (*httpsProber, error) {
-	pem, err := os.ReadFile(l.caPath())
+	tr, err := l.vipTransport()
 	if err != nil {
-		return nil, fmt.Errorf("lab: %w", err)
+		return nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	dial := netns.Dialer(clientNS)
 	p := &httpsProber{
-		client: &http.Client{
-			Timeout: 2 * time.Second,
-			Transport: &http.Transport{
-				DisableKeepAlives: true,
-				TLSClientConfig:   &tls.Config{RootCAs: pool, ServerName: VIP.Addr().String()},
-				DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
-			},
-		},
-		url:  fmt.Sprintf("https://%s/version", netip.AddrPortFrom(VIP.Addr(), uint16(port))),
-		stop: make(chan struct{}),
+		client: &http.Client{Timeout: 2 * time.Second, Transport: tr},
+		url:    vipURL(port, "/version"),
+		stop:   make(chan struct{}),
 	}
 	p.wg.Add(1)
 	go func() {
@@ -225,15 +215,10 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	}
 	reqs := pr.close()
 	doubles := mon.close()
-	r.SplitBrain = len(doubles) > 0
-	if r.SplitBrain {
-		r.SplitDetail = fmt.Sprintf("%d samples with two holders, first %v", len(doubles), doubles[0].holders)
-	}
-	final, err := w.holders(d.live())
+	final, err := r.judgeHolders(doubles, w, d.live())
 	if err != nil {
 		return err
 	}
-	r.HoldersAfterHeal = final
 
 	a := &APIResult{MovedAfterMillis: millis(moved.Sub(fault)), BoundMillis: millis(grace + time.Second), Requests: len(reqs)}
 	windowEnd := moved.Add(time.Second)
@@ -277,6 +262,22 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 		errs = append(errs, fmt.Errorf("after the heal the VIP is on %v", final))
 	}
 	return errors.Join(errs...)
+}
+
+// judgeHolders records in r what the monitor saw (samples with two holders
+// are a split brain) and who holds the VIP now among live nodes, which it
+// returns.
+func (r *Result) judgeHolders(doubles []doubleHold, w *vipWatch, live []*Node) ([]string, error) {
+	r.SplitBrain = len(doubles) > 0
+	if r.SplitBrain {
+		r.SplitDetail = fmt.Sprintf("%d samples with two holders, first %v", len(doubles), doubles[0].holders)
+	}
+	final, err := w.holders(live)
+	if err != nil {
+		return nil, err
+	}
+	r.HoldersAfterHeal = final
+	return final, nil
 }
 
 // waitVIPGone returns when node no longer has the VIP, polled every
@@ -338,6 +339,36 @@ type vigilReport struct {
 func (l *Lab) vigilStatus(ctx context.Context, node string) (vigilReport, error) {
 	var rep vigilReport
 	return rep, getJSON(ctx, nodeNS(node), "http://127.0.0.1:9558/status", &rep)
+}
+
+// vipTransport is an HTTPS transport for the client namespace that trusts
+// the lab's CA, verifies the VIP as the server's name, and opens a new
+// connection for every request, as a client reconnecting would. Each step
+// is bounded by 5 s.
+func (l *Lab) vipTransport() (*http.Transport, error) {
+	pem, err := os.ReadFile(l.caPath())
+	if err != nil {
+		return nil, fmt.Errorf("lab: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	dial := netns.Dialer(clientNS)
+	return &http.Transport{
+		DisableKeepAlives:     true,
+		TLSClientConfig:       &tls.Config{RootCAs: pool, ServerName: VIP.Addr().String()},
+		TLSHandshakeTimeout:   5 * time.Second,
+		ResponseHeaderTimeout: 5 * time.Second,
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			return dial(ctx, addr)
+		},
+	}, nil
+}
+
+// vipURL is https://VIP:port/path.
+func vipURL(port int, path string) string {
+	return fmt.Sprintf("https://%s%s", netip.AddrPortFrom(VIP.Addr(), uint16(port)), path)
 }
 
 // getJSON GETs url from inside namespace ns and decodes the answer into v.

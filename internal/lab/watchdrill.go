@@ -3,21 +3,14 @@ package lab
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/vigil-ha/vigil/internal/netns"
 )
 
 // Watch drills: long-lived connections (watches) through the VIP holder's
@@ -102,30 +95,12 @@ type watchClient struct {
 }
 
 func (l *Lab) newWatchClient(port int) (*watchClient, error) {
-	pem, err := os.ReadFile(l.caPath())
+	tr, err := l.vipTransport() // one connection per watch
 	if err != nil {
-		return nil, fmt.Errorf("lab: %w", err)
+		return nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
-	dial := netns.Dialer(clientNS)
 	ctx, cancel := context.WithCancel(context.Background())
-	return &watchClient{
-		client: &http.Client{Transport: &http.Transport{
-			DisableKeepAlives:     true, // one connection per watch
-			TLSClientConfig:       &tls.Config{RootCAs: pool, ServerName: VIP.Addr().String()},
-			TLSHandshakeTimeout:   5 * time.Second,
-			ResponseHeaderTimeout: 5 * time.Second,
-			DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
-				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				defer cancel()
-				return dial(ctx, addr)
-			},
-		}},
-		url:    fmt.Sprintf("https://%s/watch", netip.AddrPortFrom(VIP.Addr(), uint16(port))),
-		ctx:    ctx,
-		cancel: cancel,
-	}, nil
+	return &watchClient{client: &http.Client{Transport: tr}, url: vipURL(port, "/watch"), ctx: ctx, cancel: cancel}, nil
 }
 
 // open starts one watch and returns once its first event named its server.
@@ -270,15 +245,10 @@ func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error
 	}
 
 	doubles := mon.close()
-	r.SplitBrain = len(doubles) > 0
-	if r.SplitBrain {
-		r.SplitDetail = fmt.Sprintf("%d samples with two holders, first %v", len(doubles), doubles[0].holders)
-	}
-	final, err := w.holders(d.live())
+	final, err := r.judgeHolders(doubles, w, d.live())
 	if err != nil {
 		return errors.Join(checkErr, err)
 	}
-	r.HoldersAfterHeal = final
 	if len(final) == 1 {
 		r.After = final[0]
 	}

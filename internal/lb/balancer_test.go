@@ -167,6 +167,19 @@ func dial(t *testing.T, b *Balancer, greet bool) (net.Conn, *bufio.Reader, strin
 
 // closedWithin reports how long until the server side closes c (a read
 // returns an error), failing the test after d.
+// dialTo dials through b until a connection lands on the backend named
+// name (round robin gets there within a turn).
+func dialTo(t *testing.T, b *Balancer, name string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	for range 10 {
+		if c, r, got := dial(t, b, true); got == name {
+			return c, r
+		}
+	}
+	t.Fatalf("10 connections and none went to %s", name)
+	return nil, nil
+}
+
 func closedWithin(t *testing.T, r *bufio.Reader, c net.Conn, d time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -267,14 +280,7 @@ func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
 	const drain = 2 * time.Second
 	b, _ := startLB(t, Config{Policy: RoundRobin, DrainTimeout: drain}, a, bb)
-	var ca net.Conn
-	var ra *bufio.Reader
-	for ca == nil {
-		c, r, name := dial(t, b, true)
-		if name == "a" {
-			ca, ra = c, r
-		}
-	}
+	ca, ra := dialTo(t, b, "a")
 	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
 	draining := time.Now()
 	// The draining connection still works...
@@ -311,14 +317,7 @@ func TestUnreachableBackendKeepsConnectionsForGrace(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
 	const grace = 1500 * time.Millisecond
 	b, _ := startLB(t, Config{Policy: RoundRobin, UnreachableGrace: grace}, a, bb)
-	var ca net.Conn
-	var ra *bufio.Reader
-	for ca == nil {
-		c, r, name := dial(t, b, true)
-		if name == "a" {
-			ca, ra = c, r
-		}
-	}
+	ca, ra := dialTo(t, b, "a")
 	echo := func(step string) {
 		t.Helper()
 		if _, err := ca.Write([]byte("x\n")); err != nil {
