@@ -99,8 +99,16 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.LBPort > 0 {
 		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
 	}
-	mounts := []corev1.VolumeMount{{Name: "pki", MountPath: PKIDir, ReadOnly: true}}
-	volumes := []corev1.Volume{hostPath("pki", PKIDir, corev1.HostPathDirectory)}
+	// Only the files vigil reads, each mounted on its own, read-only: not
+	// the whole of /etc/kubernetes/pki, which holds the cluster's CA keys.
+	// kubeadm rewrites certificates in place (same file), so a renewal
+	// shows through a file mount.
+	var mounts []corev1.VolumeMount
+	var volumes []corev1.Volume
+	for _, f := range daemonPKIFiles {
+		mounts = append(mounts, corev1.VolumeMount{Name: f.volume, MountPath: PKIDir + "/" + f.path, ReadOnly: true})
+		volumes = append(volumes, hostPath(f.volume, PKIDir+"/"+f.path, corev1.HostPathFile))
+	}
 	if o.Kubeconfig != "" {
 		if !path.IsAbs(o.Kubeconfig) {
 			return nil, fmt.Errorf("%w: --kubeconfig %q must be an absolute path on the host", ErrInvalid, o.Kubeconfig)
@@ -381,6 +389,17 @@ func healthz(port int) *corev1.Probe {
 		}},
 		PeriodSeconds: 10, FailureThreshold: 3, TimeoutSeconds: 2,
 	}
+}
+
+// daemonPKIFiles are the files of /etc/kubernetes/pki that vigil run
+// reads: the etcd CA and the API server's etcd client pair for the
+// election, and the cluster CA to verify the API servers' /readyz
+// (--health-ca's default).
+var daemonPKIFiles = []struct{ volume, path string }{
+	{"etcd-ca", "etcd/ca.crt"},
+	{"etcd-client-cert", "apiserver-etcd-client.crt"},
+	{"etcd-client-key", "apiserver-etcd-client.key"},
+	{"cluster-ca", "ca.crt"},
 }
 
 func hostPath(name, path string, t corev1.HostPathType) corev1.Volume {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +86,31 @@ func TestMinimalPrivileges(t *testing.T) {
 	}
 	if !pod.Spec.HostNetwork || pod.Spec.Containers[0].Resources.Requests.Memory().IsZero() {
 		t.Fatal("want host networking and resource requests")
+	}
+	// The pod mounts exactly the files vigil reads, read-only: every file
+	// its arguments name under the pki directory, and the cluster CA that
+	// --health-ca defaults to. Not the directory, which holds the CA keys.
+	want := map[string]bool{PKIDir + "/ca.crt": true}
+	args := pod.Spec.Containers[0].Args
+	for _, a := range args {
+		if strings.HasPrefix(a, PKIDir+"/") {
+			want[a] = true
+		}
+	}
+	mounted := map[string]bool{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if !m.ReadOnly {
+			t.Errorf("%s is mounted writable", m.MountPath)
+		}
+		mounted[m.MountPath] = true
+	}
+	if len(want) != 4 || !maps.Equal(mounted, want) {
+		t.Fatalf("the pod mounts %v, want exactly %v", slices.Sorted(maps.Keys(mounted)), slices.Sorted(maps.Keys(want)))
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.HostPath == nil || *v.HostPath.Type != corev1.HostPathFile {
+			t.Errorf("volume %s is not a single host file: %+v", v.Name, v.VolumeSource)
+		}
 	}
 	ds, err := DaemonSet(DaemonSetOptions{Server: "https://vip.example:6443"})
 	if err != nil {
