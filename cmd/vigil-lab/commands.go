@@ -181,8 +181,8 @@ func newDrillCmd(g *globals) *cobra.Command {
   prune-real-death   (needs up --prune-after) power off a member that does
                      not hold the VIP; it must be pruned within
                      --prune-after + 5 s (not before), then a new node joins
-  mixed              the failover and API server drills in turn, --count
-                     drills in all
+  mixed              the failover, API server and watch drills in turn,
+                     --count drills in all
 
 The client namespace probes the VIP every 10 ms (UDP), and for the API server
 drills sends HTTPS GET /version through VIP:--lb-port every 20 ms on a new

@@ -66,6 +66,31 @@ func TestPruneDrillsRefuseUnsuitableLabs(t *testing.T) {
 	}
 }
 
+// The watch drills refuse a lab without vigil's load balancer in front of
+// the stand-in API servers before they touch anything.
+func TestWatchDrillsRefuseUnsuitableLabs(t *testing.T) {
+	three := []*Node{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}}
+	for _, tc := range []struct {
+		name string
+		s    Settings
+	}{
+		{"no load balancer", Settings{Impl: ImplVigil}},
+		{"bench backends", Settings{Impl: ImplVigil, LBPort: BenchVigilPort, BackendPort: BulkPort}},
+		{"keepalived lab", Settings{Impl: ImplKeepalived, LBPort: APIServerPort}},
+		{"real kube-apiserver", Settings{Impl: ImplVigil, LBPort: APIServerPort, APIServer: APIServerKube}},
+	} {
+		for _, kind := range []string{DrillBackendPaused, DrillBackendKilled} {
+			t.Run(tc.name+"/"+kind, func(t *testing.T) {
+				l := &Lab{}
+				l.st.Settings, l.st.Nodes = tc.s, three
+				if r := l.Drill(context.Background(), kind, 1); !strings.Contains(r.Error, "needs vigil's load balancer in front of the stand-in API servers") {
+					t.Fatalf("error %q, want it to name what the drill needs", r.Error)
+				}
+			})
+		}
+	}
+}
+
 func TestLBBenchConfigValidate(t *testing.T) {
 	ok := LBBenchConfig{Rounds: 1, Duration: time.Second, Workers: 1, Streams: 1, Samples: 1, FloodSources: 1}
 	if err := ok.Validate(); err != nil {
