@@ -7,6 +7,10 @@
 set -euo pipefail
 need=()
 for cmd in "$@"; do
+  if [ "$cmd" = cni ]; then  # the CNI plugins the kubeadm lab's nodes use
+    [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+    continue
+  fi
   command -v "$cmd" >/dev/null && continue
   case $cmd in
     ip) need+=(iproute2) ;;

@@ -35,6 +35,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.BoolVar(&s.VIPLink, "vip-link", false, "give every node a second link (vip0) on the bridge that carries only the VIP, so the VIP's link can fail while etcd's stays up (chaos turns it on)")
 	f.StringVar(&s.EtcdLogLevel, "etcd-log-level", "warn", "etcd's --log-level (debug, info, warn, error); info shows raft leader changes and peer removals in each node's etcd.log")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; the prune-* drills need it, and replace-node then waits for vigil to prune instead of running vigil members prune")
+	f.BoolVar(&s.Kubeadm, "kubeadm", false, "build a real kubeadm cluster: every node runs containerd and a kubelet, kubeadm init and join run through the VIP, and etcd, the control plane and vigil (written by vigil manifest pod) run as static pods from local images (hack/build-kube-images.sh builds them; --workers N adds kubeadm workers); docs/kubeadm.md")
 }
 
 func newUpCmd(g *globals) *cobra.Command {

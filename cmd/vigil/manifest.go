@@ -48,6 +48,7 @@ It runs with host networking and only the NET_ADMIN and NET_RAW capabilities.`,
 	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
+	f.DurationVar(&o.PruneAfter, "prune-after", 0, "vigil run --prune-after: the VIP holder removes etcd members that a majority of the vigils have seen unreachable for this long, so a replacement's kubeadm join passes (0: off; at least 10s; see vigil run --help)")
 	return cmd
 }
 

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -137,6 +139,7 @@ any rights. See docs/kubeadm.md.`,
 	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP (whole seconds), refreshed every 250ms by the holder: if vigil and its guard are stopped or killed together, the kernel drops the VIP after this; 0 disables")
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies (even by SIGKILL) or stops renewing its lease (SIGSTOP, starvation)")
+	f.StringVar(&cfg.GuardSocket, "guard-socket", "", "use the guard listening on this Unix socket (vigil guard --listen, the static pod's guard container) instead of a child: in a container vigil is PID 1 and a child dies with it")
 	f.IntVar(&cfg.LBPort, "lb-port", 0, "run the load balancer on VIP:PORT, forwarding to every healthy API server (0: no load balancer; the VIP reaches the holder's own API server). kube-apiserver must then not bind 0.0.0.0 on this port: see --help")
 	f.StringVar(&cfg.LBPolicy, "lb-policy", "least-conn", "load balancing policy: least-conn or round-robin")
 	f.IntVar(&cfg.LBMaxConns, "lb-max-conns", lb.DefaultMaxConns, "most client connections the load balancer serves at once; more are reset at once, so a flood cannot run vigil, and the VIP with it, out of memory. The default fits the static pod's 128Mi limit (about 14 KiB per idle connection, docs/lb.md); raise both together (-1: no limit)")
@@ -164,22 +167,58 @@ any rights. See docs/kubeadm.md.`,
 }
 
 func newGuardCmd() *cobra.Command {
-	var cfg daemon.GuardConfig
+	var (
+		cfg    daemon.GuardConfig
+		listen string
+	)
 	cmd := &cobra.Command{
-		Use:    "guard",
-		Short:  "Remove the VIP when standard input closes (started by vigil run)",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(_ *cobra.Command, _ []string) error {
-			// Only the death of vigil run, which closes our stdin, may end
-			// the guard; a signal meant for the whole group must not.
-			signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+		Use:   "guard --vip IP --interface IF [--listen SOCKET]",
+		Short: "Remove the VIP the moment vigil run dies or stops renewing (started by vigil run, or as its own container)",
+		Long: `The guard removes the VIP when vigil run cannot: when it dies (SIGKILL, the
+OOM killer) or stops renewing its lease (SIGSTOP, starvation). It never adds
+the VIP.
+
+Without --listen it is vigil run's child (vigil run --guard, the default),
+reading lease deadlines from standard input; vigil run starts it.
+
+With --listen it runs on its own, as the static pod's second container
+(vigil manifest pod): in a container vigil run is PID 1, and a child dies
+with it. vigil run --guard-socket connects to the socket; when that
+connection ends, because vigil run exited or its container was killed, the
+guard removes the VIP at once, and it keeps serving the next vigil run.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "guard")
-			return daemon.Guard(cfg, os.Stdin, log)
+			if listen == "" {
+				// Only the death of vigil run, which closes our stdin, may
+				// end the guard; a signal meant for the whole group must not.
+				signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+				return daemon.Guard(cfg, os.Stdin, log)
+			}
+			if _, err := daemon.ParseVIP(cfg.VIP); err != nil {
+				return err
+			}
+			if err := os.Remove(listen); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("guard: remove the old socket: %w", err)
+			}
+			ln, err := net.Listen("unix", listen)
+			if err != nil {
+				return fmt.Errorf("guard: %w", err)
+			}
+			defer os.Remove(listen)
+			if err := os.Chmod(listen, 0o600); err != nil {
+				ln.Close()
+				return fmt.Errorf("guard: %w", err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			log.Info("guard listening", "socket", listen, "vip", cfg.VIP, "interface", cfg.Interface)
+			return daemon.ServeGuard(ctx, cfg, ln, log)
 		},
 	}
 	cmd.Flags().StringVar(&cfg.VIP, "vip", "", "VIP to remove")
 	cmd.Flags().StringVar(&cfg.Interface, "interface", "", "interface that carries it")
-	cmd.Flags().DurationVar(&cfg.Slack, "slack", 0, "remove the VIP this long after a lease deadline vigil run sent passes without a newer one")
+	cmd.Flags().DurationVar(&cfg.Slack, "slack", 0, "without --listen: remove the VIP this long after a lease deadline vigil run sent passes without a newer one (with --listen, each vigil run sends its own)")
+	cmd.Flags().StringVar(&listen, "listen", "", "serve vigil run --guard-socket on this Unix socket, as a process of its own (the static pod's guard container)")
 	return cmd
 }

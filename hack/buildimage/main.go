@@ -1,9 +1,11 @@
-// Command buildimage writes vigil's container image as an OCI image
-// archive: one image per architecture (a single layer holding the static
-// binary at /usr/local/bin/vigil), in one multi-architecture index, named
-// ghcr.io/vigil-ha/vigil:v<VERSION>. It needs no container daemon, and the
-// same binaries and epoch give the same archive, byte for byte.
-// hack/build-image.sh builds the binaries and runs it.
+// Command buildimage writes a container image of one static binary as an OCI
+// image archive: one image per architecture (a single layer holding the
+// binary at /usr/local/bin/NAME, its entrypoint), in one multi-architecture
+// index. By default the image is vigil's, ghcr.io/vigil-ha/vigil:v<VERSION>;
+// the kubeadm lab also uses it for the Kubernetes components it builds
+// (hack/build-kube-images.sh). It needs no container daemon, and the same
+// binaries and epoch give the same archive, byte for byte.
+// hack/build-image.sh builds vigil's binaries and runs it.
 //
 //	buildimage --out bin/vigil-image.oci.tar --epoch 1764547200 \
 //	    --binary linux/amd64=bin/image/vigil-linux-amd64 \
@@ -34,8 +36,16 @@ import (
 	"github.com/vigil-ha/vigil"
 )
 
-// binPath is where the binary lives in the image.
-const binPath = "usr/local/bin/vigil"
+// binDir is where the binary lives in the image.
+const binDir = "usr/local/bin/"
+
+// meta names what goes into an image.
+type meta struct {
+	name     string // the binary's file name in binDir, and the image's title
+	version  string
+	revision string
+	created  time.Time
+}
 
 type binaries []string
 
@@ -44,27 +54,33 @@ func (b *binaries) Set(v string) error { *b = append(*b, v); return nil }
 
 func main() {
 	var (
-		bins     binaries
-		out      string
-		ref      string
-		epoch    int64
-		revision string
+		bins  binaries
+		out   string
+		ref   string
+		epoch int64
+		m     meta
 	)
 	flag.Var(&bins, "binary", "OS/ARCH=PATH of a static vigil binary; repeat once per architecture")
 	flag.StringVar(&out, "out", "", "the OCI image archive to write")
 	flag.StringVar(&ref, "ref", vigil.Image(), "the image's name, recorded in the archive")
 	flag.Int64Var(&epoch, "epoch", 0, "creation time of every file and of the image, in seconds since 1970 (SOURCE_DATE_EPOCH; the commit's time keeps rebuilds identical)")
-	flag.StringVar(&revision, "revision", "", "the source revision, recorded as org.opencontainers.image.revision")
+	flag.StringVar(&m.revision, "revision", "", "the source revision, recorded as org.opencontainers.image.revision")
+	flag.StringVar(&m.name, "name", "vigil", "the binary's name in /usr/local/bin, and the image's title")
+	flag.StringVar(&m.version, "version", vigil.Version, "the version recorded as org.opencontainers.image.version")
 	flag.Parse()
-	if err := run(bins, out, ref, time.Unix(epoch, 0).UTC(), revision); err != nil {
+	m.created = time.Unix(epoch, 0).UTC()
+	if err := run(bins, out, ref, m); err != nil {
 		fmt.Fprintln(os.Stderr, "buildimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bins []string, out, ref string, created time.Time, revision string) error {
+func run(bins []string, out, ref string, m meta) error {
 	if out == "" || len(bins) == 0 {
 		return errors.New("--out and at least one --binary are required")
+	}
+	if m.name == "" || strings.ContainsAny(m.name, "/ ") {
+		return fmt.Errorf("--name %q: want a plain file name", m.name)
 	}
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	for _, b := range bins {
@@ -73,7 +89,7 @@ func run(bins []string, out, ref string, created time.Time, revision string) err
 		if !ok || !ok2 || osName != "linux" || path == "" {
 			return fmt.Errorf("--binary %q: want linux/ARCH=PATH", b)
 		}
-		img, err := image(path, arch, created, revision)
+		img, err := image(path, arch, m)
 		if err != nil {
 			return fmt.Errorf("image for %s: %w", platform, err)
 		}
@@ -97,17 +113,18 @@ func run(bins []string, out, ref string, created time.Time, revision string) err
 	if err := p.AppendIndex(idx, layout.WithAnnotations(names)); err != nil {
 		return err
 	}
-	return tarDir(dir, out, created)
+	return tarDir(dir, out, m.created)
 }
 
 // image is one architecture's image: the binary in one layer, run as its
 // entrypoint.
-func image(binary, arch string, created time.Time, revision string) (v1.Image, error) {
+func image(binary, arch string, m meta) (v1.Image, error) {
 	data, err := os.ReadFile(binary)
 	if err != nil {
 		return nil, err
 	}
-	layerTar, err := layerContents(data, created)
+	created := m.created
+	layerTar, err := layerContents(data, binDir+m.name, created)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +138,7 @@ func image(binary, arch string, created time.Time, revision string) (v1.Image, e
 	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:     layer,
 		MediaType: types.OCILayer,
-		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/build-image.sh", Comment: "vigil " + vigil.Version},
+		History:   v1.History{Created: v1.Time{Time: created}, CreatedBy: "hack/buildimage", Comment: m.name + " " + m.version},
 	})
 	if err != nil {
 		return nil, err
@@ -133,7 +150,7 @@ func image(binary, arch string, created time.Time, revision string) (v1.Image, e
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", arch
 	cf.Created = v1.Time{Time: created}
-	cf.Config.Entrypoint = []string{"/" + binPath}
+	cf.Config.Entrypoint = []string{"/" + binDir + m.name}
 	cf.Config.Env = []string{"PATH=/usr/local/bin"}
 	// Root inside the container, with only the capabilities the pod
 	// grants: vigil run needs NET_ADMIN and NET_RAW, which Kubernetes
@@ -141,19 +158,19 @@ func image(binary, arch string, created time.Time, revision string) (v1.Image, e
 	// DaemonSet needs none and may run as any user.
 	cf.Config.User = "0:0"
 	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   "vigil",
-		"org.opencontainers.image.version": vigil.Version,
+		"org.opencontainers.image.title":   m.name,
+		"org.opencontainers.image.version": m.version,
 		"org.opencontainers.image.source":  "https://github.com/vigil-ha/vigil",
 	}
-	if revision != "" {
-		cf.Config.Labels["org.opencontainers.image.revision"] = revision
+	if m.revision != "" {
+		cf.Config.Labels["org.opencontainers.image.revision"] = m.revision
 	}
 	return mutate.ConfigFile(img, cf)
 }
 
 // layerContents is the layer's tar: the binary and its directories, owned
 // by root, every time stamp the epoch.
-func layerContents(binary []byte, created time.Time) ([]byte, error) {
+func layerContents(binary []byte, binPath string, created time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {

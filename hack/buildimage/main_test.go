@@ -28,7 +28,7 @@ func TestArchiveIsReproducible(t *testing.T) {
 	build := func(name string, epoch int64) []byte {
 		t.Helper()
 		out := filepath.Join(dir, name)
-		if err := run(bins, out, vigil.Image(), time.Unix(epoch, 0), "abc"); err != nil {
+		if err := run(bins, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, revision: "abc", created: time.Unix(epoch, 0)}); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(out)
@@ -46,7 +46,7 @@ func TestArchiveIsReproducible(t *testing.T) {
 	}
 	for _, bad := range [][]string{nil, {"amd64=" + bins[0]}, {"windows/amd64=x"}, {"linux/amd64=" + filepath.Join(dir, "missing")}} {
 		out := filepath.Join(dir, "bad.tar")
-		if err := run(bad, out, vigil.Image(), time.Unix(0, 0), ""); err == nil {
+		if err := run(bad, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, created: time.Unix(0, 0)}); err == nil {
 			t.Errorf("run(%q) succeeded", bad)
 		}
 		if _, err := os.Stat(out); err == nil {

@@ -66,6 +66,10 @@ type Config struct {
 	// GuardBinary, when set, is the vigil executable run as `guard` to
 	// remove the VIP if this process dies (see guard.go).
 	GuardBinary string
+	// GuardSocket, when set, is the Unix socket of a guard that runs on its
+	// own (`vigil guard --listen`, the static pod's guard container); vigil
+	// connects to it instead of starting a child. It wins over GuardBinary.
+	GuardSocket string
 
 	// LBPort, when not 0, runs the load balancer on VIP:LBPort.
 	LBPort   int

@@ -158,7 +158,12 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		go func() { defer wg.Done(); _ = bal.Run(cctx) }()
 	}
 	var guard *guardProc
-	if cfg.GuardBinary != "" {
+	if cfg.GuardSocket != "" {
+		gctx, stopGuard := context.WithCancel(context.Background())
+		g := connectGuard(gctx, cfg.GuardSocket, cfg, log)
+		guard = g
+		defer func() { stopGuard(); g.Close() }()
+	} else if cfg.GuardBinary != "" {
 		// Its own context: the guard must outlive the VIP's removal at
 		// shutdown, and is stopped only after it.
 		gctx, stopGuard := context.WithCancel(context.Background())

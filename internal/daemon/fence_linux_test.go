@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,6 +46,37 @@ func TestGuardFencesStoppedHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the resumed vigil to hold the VIP again", func() bool { return hasVIP(t, p.A) })
+}
+
+// The static pod's guard runs as a container of its own (vigil guard
+// --listen) because a child guard dies with vigil, PID 1 of its container.
+// A vigil connected to it that is SIGKILLed loses the VIP at once; the guard
+// then serves the next vigil, and fences it too when it is stopped. No
+// kernel lifetime helps here.
+func TestGuardSocketFencesKilledAndStoppedHolder(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	sock := filepath.Join(t.TempDir(), "guard.sock")
+	startIn(t, p.A, "guard.log", nstest.Binary(t, "vigil"), "guard", "--listen", sock, "--vip", testVIP+"/24", "--interface", "a0")
+	vigil := startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
+	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	if err := vigil.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	waitFor(t, 2*time.Second, "the guard to remove the VIP of the killed holder", func() bool { return !hasVIP(t, p.A) })
+	t.Logf("VIP gone %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
+
+	// The guard outlived its vigil and serves the next one.
+	vigil = startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
+	waitFor(t, 20*time.Second, "the restarted vigil to hold the VIP", func() bool { return hasVIP(t, p.A) })
+	if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	defer func() { _ = vigil.Process.Signal(syscall.SIGCONT) }()
+	waitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
+	t.Logf("VIP gone %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
 }
 
 // The address follows the role: a VIP deleted on the holder comes back, a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -60,14 +61,24 @@ func guardSlack(lease, renew time.Duration) time.Duration {
 // guard`; the caller ignores termination signals first, so that only the
 // death of `vigil run` ends the guard.
 func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
+	m, err := guardVIP(cfg, log)
+	if err != nil {
+		return err
+	}
+	return guardStream(m, r, cfg.Slack, log)
+}
+
+func guardVIP(cfg GuardConfig, log *slog.Logger) (*vip.Manager, error) {
 	p, err := ParseVIP(cfg.VIP)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	m, err := vip.New(vip.Config{Address: p, Interface: cfg.Interface}, log)
-	if err != nil {
-		return err
-	}
+	return vip.New(vip.Config{Address: p, Interface: cfg.Interface}, log)
+}
+
+// guardStream reads deadlines from r until EOF, removing the VIP when one
+// passes by slack, and at EOF.
+func guardStream(m *vip.Manager, r io.Reader, slack time.Duration, log *slog.Logger) error {
 	deadlines := make(chan time.Duration)
 	go func() {
 		defer close(deadlines)
@@ -89,7 +100,7 @@ func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
 			}
 			timer.Stop()
 			if d > 0 {
-				timer.Reset(d + cfg.Slack - monoNow())
+				timer.Reset(d + slack - monoNow())
 			}
 		case <-timer.C:
 			// Remove first, log after: the log may block.
@@ -100,6 +111,46 @@ func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
 	}
 }
 
+// ServeGuard is `vigil guard --listen`: the guard as a process of its own,
+// for a pod, where `vigil run` is PID 1 of its container and a child guard
+// would die with it. It serves the same protocol as the pipe on a Unix
+// socket, one connection per `vigil run`, except that the first word of a
+// connection is the slack (vigil run knows its own timings). A connection
+// that ends, because vigil run exited or its container was killed, removes
+// the VIP at once; the guard keeps serving the next vigil run. It returns
+// when ctx ends, leaving the VIP to vigil run's own release.
+func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog.Logger) error {
+	m, err := guardVIP(cfg, log)
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("guard: accept: %w", err)
+		}
+		go func() {
+			defer c.Close()
+			var b [8]byte
+			if _, err := io.ReadFull(c, b[:]); err != nil {
+				return // it never said hello: it held nothing through us
+			}
+			slack := time.Duration(binary.BigEndian.Uint64(b[:]))
+			log.Info("vigil run connected to the guard", "slack", slack)
+			if err := guardStream(m, c, slack, log); err != nil {
+				log.Error("guard cannot remove the VIP", "err", err)
+			}
+		}()
+	}
+}
+
 // monoNow reads CLOCK_MONOTONIC, the clock deadlines on the pipe use.
 func monoNow() time.Duration {
 	var ts unix.Timespec
@@ -107,19 +158,91 @@ func monoNow() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// guardProc runs and, if it dies, restarts the guard child.
+// guardProc runs and, if it dies, restarts the guard child; or, with a
+// socket, keeps a connection to a guard that runs on its own (vigil guard
+// --listen) and reconnects when it breaks.
 type guardProc struct {
-	bin  string
-	args []string
-	log  *slog.Logger
+	bin    string
+	args   []string
+	socket string
+	slack  time.Duration
+	log    *slog.Logger
 
-	mu sync.Mutex // guards w and latest
-	w  *os.File   // write end of the current guard's pipe
+	mu sync.Mutex     // guards w and latest
+	w  io.WriteCloser // the current guard's pipe or connection
 	// latest is the last deadline to tell the guard (CLOCK_MONOTONIC ns, 0:
 	// not holding); kick wakes the writer.
 	latest time.Duration
 	kick   chan struct{}
 	wg     sync.WaitGroup
+}
+
+// connectGuard keeps a connection to the guard listening on socket until ctx
+// is done. A guard that is not there yet (its container starts after this
+// one) is retried every half second, with one warning.
+func connectGuard(ctx context.Context, socket string, cfg Config, log *slog.Logger) *guardProc {
+	g := &guardProc{socket: socket, slack: guardSlack(cfg.LeaseDuration, cfg.RenewDeadline), log: log, kick: make(chan struct{}, 1)}
+	g.wg.Add(2)
+	go func() {
+		defer g.wg.Done()
+		g.stayConnected(ctx)
+	}()
+	go func() {
+		defer g.wg.Done()
+		g.write(ctx)
+	}()
+	return g
+}
+
+// stayConnected connects to the guard's socket, says hello (the slack), and
+// reconnects whenever the connection breaks.
+func (g *guardProc) stayConnected(ctx context.Context) {
+	warned := false
+	for ctx.Err() == nil {
+		c, err := (&net.Dialer{}).DialContext(ctx, "unix", g.socket)
+		if err == nil {
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], uint64(g.slack))
+			if _, err = c.Write(b[:]); err != nil {
+				c.Close()
+			}
+		}
+		if err != nil {
+			if !warned && ctx.Err() == nil {
+				g.log.Warn("cannot reach the VIP guard; retrying (until it answers, only the VIP's kernel lifetime fences a vigil that dies)", "socket", g.socket, "err", err)
+				warned = true
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
+		if warned {
+			g.log.Info("connected to the VIP guard", "socket", g.socket)
+			warned = false
+		}
+		g.mu.Lock()
+		g.w = c
+		g.mu.Unlock()
+		select { // a new connection learns the current deadline
+		case g.kick <- struct{}{}:
+		default:
+		}
+		// The guard never writes: a read ends only when it goes away.
+		_, _ = c.Read(make([]byte, 1))
+		g.mu.Lock()
+		if g.w == c {
+			g.w = nil
+		}
+		g.mu.Unlock()
+		c.Close()
+		if ctx.Err() == nil {
+			g.log.Warn("the connection to the VIP guard broke; reconnecting", "socket", g.socket)
+			warned = true
+		}
+	}
 }
 
 // startGuard starts `bin guard` and keeps it running until ctx is done.

@@ -61,6 +61,10 @@ type Settings struct {
 	VIPLink bool `json:"vipLink,omitempty"`
 	// EtcdLogLevel is etcd's --log-level; empty means warn.
 	EtcdLogLevel string `json:"etcdLogLevel,omitempty"`
+	// Kubeadm builds a real kubeadm cluster (kubeadm.go): every node runs
+	// containerd and a kubelet, and kubeadm runs etcd, the control plane
+	// and vigil as static pods.
+	Kubeadm bool `json:"kubeadm,omitempty"`
 }
 
 // vipIface is the interface vigil puts the VIP on.
@@ -121,6 +125,20 @@ func (s Settings) Validate() error {
 	case "", "debug", "info", "warn", "error":
 	default:
 		return fmt.Errorf("lab: unknown --etcd-log-level %q (debug, info, warn or error)", s.EtcdLogLevel)
+	}
+	if s.Kubeadm {
+		switch {
+		case s.Impl != ImplVigil:
+			return fmt.Errorf("lab: --kubeadm needs --impl vigil")
+		case s.kube() || s.Election == ElectionKubernetes:
+			return fmt.Errorf("lab: --kubeadm runs kubeadm's own kube-apiserver and vigil's etcd election; drop --apiserver and --election")
+		case s.VIPLink:
+			return fmt.Errorf("lab: --kubeadm does not support --vip-link")
+		case s.LeaseDuration != 0 || s.RenewDeadline != 0 || s.RetryPeriod != 0 || s.HealthPort != 0 || s.HealthGrace != 0:
+			return fmt.Errorf("lab: --kubeadm runs vigil from the manifest vigil manifest pod writes; its timings are vigil's defaults")
+		case s.LBPort != APIServerPort || s.BackendPort != APIServerPort:
+			return fmt.Errorf("lab: --kubeadm puts the load balancer on VIP:%d in front of the API servers on %d; drop --lb-port and --backend-port", APIServerPort, APIServerPort)
+		}
 	}
 	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
 		if p < 0 || p > 65535 {
@@ -226,6 +244,9 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if err != nil {
 		return err
 	}
+	if s.Kubeadm {
+		return l.upKubeadm(ctx, s)
+	}
 	if s.kube() {
 		if err := l.prepareKube(); err != nil {
 			return err
@@ -300,6 +321,8 @@ func (l *Lab) Workers() []*Node { return l.st.Workers }
 // survived.
 func (l *Lab) Down(ctx context.Context) error {
 	err := destroyAll(ctx)
+	// The kubeadm lab's machines: after their processes are gone.
+	err = errors.Join(err, l.destroyMachines())
 	if rerr := os.RemoveAll(l.dir); rerr != nil {
 		err = errors.Join(err, rerr)
 	}

@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"path"
 	"strconv"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -62,7 +63,15 @@ type PodOptions struct {
 	// --kubeconfig (Events, EndpointSlice discovery). It must exist before
 	// the pod starts: add it after kubeadm init (docs/kubeadm.md).
 	Kubeconfig string
+	// PruneAfter, when not 0, is vigil run's --prune-after: the VIP holder
+	// removes etcd members that a majority of the vigils have seen
+	// unreachable for this long (docs/kubeadm.md, "A control-plane node
+	// died").
+	PruneAfter time.Duration
 }
+
+// minPruneAfter is vigil run's own lower bound on --prune-after.
+const minPruneAfter = 10 * time.Second
 
 // Pod is the kubeadm static pod for /etc/kubernetes/manifests/vigil.yaml.
 // It elects over the local etcd with kubeadm's apiserver-etcd-client
@@ -78,6 +87,9 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	}
 	if o.LBPort < 0 || o.LBPort > 65535 {
 		return nil, fmt.Errorf("%w: --lb-port %d is out of range", ErrInvalid, o.LBPort)
+	}
+	if o.PruneAfter != 0 && o.PruneAfter < minPruneAfter {
+		return nil, fmt.Errorf("%w: --prune-after %v: use 0 (off) or at least %v", ErrInvalid, o.PruneAfter, minPruneAfter)
 	}
 	if len(o.EtcdEndpoints) == 0 {
 		o.EtcdEndpoints = []string{DefaultEtcdURL}
@@ -99,12 +111,20 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.LBPort > 0 {
 		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
 	}
+	if o.PruneAfter > 0 {
+		args = append(args, "--prune-after", o.PruneAfter.String())
+	}
+	// The guard runs in a container of its own: vigil run is PID 1 of its
+	// container, and when it dies the kernel kills every process there,
+	// a child guard included. The two share only the socket's directory.
+	args = append(args, "--guard-socket", guardSocket)
 	// Only the files vigil reads, each mounted on its own, read-only: not
 	// the whole of /etc/kubernetes/pki, which holds the cluster's CA keys.
 	// kubeadm rewrites certificates in place (same file), so a renewal
 	// shows through a file mount.
-	var mounts []corev1.VolumeMount
-	var volumes []corev1.Volume
+	guardMount := corev1.VolumeMount{Name: "guard", MountPath: guardDir}
+	mounts := []corev1.VolumeMount{guardMount}
+	volumes := []corev1.Volume{{Name: "guard", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: ptr(resource.MustParse("1Mi"))}}}}
 	for _, f := range daemonPKIFiles {
 		mounts = append(mounts, corev1.VolumeMount{Name: f.volume, MountPath: PKIDir + "/" + f.path, ReadOnly: true})
 		volumes = append(volumes, hostPath(f.volume, PKIDir+"/"+f.path, corev1.HostPathFile))
@@ -143,11 +163,35 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 				LivenessProbe:            healthz(metricsPortDaemon),
 				VolumeMounts:             mounts,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}, {
+				// vigil guard --listen: removes the VIP the moment vigil
+				// run's connection ends (its container killed, OOM) or its
+				// lease deadline passes (stopped). Removing an address
+				// needs NET_ADMIN only.
+				Name:  "guard",
+				Image: image(o.Image),
+				Args:  []string{"guard", "--listen", guardSocket, "--vip", vip, "--interface", o.Interface},
+				SecurityContext: &corev1.SecurityContext{
+					Capabilities:             &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}, Drop: []corev1.Capability{"ALL"}},
+					AllowPrivilegeEscalation: ptr(false),
+					ReadOnlyRootFilesystem:   ptr(true),
+				},
+				Resources:                resources("5m", "8Mi", "32Mi"),
+				Env:                      goMemLimit("24MiB"),
+				VolumeMounts:             []corev1.VolumeMount{guardMount},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 			Volumes: volumes,
 		},
 	}, nil
 }
+
+// The guard's socket, in a memory-backed emptyDir shared by the pod's two
+// containers.
+const (
+	guardDir    = "/run/vigil"
+	guardSocket = guardDir + "/guard.sock"
+)
 
 // DaemonSetOptions configures the worker agent DaemonSet.
 type DaemonSetOptions struct {

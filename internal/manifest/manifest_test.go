@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/kubetest"
 )
@@ -99,6 +100,9 @@ func TestMinimalPrivileges(t *testing.T) {
 	}
 	mounted := map[string]bool{}
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if m.MountPath == guardDir {
+			continue // the guard's socket, an emptyDir: checked below
+		}
 		if !m.ReadOnly {
 			t.Errorf("%s is mounted writable", m.MountPath)
 		}
@@ -108,9 +112,30 @@ func TestMinimalPrivileges(t *testing.T) {
 		t.Fatalf("the pod mounts %v, want exactly %v", slices.Sorted(maps.Keys(mounted)), slices.Sorted(maps.Keys(want)))
 	}
 	for _, v := range pod.Spec.Volumes {
+		if v.Name == "guard" {
+			if v.EmptyDir == nil {
+				t.Errorf("the guard's volume is not an emptyDir: %+v", v.VolumeSource)
+			}
+			continue
+		}
 		if v.HostPath == nil || *v.HostPath.Type != corev1.HostPathFile {
 			t.Errorf("volume %s is not a single host file: %+v", v.Name, v.VolumeSource)
 		}
+	}
+	// The guard is a container of its own, with NET_ADMIN only, and vigil
+	// run is told where it listens.
+	if len(pod.Spec.Containers) != 2 || pod.Spec.Containers[1].Name != "guard" {
+		t.Fatalf("want vigil and its guard as two containers, got %d", len(pod.Spec.Containers))
+	}
+	g := pod.Spec.Containers[1]
+	if add := g.SecurityContext.Capabilities.Add; len(add) != 1 || add[0] != "NET_ADMIN" {
+		t.Fatalf("the guard asks for %v, want NET_ADMIN only", add)
+	}
+	if len(g.VolumeMounts) != 1 || g.VolumeMounts[0].MountPath != guardDir {
+		t.Fatalf("the guard mounts %v, want only %s", g.VolumeMounts, guardDir)
+	}
+	if !slices.Contains(g.Args, guardSocket) || !slices.Contains(args, guardSocket) {
+		t.Fatalf("vigil (%v) and the guard (%v) do not share %s", args, g.Args, guardSocket)
 	}
 	ds, err := DaemonSet(DaemonSetOptions{Server: "https://vip.example:6443"})
 	if err != nil {
@@ -121,8 +146,31 @@ func TestMinimalPrivileges(t *testing.T) {
 	}
 }
 
+// TestPruneAfter: --prune-after reaches vigil run, and vigil run's own
+// lower bound is enforced here too, so a manifest never crash-loops on it.
+func TestPruneAfter(t *testing.T) {
+	if minPruneAfter != daemon.MinPruneAfter {
+		t.Fatalf("manifest's bound %v differs from vigil run's %v", minPruneAfter, daemon.MinPruneAfter)
+	}
+	p, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0", PruneAfter: 45 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(p.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--prune-after 45s") {
+		t.Fatalf("args %q lack --prune-after 45s", args)
+	}
+	p, err = Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Join(p.Spec.Containers[0].Args, " "); strings.Contains(args, "prune") {
+		t.Fatalf("pruning is on by default: %q", args)
+	}
+}
+
 func TestBadInput(t *testing.T) {
-	for _, o := range []PodOptions{{Interface: "eth0"}, {VIP: "10.0.0.100"}, {VIP: "10.0.0.300", Interface: "eth0"}, {VIP: "10.0.0.1", Interface: "eth0", LBPort: 70000}, {VIP: "10.0.0.1", Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIP: "10.0.0.1", Interface: "eth0", Kubeconfig: "vigil.conf"}} {
+	for _, o := range []PodOptions{{Interface: "eth0"}, {VIP: "10.0.0.100"}, {VIP: "10.0.0.300", Interface: "eth0"}, {VIP: "10.0.0.1", Interface: "eth0", LBPort: 70000}, {VIP: "10.0.0.1", Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIP: "10.0.0.1", Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIP: "10.0.0.1", Interface: "eth0", PruneAfter: 5 * time.Second}} {
 		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
 		}
