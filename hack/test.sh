@@ -5,17 +5,19 @@
 # a message otherwise. Leaves no namespace behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh ip nft containerd runc
+source hack/deps.sh ip nft containerd runc conntrack cni
 export GOTOOLCHAIN=local
 hack/build.sh
 # vigil's image (both architectures), imported into a real containerd and run
 # by TestImageRunsInContainerd.
 hack/build-image.sh
 export VIGIL_IMAGE_ARCHIVE="$PWD/bin/vigil-image.oci.tar"
-# The real kube-apiserver for the Kubernetes tests: 15-20 minutes the first
-# time on two cores, seconds afterwards (Go build cache, stamp in bin/).
-hack/build-kube-apiserver.sh
-export VIGIL_REQUIRE_KUBE_APISERVER=1
+# The real Kubernetes binaries (kube-apiserver for the Kubernetes tests;
+# kubelet, kubeadm and the rest for the kubeadm lab) and the images kubeadm
+# runs: about 25 minutes the first time on two cores, seconds afterwards
+# (Go build cache, stamps in bin/).
+hack/build-kube-images.sh
+export VIGIL_REQUIRE_KUBE_APISERVER=1 VIGIL_REQUIRE_KUBEADM_LAB=1
 # The lab test drives the binaries just built.
 export VIGIL_BIN="$PWD/bin/vigil" VIGIL_LAB_BIN="$PWD/bin/vigil-lab"
 status=0

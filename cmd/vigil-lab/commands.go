@@ -182,6 +182,17 @@ func newDrillCmd(g *globals) *cobra.Command {
   prune-real-death   (needs up --prune-after) power off a member that does
                      not hold the VIP; it must be pruned within
                      --prune-after + 5 s (not before), then a new node joins
+  kubeadm-vigil-killed  (kubeadm lab) SIGKILL the holder's vigil container
+                     process, PID 1 of its container: its guard, a container
+                     of its own, must remove the VIP at once; kubelet
+                     restarts vigil; never two holders
+  kubeadm-replace    (kubeadm lab) power the holder off for good, then a new
+                     node runs kubeadm join --control-plane through the VIP.
+                     With up --prune-after, vigil prunes the dead member
+                     first and the join must meet a healthy etcd; without,
+                     the join must meet the dead member (as in the seed)
+                     and the drill removes it by hand afterwards. Prints
+                     each phase
   mixed              the failover, API server and watch drills in turn,
                      --count drills in all
 

@@ -47,7 +47,7 @@ func (g *globals) open() (*lab.Lab, error) {
 	if bin == "" {
 		bin = filepath.Join(filepath.Dir(self), "vigil")
 	}
-	return lab.New(lab.Config{Dir: g.dir, VigilBin: bin, SelfBin: self}, log)
+	return lab.New(lab.Config{Dir: g.dir, VigilBin: bin, SelfBin: self, Progress: os.Stderr}, log)
 }
 
 func newRoot() *cobra.Command {

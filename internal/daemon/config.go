@@ -310,7 +310,9 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 
 // EtcdClientTLS loads the files of --etcd-cacert, --etcd-cert and
 // --etcd-key (any may be empty); nil when none is given. Errors wrap
-// ErrConfig and name the flag.
+// ErrConfig and name the flag. The certificate and key are read again when
+// they change (tlsreload.go): a renewed pair is used from the next
+// connection.
 func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 	if caFile == "" && certFile == "" && keyFile == "" {
 		return nil, nil
@@ -331,11 +333,11 @@ func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		tc.RootCAs = pool
 	}
 	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		pair, err := newReloadingPair(certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: load --etcd-cert/--etcd-key: %w", ErrConfig, err)
 		}
-		tc.Certificates = []tls.Certificate{cert}
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.get() }
 	}
 	return tc, nil
 }

@@ -346,12 +346,20 @@ func (l *Lab) vigilStatus(ctx context.Context, node string) (vigilReport, error)
 // connection for every request, as a client reconnecting would. Each step
 // is bounded by 5 s.
 func (l *Lab) vipTransport() (*http.Transport, error) {
-	pem, err := os.ReadFile(l.caPath())
-	if err != nil {
-		return nil, fmt.Errorf("lab: %w", err)
+	var pool *x509.CertPool
+	if l.st.Settings.Kubeadm {
+		var err error
+		if pool, err = l.kubeadmCA(); err != nil {
+			return nil, err
+		}
+	} else {
+		pem, err := os.ReadFile(l.caPath())
+		if err != nil {
+			return nil, fmt.Errorf("lab: %w", err)
+		}
+		pool = x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
 	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
 	dial := netns.Dialer(clientNS)
 	return &http.Transport{
 		DisableKeepAlives:     true,

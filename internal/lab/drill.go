@@ -32,13 +32,13 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillKubeadmVigilKilled, DrillKubeadmReplace}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
 // labs only.
 func MembershipDrills(s Settings) []string {
-	if s.Impl != ImplVigil {
+	if s.Impl != ImplVigil || s.Kubeadm {
 		return nil
 	}
 	out := []string{DrillScale, DrillReplaceHealthy, DrillReplaceNode, DrillScaleWorkers}
@@ -55,6 +55,9 @@ var failoverDrills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLead
 // etcd leader to kill, and without vigil's load balancer no API server
 // drill.
 func DrillsFor(s Settings) []string {
+	if s.Kubeadm {
+		return KubeadmDrills
+	}
 	if s.Impl != ImplVigil {
 		return failoverDrills
 	}
@@ -101,7 +104,9 @@ type Result struct {
 	Workers []WorkerResult `json:"workers,omitempty"`
 	// Prune is set by the prune drills.
 	Prune *PruneResult `json:"prune,omitempty"`
-	Error string       `json:"error,omitempty"`
+	// Kubeadm is set by the kubeadm lab's drills.
+	Kubeadm *KubeadmResult `json:"kubeadm,omitempty"`
+	Error   string         `json:"error,omitempty"`
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one
@@ -139,6 +144,9 @@ func (r Result) String() string {
 	}
 	if r.Prune != nil {
 		s += "\n    " + r.Prune.String()
+	}
+	if r.Kubeadm != nil {
+		s += "\n    " + r.Kubeadm.String()
 	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
@@ -216,6 +224,12 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if slices.Contains(PruneDrills, kind) {
 		return l.pruneDrill(ctx, kind, r)
+	}
+	if slices.Contains(KubeadmDrills, kind) {
+		return l.kubeadmDrill(ctx, kind, r)
+	}
+	if l.st.Settings.Kubeadm {
+		return fmt.Errorf("drill %s needs the lab's own etcd and vigil processes; the kubeadm lab runs %s", kind, strings.Join(KubeadmDrills, " and "))
 	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {

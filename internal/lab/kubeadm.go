@@ -40,6 +40,10 @@ const (
 	kubeadmAdmin = "/etc/kubernetes/admin.conf"
 )
 
+// RequireKubeadmEnv, when set, makes the kubeadm lab's test fail instead of
+// skip when its binaries and images are missing (hack/test.sh sets it).
+const RequireKubeadmEnv = "VIGIL_REQUIRE_KUBEADM_LAB"
+
 // Roles of a machine's processes, recorded in Node.PIDs.
 const (
 	roleContainerd = "containerd"
@@ -114,6 +118,7 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings) error {
 	if err := l.recordHostSysctls(); err != nil {
 		return err
 	}
+	began := time.Now()
 	for i := 1; i <= s.Nodes; i++ {
 		n := &Node{Name: "n" + itoa(i), Index: i, IP: nodeIP(i), PIDs: map[string]int{}}
 		if err := l.addMachine(ctx, n, in); err != nil {
@@ -131,30 +136,34 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings) error {
 	if err := l.save(); err != nil {
 		return err
 	}
+	l.progress("machines ready (containerd, images imported, kubelets waiting): %v", time.Since(began).Round(time.Second))
 	start := time.Now()
 	first := l.st.Nodes[0]
 	if err := l.kubeadmInit(ctx, first, in.version); err != nil {
 		return err
 	}
-	l.log.Info("kubeadm init done", "node", first.Name, "took", time.Since(start).Round(time.Second))
+	l.progress("kubeadm init on %s: %v", first.Name, time.Since(start).Round(time.Second))
 	for _, n := range l.st.Nodes[1:] {
 		t := time.Now()
 		if err := l.kubeadmJoin(ctx, n, true); err != nil {
 			return err
 		}
-		l.log.Info("kubeadm join --control-plane done", "node", n.Name, "took", time.Since(t).Round(time.Second))
+		l.progress("kubeadm join --control-plane on %s: %v", n.Name, time.Since(t).Round(time.Second))
 	}
 	for _, w := range l.st.Workers {
 		t := time.Now()
 		if err := l.kubeadmJoin(ctx, w, false); err != nil {
 			return err
 		}
-		l.log.Info("kubeadm join done", "node", w.Name, "took", time.Since(t).Round(time.Second))
+		l.progress("kubeadm join on worker %s: %v", w.Name, time.Since(t).Round(time.Second))
 	}
 	if err := l.waitNodesReady(ctx, 5*time.Minute); err != nil {
 		return err
 	}
-	l.log.Info("kubeadm lab up", "took", time.Since(start).Round(time.Second))
+	if _, err := l.waitStable(ctx, time.Minute); err != nil {
+		return err
+	}
+	l.progress("kubeadm lab up in %v (%v since the first machine): %d control-plane nodes, %d workers, all Nodes Ready, one VIP holder", time.Since(start).Round(time.Second), time.Since(began).Round(time.Second), len(l.st.Nodes), len(l.st.Workers))
 	return nil
 }
 
@@ -181,7 +190,12 @@ func (l *Lab) addMachine(ctx context.Context, n *Node, in kubeadmInputs) error {
 			return fmt.Errorf("lab: import %s: %w", filepath.Base(img), err)
 		}
 	}
-	return l.startMachine(n, roleKubelet, "sh", filepath.Join(l.machineDir(n), "kubelet.sh"))
+	if err := l.startMachine(n, roleKubelet, "sh", filepath.Join(l.machineDir(n), "kubelet.sh")); err != nil {
+		return err
+	}
+	// The lab's UDP responder, as on every lab node: the probes learn from
+	// it which node answers on the VIP.
+	return l.start(n, roleResponder, l.selfBin, "responder", "--name", n.Name, "--port", itoa(ResponderPort))
 }
 
 // writeMachineConfig writes containerd's configuration, the CNI network
@@ -257,8 +271,7 @@ done
 
 // startMachine runs argv inside machine n, as start does for a node.
 func (l *Lab) startMachine(n *Node, role string, argv ...string) error {
-	a := l.machineArgv(n, argv...)
-	return l.start(n, role, a[0], a[1:]...)
+	return l.startArgv(n, role, l.machineArgv(n, argv...))
 }
 
 // startContainerd starts n's containerd and waits until it answers.
@@ -377,14 +390,21 @@ failSwapOn: false
 // kubeadmJoin runs kubeadm join on n through the VIP, as a control-plane
 // node or a worker.
 func (l *Lab) kubeadmJoin(ctx context.Context, n *Node, controlPlane bool) error {
+	_, err := l.kubeadmJoinOutput(ctx, n, controlPlane)
+	return err
+}
+
+// kubeadmJoinOutput is kubeadmJoin, returning kubeadm's output (its last
+// 256 KiB).
+func (l *Lab) kubeadmJoinOutput(ctx context.Context, n *Node, controlPlane bool) (string, error) {
 	cp := ""
 	if controlPlane {
 		patches, err := l.writePatches(n)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if err := l.writeVigilManifest(ctx, n); err != nil {
-			return err
+			return "", err
 		}
 		cp = fmt.Sprintf("controlPlane:\n  certificateKey: %s\n  localAPIEndpoint:\n    advertiseAddress: %s\n    bindPort: %d\npatches:\n  directory: %s\n",
 			kubeadmCertKey, n.IP, APIServerPort, patches)
@@ -399,17 +419,23 @@ discovery:
 %s%s`, netip.AddrPortFrom(VIP.Addr(), APIServerPort), kubeadmToken, l.kubeadmNodeRegistration(n), cp)
 	p := filepath.Join(l.machineDir(n), "kubeadm-join.yaml")
 	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
-		return err
+		return "", err
 	}
-	return l.runKubeadm(ctx, n, "join", "--config", p)
+	return l.runKubeadmOutput(ctx, n, "join", "--config", p)
 }
 
 // runKubeadm runs kubeadm on n with its output appended to n's kubeadm.log.
 func (l *Lab) runKubeadm(ctx context.Context, n *Node, args ...string) error {
+	_, err := l.runKubeadmOutput(ctx, n, args...)
+	return err
+}
+
+// runKubeadmOutput is runKubeadm, returning the output's last 256 KiB.
+func (l *Lab) runKubeadmOutput(ctx context.Context, n *Node, args ...string) (string, error) {
 	logPath := filepath.Join(l.nodeDir(n), "kubeadm.log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer f.Close()
 	fmt.Fprintf(f, "--- %s kubeadm %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
@@ -419,12 +445,12 @@ func (l *Lab) runKubeadm(ctx context.Context, n *Node, args ...string) error {
 	cmd.Stdout, cmd.Stderr = &tail, &tail
 	tail.w = f
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("lab: kubeadm %s on %s: %w (log: %s)\n%s", args[0], n.Name, err, logPath, lastLines(tail.String(), 20))
+		return tail.String(), fmt.Errorf("lab: kubeadm %s on %s: %w (log: %s)\n%s", args[0], n.Name, err, logPath, lastLines(tail.String(), 20))
 	}
-	return nil
+	return tail.String(), nil
 }
 
-// tailBuffer copies to w and keeps the last 64 KiB for error messages.
+// tailBuffer copies to w and keeps the last 256 KiB.
 type tailBuffer struct {
 	w   *os.File
 	buf []byte
@@ -432,8 +458,8 @@ type tailBuffer struct {
 
 func (t *tailBuffer) Write(p []byte) (int, error) {
 	t.buf = append(t.buf, p...)
-	if len(t.buf) > 64<<10 {
-		t.buf = t.buf[len(t.buf)-64<<10:]
+	if len(t.buf) > 256<<10 {
+		t.buf = t.buf[len(t.buf)-256<<10:]
 	}
 	return t.w.Write(p)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -173,6 +174,9 @@ type Config struct {
 	Dir      string // DefaultDir when empty
 	VigilBin string // the vigil binary run on each node
 	SelfBin  string // the vigil-lab binary, re-run as etcd and responder
+	// Progress, when set, receives one line per step of long operations
+	// (the kubeadm lab's up).
+	Progress io.Writer
 }
 
 // Lab is a handle on the lab; it is not safe for concurrent use.
@@ -182,6 +186,14 @@ type Lab struct {
 	selfBin  string
 	st       state
 	log      *slog.Logger
+	out      io.Writer
+}
+
+// progress reports a step of a long operation.
+func (l *Lab) progress(format string, args ...any) {
+	if l.out != nil {
+		fmt.Fprintf(l.out, format+"\n", args...)
+	}
 }
 
 // New returns a handle; it touches nothing.
@@ -195,7 +207,7 @@ func New(cfg Config, log *slog.Logger) (*Lab, error) {
 	if cfg.Dir == "" {
 		cfg.Dir = DefaultDir
 	}
-	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, selfBin: cfg.SelfBin, log: log}, nil
+	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, selfBin: cfg.SelfBin, log: log, out: cfg.Progress}, nil
 }
 
 // Open loads the state of a lab that is up.

@@ -64,6 +64,9 @@ func TestDrills(t *testing.T) {
 		t.Fatal("a second up succeeded while the lab was up")
 	}
 	for _, kind := range Drills {
+		if slices.Contains(KubeadmDrills, kind) {
+			continue // TestKubeadmLab
+		}
 		t.Run(kind, func(t *testing.T) {
 			r := l.Drill(ctx, kind, 1)
 			t.Log(r)
@@ -127,18 +130,113 @@ func TestDrills(t *testing.T) {
 	}
 }
 
+// TestKubeadmLab builds the kubeadm lab (real containerd, kubelets and
+// kubeadm; etcd, the control plane and vigil as static pods from local
+// images), runs its drills, and checks that down leaves nothing behind.
+func TestKubeadmLab(t *testing.T) {
+	nstest.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("builds a kubeadm cluster; skipped with -short")
+	}
+	ctx := context.Background()
+	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
+		t.Skipf("a lab is already up (%v); not touching it", nss)
+	}
+	self := nstest.Binary(t, "vigil-lab")
+	l, err := New(Config{Dir: t.TempDir() + "/lab", VigilBin: nstest.Binary(t, "vigil"), SelfBin: self}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.kubeadmInputs(); err != nil {
+		if os.Getenv(RequireKubeadmEnv) != "" {
+			t.Fatal(err)
+		}
+		t.Skipf("%v (hack/test.sh builds them and sets %s)", err, RequireKubeadmEnv)
+	}
+	before := map[string]string{}
+	for _, k := range hostSysctls {
+		b, _ := os.ReadFile(filepath.Join("/proc/sys", k))
+		before[k] = string(b)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("down: %v", err)
+		}
+		if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
+			t.Errorf("namespaces left after down: %v", nss)
+		}
+		if left, _ := filepath.Glob(filepath.Join(cgroupFS, "*", machineCgroupRoot+"*")); len(left) > 0 {
+			t.Errorf("cgroups left after down: %v", left)
+		}
+		if left, _ := mountsUnder(l.dir); len(left) > 0 {
+			t.Errorf("mounts left after down: %v", left)
+		}
+		for _, k := range hostSysctls {
+			if b, _ := os.ReadFile(filepath.Join("/proc/sys", k)); string(b) != before[k] {
+				t.Errorf("host sysctl %s is %q after down, was %q", k, b, before[k])
+			}
+		}
+	})
+	s := Settings{Nodes: 3, Workers: 1, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Kubeadm: true, PruneAfter: 15 * time.Second}
+	start := time.Now()
+	if err := l.Up(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kubeadm lab up in %v", time.Since(start).Round(time.Second))
+	if got := DrillsFor(s); !slices.Equal(got, KubeadmDrills) {
+		t.Fatalf("drills for the kubeadm lab: %v", got)
+	}
+	if r := l.Drill(ctx, DrillKillLeader, 1); r.Error == "" {
+		t.Fatalf("%s ran in the kubeadm lab, which has no lab-run vigil to kill", DrillKillLeader)
+	}
+	for _, kind := range KubeadmDrills {
+		t.Run(kind, func(t *testing.T) {
+			r := l.Drill(ctx, kind, 1)
+			t.Log(r)
+			if !r.OK() || r.Kubeadm == nil {
+				t.Fatalf("drill failed: %s", r)
+			}
+			k := r.Kubeadm
+			switch kind {
+			case DrillKubeadmVigilKilled:
+				// The guard acts on the closed connection, at once; the
+				// kernel's VIP lifetime alone would take over a second.
+				if k.VIPGoneMs <= 0 || k.VIPGoneMs > 500 {
+					t.Fatalf("the VIP left the killed vigil's node after %.0fms", k.VIPGoneMs)
+				}
+			case DrillKubeadmReplace:
+				if k.JoinFailed || k.DeadMemberLeft || k.EtcdUnhealthyAtJoin || k.MembersAfterJoin != 3 {
+					t.Fatalf("replacement with pruning: %+v", k)
+				}
+			}
+			if r.After == r.Target || r.OutageMillis > 5000 {
+				t.Fatalf("VIP %s -> %s, outage %.0fms", r.Before, r.After, r.OutageMillis)
+			}
+		})
+	}
+}
+
 func TestSettingsValidate(t *testing.T) {
 	for _, s := range []Settings{{Nodes: 0, Impl: ImplVigil}, {Nodes: 10, Impl: ImplVigil}, {Nodes: 3, Impl: "haproxy"},
 		{Nodes: 3, Impl: ImplKeepalived, Workers: 2}, {Nodes: 3, Impl: ImplVigil, Workers: 10},
 		{Nodes: 3, Impl: ImplVigil, APIServer: "k3s"}, {Nodes: 3, Impl: ImplKeepalived, APIServer: APIServerKube},
 		{Nodes: 3, Impl: ImplVigil, Election: ElectionKubernetes}, {Nodes: 3, Impl: ImplVigil, Election: "raft"},
-		{Nodes: 3, Impl: ImplVigil, EtcdLogLevel: "verbose"}} {
+		{Nodes: 3, Impl: ImplVigil, EtcdLogLevel: "verbose"},
+		// The kubeadm lab runs vigil from its manifest, behind kubeadm's
+		// own API servers, with the etcd election.
+		{Nodes: 3, Impl: ImplKeepalived, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, APIServer: APIServerKube},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LeaseDuration: time.Second},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: 7443, BackendPort: APIServerPort},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, VIPLink: true}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v accepted", s)
 		}
 	}
-	if err := (Settings{Nodes: 3, Impl: ImplKeepalived}).Validate(); err != nil {
-		t.Error(err)
+	for _, s := range []Settings{{Nodes: 3, Impl: ImplKeepalived}, {Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, Workers: 1, PruneAfter: 30 * time.Second}} {
+		if err := s.Validate(); err != nil {
+			t.Error(err)
+		}
 	}
 }
 

@@ -74,14 +74,20 @@ func waitNSEmpty(ctx context.Context, ns string) {
 // session so that it outlives this command, with output appended to
 // dir/<node>/<role>.log. It records the pid in the node.
 func (l *Lab) start(n *Node, role, bin string, args ...string) error {
+	return l.startArgv(n, role, append([]string{"ip", "netns", "exec", nodeNS(n.Name), bin}, args...))
+}
+
+// startArgv is start with the whole command line given: argv must itself
+// enter the node's namespaces.
+func (l *Lab) startArgv(n *Node, role string, argv []string) error {
 	logPath := filepath.Join(l.nodeDir(n), role+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", logPath, err)
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "--- %s start %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
-	cmd := exec.Command("ip", append([]string{"netns", "exec", nodeNS(n.Name), bin}, args...)...)
+	fmt.Fprintf(f, "--- %s start %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The kubeadm lab, recorded (docs/kubeadm.md, "A real kubeadm cluster in the
+# lab"): how long `vigil-lab up --kubeadm` takes (3 control-plane nodes and 1
+# worker, from binaries and images already built), COUNT runs of
+# kubeadm-vigil-killed (SIGKILL vigil's container process on the holder),
+# then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
+# pruning (--prune-after PRUNE_AFTER), each on a fresh lab. Every run is kept
+# in results/<timestamp>/ as JSON and as the text the drill printed.
+# Usage, as root: bash bench/kubeadm/run.sh   (COUNT=3 by default)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source hack/deps.sh ip jq containerd runc conntrack cni
+hack/build.sh
+hack/build-kube-images.sh
+COUNT=${COUNT:-3}
+PRUNE_AFTER=${PRUNE_AFTER:-30s}
+out=bench/kubeadm/results/$(date -u +%Y%m%d-%H%M%S)
+mkdir -p "$out"
+lab=bin/vigil-lab
+trap '$lab down >/dev/null 2>&1 || true' EXIT
+status=0
+drill() { # name, then vigil-lab drill arguments
+  local name=$1
+  shift
+  $lab drill "$@" --json > "$out/$name.json" || status=1
+  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after kill \(.vipGoneMillis // 0 | round)ms, join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
+}
+up() { # extra vigil-lab up arguments
+  $lab down >/dev/null 2>&1 || true
+  local start=$SECONDS
+  $lab up --kubeadm --nodes 3 --workers 1 "$@" 2>&1 | tee -a "$out/up.txt"
+  echo "up $* took $((SECONDS - start)) s" | tee -a "$out/up.txt"
+}
+up
+drill vigil-killed kubeadm-vigil-killed --count "$COUNT"
+drill replace-without-pruning kubeadm-replace --count "$COUNT"
+up --prune-after "$PRUNE_AFTER"
+drill replace-with-pruning kubeadm-replace --count "$COUNT"
+$lab down
+echo "COUNT=$COUNT PRUNE_AFTER=$PRUNE_AFTER bash bench/kubeadm/run.sh" > "$out/command"
+{ uname -r; nproc; git rev-parse --short HEAD; } > "$out/machine"
+exit $status

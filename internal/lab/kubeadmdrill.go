@@ -1,0 +1,570 @@
+package lab
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/vigil-ha/vigil/internal/netns"
+)
+
+// Drills of the kubeadm lab.
+const (
+	// DrillKubeadmReplace is the seed's story: a control-plane node (the
+	// VIP holder) is powered off for good and a new node runs kubeadm join
+	// --control-plane in its place. With vigil pruning (vigil-lab up
+	// --kubeadm --prune-after D) the join must pass; without, it must fail
+	// on the dead etcd member, as the seed describes, and pass once the
+	// member is removed by hand.
+	DrillKubeadmReplace = "kubeadm-replace"
+	// DrillKubeadmVigilKilled SIGKILLs vigil's container process on the
+	// holder: the guard, a container of its own, must remove the VIP at
+	// once, kubelet restarts vigil, and there are never two holders.
+	DrillKubeadmVigilKilled = "kubeadm-vigil-killed"
+)
+
+// KubeadmDrills are the drills of a kubeadm lab.
+var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmReplace}
+
+// KubeadmResult adds what the kubeadm drills measure to Result.
+type KubeadmResult struct {
+	Pruning bool   `json:"pruning"`
+	Victim  string `json:"victim"`
+	NewNode string `json:"newNode,omitempty"`
+	// JoinFailed and JoinError: the replacement's kubeadm join.
+	JoinFailed bool   `json:"joinFailed"`
+	JoinError  string `json:"joinError,omitempty"`
+	// EtcdUnhealthyAtJoin: kubeadm's check-etcd found a member it could
+	// not reach (it then retries for its etcd API timeout, 2 minutes by
+	// default, and since kubeadm 1.3x goes on when a quorum answers).
+	EtcdUnhealthyAtJoin bool `json:"etcdUnhealthyAtJoin"`
+	// DeadMemberLeft: after the join, etcd still lists the dead member, so
+	// the cluster has 4 voters of which 3 live, and tolerates no further
+	// failure.
+	DeadMemberLeft   bool `json:"deadMemberLeft"`
+	MembersAfterJoin int  `json:"membersAfterJoin,omitempty"`
+	// Requests through the VIP during the drill (GET /version, a new
+	// connection each), and those that failed outside the failover window
+	// (from the fault until the VIP answered again, plus a second).
+	Requests      int     `json:"requests"`
+	Failed        int     `json:"failed"`
+	FailedOutside int     `json:"failedOutside"`
+	FailoverMs    float64 `json:"failoverMillis"`
+	// VIPGoneMs is, for kubeadm-vigil-killed, how long after the kill the
+	// VIP left the node.
+	VIPGoneMs   float64  `json:"vipGoneMillis,omitempty"`
+	FirstErrors []string `json:"firstErrors,omitempty"`
+}
+
+func (k *KubeadmResult) String() string {
+	s := fmt.Sprintf("victim %s", k.Victim)
+	if k.VIPGoneMs > 0 {
+		s += fmt.Sprintf(", VIP left it %.0fms after the kill", k.VIPGoneMs)
+	}
+	if k.NewNode != "" {
+		s += fmt.Sprintf(", replacement %s (pruning %s): kubeadm join %s", k.NewNode, onOff(k.Pruning), map[bool]string{true: "FAILED", false: "passed"}[k.JoinFailed])
+		if k.JoinError != "" {
+			s += fmt.Sprintf(" [%s]", k.JoinError)
+		}
+		if !k.JoinFailed {
+			s += fmt.Sprintf("; check-etcd found a dead member: %s; dead member left in etcd: %s (%d members)", yesNo(k.EtcdUnhealthyAtJoin), yesNo(k.DeadMemberLeft), k.MembersAfterJoin)
+		}
+	}
+	s += fmt.Sprintf("; requests through the VIP %d, failed %d (%d outside the %.0fms failover window)", k.Requests, k.Failed, k.FailedOutside, k.FailoverMs)
+	return s
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// kubeadmDrill runs one of KubeadmDrills.
+func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
+	if !l.st.Settings.Kubeadm {
+		return fmt.Errorf("drill %s needs the kubeadm lab (vigil-lab up --kubeadm)", kind)
+	}
+	if len(l.st.Nodes) < 3 {
+		return fmt.Errorf("drill %s needs 3 control-plane nodes, the lab has %d", kind, len(l.st.Nodes))
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	victim, err := l.node(holder)
+	if err != nil {
+		return err
+	}
+	r.Target = victim.Name
+	k := &KubeadmResult{Victim: victim.Name, Pruning: l.st.Settings.PruneAfter > 0}
+	r.Kubeadm = k
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	d := &drillRun{l: l, dead: map[string]bool{}, w: w, target: victim}
+	pr, err := l.startHTTPSProber(APIServerPort)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	udp, err := startProber(probeInterval)
+	if err != nil {
+		return err
+	}
+	defer udp.close()
+	// The monitor samples the nodes there were at the start; a replacement
+	// is checked once it is up, below.
+	watched := slices.Clone(l.st.Nodes)
+	live := func() []*Node {
+		return slices.DeleteFunc(slices.Clone(watched), func(n *Node) bool { return !slices.Contains(d.live(), n) })
+	}
+	mon := startMonitor(w, live, probeInterval)
+	defer mon.close()
+	if !sleepCtx(ctx, time.Second) { // a baseline of good requests
+		return ctx.Err()
+	}
+	phase := r.phaser(time.Now())
+	fault := time.Now()
+	switch kind {
+	case DrillKubeadmVigilKilled:
+		err = l.killVigilContainer(ctx, victim, w, k, phase)
+	case DrillKubeadmReplace:
+		d.setDead(victim.Name, true)
+		err = l.replaceMachine(ctx, victim, w, k, phase)
+	}
+	replies := udp.close()
+	r.Before = lastBefore(replies, fault)
+	if rec, werr := waitAnsweringIn(replies, victim.Name, fault); werr == nil {
+		r.After = nodeAt(replies, rec)
+		r.OutageMillis = millis(longestGap(replies, fault, rec))
+	}
+	// The failover window ends when the VIP answers again.
+	recovered := fault
+	reqs := pr.close()
+	for _, q := range reqs {
+		k.Requests++
+		if q.err == "" {
+			if recovered == fault && q.start.After(fault) {
+				recovered = q.end
+			}
+			continue
+		}
+		k.Failed++
+		if len(k.FirstErrors) < 3 {
+			k.FirstErrors = append(k.FirstErrors, q.start.Format("15:04:05.000")+" "+q.err)
+		}
+	}
+	k.FailoverMs = millis(recovered.Sub(fault))
+	for _, q := range reqs {
+		if q.err != "" && (q.end.Before(fault) || q.start.After(recovered.Add(time.Second))) {
+			k.FailedOutside++
+		}
+	}
+	doubles := mon.close()
+	if err != nil {
+		return err
+	}
+	// Every node now, the replacement included.
+	wNow, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer wNow.close()
+	final, err := r.judgeHolders(doubles, wNow, l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	if len(final) != 1 {
+		return fmt.Errorf("after the drill the VIP is on %v", final)
+	}
+	if k.FailedOutside > 0 {
+		return fmt.Errorf("%d requests through the VIP failed outside the failover window", k.FailedOutside)
+	}
+	return nil
+}
+
+// waitAnsweringIn is the time of the first answer after since from a node
+// other than avoid, among replies already collected.
+func waitAnsweringIn(replies []reply, avoid string, since time.Time) (time.Time, error) {
+	for _, q := range replies {
+		if q.at.After(since) && q.node != avoid && q.node != "" {
+			return q.at, nil
+		}
+	}
+	return time.Time{}, errors.New("no other node answered")
+}
+
+// vigilProcess finds the process of a container of vigil's static pod on
+// n: "vigil run" (role "run") or "vigil guard" (role "guard").
+func vigilProcess(ctx context.Context, n *Node, role string) (int, error) {
+	pids, err := nsPIDs(ctx, nodeNS(n.Name))
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(argv) > 1 && argv[0] == "/usr/local/bin/vigil" && argv[1] == role {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no vigil %s container process on %s", role, n.Name)
+}
+
+// killVigilContainer SIGKILLs the holder's vigil container process (PID 1
+// of its container) and checks that its guard, a container of its own,
+// survives and removes the VIP at once, and that kubelet restarts vigil.
+func (l *Lab) killVigilContainer(ctx context.Context, n *Node, w *vipWatch, k *KubeadmResult, phase func(string, string)) error {
+	pid, err := vigilProcess(ctx, n, "run")
+	if err != nil {
+		return err
+	}
+	guard, err := vigilProcess(ctx, n, "guard")
+	if err != nil {
+		return err
+	}
+	killed := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill vigil (pid %d): %w", pid, err)
+	}
+	gone, err := waitVIPGone(ctx, w, n.Name, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	k.VIPGoneMs = millis(gone.Sub(killed))
+	phase("VIP gone from "+n.Name, fmt.Sprintf("vigil pid %d killed", pid))
+	if !alive(guard) {
+		return fmt.Errorf("the guard (pid %d) died with vigil", guard)
+	}
+	if _, err := l.waitHolderOther(ctx, w, n.Name, 30*time.Second); err != nil {
+		return err
+	}
+	phase("new holder", "")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if p, err := vigilProcess(ctx, n, "run"); err == nil && p != pid {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kubelet did not restart vigil on %s within 60s", n.Name)
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	phase("kubelet restarted vigil", "")
+	_, err = l.waitStable(ctx, recoverTimeout)
+	return err
+}
+
+// waitHolderOther waits until a node other than not holds the VIP.
+func (l *Lab) waitHolderOther(ctx context.Context, w *vipWatch, not string, d time.Duration) (string, error) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		others := slices.DeleteFunc(slices.Clone(l.st.Nodes), func(m *Node) bool { return m.Name == not })
+		if h, err := w.holders(others); err == nil && len(h) == 1 {
+			return h[0], nil
+		}
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			return "", ctx.Err()
+		}
+	}
+	return "", fmt.Errorf("no other node took the VIP within %v", d)
+}
+
+// replaceMachine powers victim off for good and joins a new control-plane
+// node in its place with kubeadm join, through the VIP.
+func (l *Lab) replaceMachine(ctx context.Context, victim *Node, w *vipWatch, k *KubeadmResult, phase func(string, string)) error {
+	if err := l.powerOff(ctx, victim); err != nil {
+		return err
+	}
+	phase("power off", victim.Name)
+	holder, err := l.waitHolderOther(ctx, w, victim.Name, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	phase("failover", "VIP on "+holder)
+	if k.Pruning {
+		bound := l.st.Settings.PruneAfter + 90*time.Second
+		if err := l.waitMemberGone(ctx, victim.Name, bound); err != nil {
+			return err
+		}
+		phase("vigil pruned "+victim.Name, "")
+	}
+	n, err := l.newMachineNode(ctx)
+	if err != nil {
+		return err
+	}
+	k.NewNode = n.Name
+	phase("new machine "+n.Name, "containerd, images, kubelet")
+	out, err := l.kubeadmJoinOutput(ctx, n, true)
+	if err != nil {
+		k.JoinFailed = true
+		k.JoinError = joinFailure(err)
+		phase("kubeadm join (failed)", k.JoinError)
+		return fmt.Errorf("kubeadm join --control-plane failed: %w", err)
+	}
+	k.EtcdUnhealthyAtJoin = strings.Contains(out, "some members are not healthy")
+	ms, err := l.kubeadmMembers(ctx)
+	if err != nil {
+		return err
+	}
+	_, k.DeadMemberLeft = ms[victim.Name]
+	k.MembersAfterJoin = len(ms)
+	phase("kubeadm join", fmt.Sprintf("passed; etcd has %d members", len(ms)))
+	switch {
+	case k.Pruning && (k.DeadMemberLeft || k.EtcdUnhealthyAtJoin):
+		return fmt.Errorf("with pruning on, the join still met the dead member (unhealthy at join: %v, left in etcd: %v)", k.EtcdUnhealthyAtJoin, k.DeadMemberLeft)
+	case !k.Pruning && !(k.DeadMemberLeft && k.EtcdUnhealthyAtJoin):
+		return fmt.Errorf("without pruning the lab did not reproduce the dead member problem (unhealthy at join: %v, left in etcd: %v)", k.EtcdUnhealthyAtJoin, k.DeadMemberLeft)
+	}
+	if k.DeadMemberLeft {
+		// What the seed's user did by hand, so that the lab is whole
+		// again for the next run.
+		if err := l.removeMemberByHand(ctx, victim.Name); err != nil {
+			return err
+		}
+		phase("dead member removed by hand", "")
+	}
+	if err := l.waitBackendUp(ctx, n, 2*time.Minute); err != nil {
+		return err
+	}
+	phase("new API server is a VIP backend", "")
+	if err := l.waitNodesReady(ctx, 3*time.Minute); err != nil {
+		return err
+	}
+	phase("Node Ready", n.Name)
+	return nil
+}
+
+// joinFailure is the line of kubeadm's output that says why a join failed.
+func joinFailure(err error) string {
+	lines := strings.Split(err.Error(), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], "error") || strings.Contains(lines[i], "etcd") {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return strings.TrimSpace(lines[0])
+}
+
+// powerOff cuts n's link and kills every process of the machine, as a
+// power loss would, and forgets the node: its index is not reused.
+func (l *Lab) powerOff(ctx context.Context, n *Node) error {
+	if err := l.setNodePorts(ctx, n, false); err != nil {
+		return err
+	}
+	if err := l.killNode(ctx, n); err != nil {
+		return err
+	}
+	if err := l.destroyMachine(n); err != nil {
+		return err
+	}
+	return l.retireNode(ctx, n)
+}
+
+// destroyMachine releases the mount and UTS namespaces and the cgroup root
+// of a node whose processes are gone.
+func (l *Lab) destroyMachine(n *Node) error {
+	mounts, err := mountsUnder(l.nsDir(n))
+	var errs []error
+	errs = append(errs, err)
+	for _, m := range mounts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	if hs, err := os.ReadDir(cgroupFS); err == nil {
+		for _, h := range hs {
+			if err := removeCgroupTree(filepath.Join(cgroupFS, h.Name(), cgroupRoot(n))); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newMachineNode adds a control-plane machine with the next free index.
+func (l *Lab) newMachineNode(ctx context.Context) (*Node, error) {
+	in, err := l.kubeadmInputs()
+	if err != nil {
+		return nil, err
+	}
+	idx := 0
+	for _, n := range l.st.Nodes {
+		idx = max(idx, n.Index)
+	}
+	for _, i := range l.st.Retired {
+		idx = max(idx, i)
+	}
+	idx++
+	if idx > maxNodeIndex {
+		return nil, errors.New("lab: no free node index; run vigil-lab down and up again")
+	}
+	n := &Node{Name: "n" + itoa(idx), Index: idx, IP: nodeIP(idx), PIDs: map[string]int{}}
+	l.st.Nodes = append(l.st.Nodes, n)
+	if err := l.save(); err != nil {
+		return nil, err
+	}
+	return n, l.addMachine(ctx, n, in)
+}
+
+// waitBackendUp waits until the VIP holder's load balancer has n's API
+// server up.
+func (l *Lab) waitBackendUp(ctx context.Context, n *Node, d time.Duration) error {
+	want := fmt.Sprintf("%s:%d", n.IP, APIServerPort)
+	deadline := time.Now().Add(d)
+	var last string
+	for time.Now().Before(deadline) {
+		holders, err := l.vipHolders()
+		if err == nil && len(holders) == 1 {
+			rep, err := l.vigilStatus(ctx, holders[0])
+			if err == nil {
+				for _, b := range rep.Backends {
+					if b.Address == want && b.State == "up" {
+						return nil
+					}
+				}
+				last = fmt.Sprintf("%s is not up on %s's load balancer", want, holders[0])
+			} else {
+				last = err.Error()
+			}
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: %s after %v", last, d)
+}
+
+// kubeadmEtcdClient is a client of the kubeadm cluster's etcd with
+// kubeadm's apiserver-etcd-client certificate, from the client namespace.
+func (l *Lab) kubeadmEtcdClient() (*clientv3.Client, error) {
+	var pki string
+	var eps []string
+	for _, n := range l.st.Nodes {
+		p := filepath.Join(l.machineDir(n), "etc-kubernetes", "pki")
+		if _, err := os.Stat(filepath.Join(p, "apiserver-etcd-client.crt")); err != nil {
+			continue
+		}
+		if pki == "" {
+			pki = p
+		}
+		eps = append(eps, fmt.Sprintf("https://%s:2379", n.IP))
+	}
+	if pki == "" {
+		return nil, errors.New("lab: no control-plane node has kubeadm's etcd client certificate")
+	}
+	tlsInfo := transport.TLSInfo{
+		CertFile:      filepath.Join(pki, "apiserver-etcd-client.crt"),
+		KeyFile:       filepath.Join(pki, "apiserver-etcd-client.key"),
+		TrustedCAFile: filepath.Join(pki, "etcd", "ca.crt"),
+	}
+	tc, err := tlsInfo.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("lab: etcd TLS: %w", err)
+	}
+	return clientv3.New(clientv3.Config{
+		Endpoints:   eps,
+		DialTimeout: 2 * time.Second,
+		TLS:         tc,
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(clientNS))},
+		Logger:      zap.NewNop(),
+	})
+}
+
+// kubeadmMembers lists the etcd member names.
+func (l *Lab) kubeadmMembers(ctx context.Context) (map[string]uint64, error) {
+	cli, err := l.kubeadmEtcdClient()
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, m := range resp.Members {
+		out[m.Name] = m.ID
+	}
+	return out, nil
+}
+
+// waitMemberGone waits until etcd no longer lists member name.
+func (l *Lab) waitMemberGone(ctx context.Context, name string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		ms, err := l.kubeadmMembers(ctx)
+		if err == nil {
+			if _, ok := ms[name]; !ok {
+				return nil
+			}
+			err = fmt.Errorf("member %s still listed", name)
+		}
+		last = err
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: vigil did not prune %s within %v: %w", name, d, last)
+}
+
+// removeMemberByHand removes member name from etcd, as the seed's user had
+// to.
+func (l *Lab) removeMemberByHand(ctx context.Context, name string) error {
+	ms, err := l.kubeadmMembers(ctx)
+	if err != nil {
+		return err
+	}
+	id, ok := ms[name]
+	if !ok {
+		return nil
+	}
+	cli, err := l.kubeadmEtcdClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := cli.MemberRemove(ctx, id); err != nil {
+		return fmt.Errorf("lab: remove member %s by hand: %w", name, err)
+	}
+	return nil
+}
+
+// kubeadmCA is the cluster CA's certificate pool, for HTTPS to the VIP.
+func (l *Lab) kubeadmCA() (*x509.CertPool, error) {
+	for _, n := range l.st.Nodes {
+		pem, err := os.ReadFile(filepath.Join(l.machineDir(n), "etc-kubernetes", "pki", "ca.crt"))
+		if err == nil {
+			pool := x509.NewCertPool()
+			pool.AppendCertsFromPEM(pem)
+			return pool, nil
+		}
+	}
+	return nil, errors.New("lab: no control-plane node has the cluster CA")
+}
