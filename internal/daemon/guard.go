@@ -117,8 +117,10 @@ func guardStream(m *vip.Manager, r io.Reader, slack time.Duration, log *slog.Log
 // socket, one connection per `vigil run`, except that the first word of a
 // connection is the slack (vigil run knows its own timings). A connection
 // that ends, because vigil run exited or its container was killed, removes
-// the VIP at once; the guard keeps serving the next vigil run. It returns
-// when ctx ends, leaving the VIP to vigil run's own release.
+// the VIP at once; the guard keeps serving the next vigil run. When ctx ends
+// (the pod is stopping) it accepts no more connections but returns only
+// once the vigil runs connected to it are gone: a vigil that hangs in its
+// own shutdown is still fenced.
 func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog.Logger) error {
 	m, err := guardVIP(cfg, log)
 	if err != nil {
@@ -128,6 +130,8 @@ func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog
 		<-ctx.Done()
 		ln.Close()
 	}()
+	var conns sync.WaitGroup
+	defer conns.Wait()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -136,7 +140,9 @@ func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog
 			}
 			return fmt.Errorf("guard: accept: %w", err)
 		}
+		conns.Add(1)
 		go func() {
+			defer conns.Done()
 			defer c.Close()
 			var b [8]byte
 			if _, err := io.ReadFull(c, b[:]); err != nil {

@@ -2,9 +2,11 @@ package lab
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,9 +15,13 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vigil-ha/vigil/internal/netns"
@@ -159,6 +165,13 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings) error {
 	}
 	if err := l.waitNodesReady(ctx, 5*time.Minute); err != nil {
 		return err
+	}
+	if len(l.st.Workers) > 0 {
+		t := time.Now()
+		if err := l.installAgent(ctx); err != nil {
+			return err
+		}
+		l.progress("vigil agent DaemonSet serving on every worker: %v", time.Since(t).Round(time.Second))
 	}
 	if _, err := l.waitStable(ctx, time.Minute); err != nil {
 		return err
@@ -466,16 +479,12 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 
 func (t *tailBuffer) String() string { return string(t.buf) }
 
-// kubeadmComponentArgs gives the control plane generous timeouts: two cores
-// run three etcds, three API servers and everything else.
-const kubeadmComponentArgs = `etcd:
-  local:
-    extraArgs:
-    - name: heartbeat-interval
-      value: "250"
-    - name: election-timeout
-      value: "2500"
-controllerManager:
+// kubeadmComponentArgs gives the controller manager and the scheduler
+// generous leader election timeouts: two cores run three of each beside
+// three etcds and three API servers. etcd keeps kubeadm's defaults, which
+// bound how long a VIP holder that was also the raft leader takes to be
+// replaced.
+const kubeadmComponentArgs = `controllerManager:
   extraArgs:
   - name: leader-elect-lease-duration
     value: 30s
@@ -584,4 +593,102 @@ func (l *Lab) kubeadmVersion(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("lab: kubeadm version: %w", err)
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// installAgent applies `vigil manifest rbac` and `vigil manifest daemonset`
+// to the cluster, as a user would with kubectl apply, and waits until the
+// agent on every worker serves the API through its local endpoint.
+func (l *Lab) installAgent(ctx context.Context) error {
+	c, err := l.kubeClient()
+	if err != nil {
+		return err
+	}
+	for _, args := range [][]string{
+		{"manifest", "rbac"},
+		{"manifest", "daemonset", "--server", "https://" + netip.AddrPortFrom(VIP.Addr(), APIServerPort).String()},
+	} {
+		out, err := exec.CommandContext(ctx, l.vigilBin, args...).Output()
+		if err != nil {
+			return fmt.Errorf("lab: vigil %s: %w", strings.Join(args, " "), err)
+		}
+		if err := applyYAML(ctx, c, out); err != nil {
+			return fmt.Errorf("lab: apply vigil %s: %w", strings.Join(args, " "), err)
+		}
+	}
+	for _, w := range l.st.Workers {
+		if err := l.waitAgentServes(ctx, w, 3*time.Minute); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// applyYAML creates the objects of a multi-document YAML stream, the kinds
+// vigil's manifests hold; objects that exist are left as they are.
+func applyYAML(ctx context.Context, c *kubernetes.Clientset, y []byte) error {
+	dec := scheme.Codecs.UniversalDeserializer()
+	for _, doc := range strings.Split(string(y), "\n---\n") {
+		if strings.TrimSpace(doc) == "" || strings.TrimSpace(strings.TrimPrefix(doc, "---")) == "" {
+			continue
+		}
+		obj, _, err := dec.Decode([]byte(doc), nil, nil)
+		if err != nil {
+			return err
+		}
+		opts := metav1.CreateOptions{FieldManager: "vigil-lab"}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = c.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, opts)
+		case *rbacv1.Role:
+			_, err = c.RbacV1().Roles(o.Namespace).Create(ctx, o, opts)
+		case *rbacv1.RoleBinding:
+			_, err = c.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, opts)
+		case *rbacv1.ClusterRole:
+			_, err = c.RbacV1().ClusterRoles().Create(ctx, o, opts)
+		case *rbacv1.ClusterRoleBinding:
+			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
+		case *appsv1.DaemonSet:
+			_, err = c.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+		default:
+			return fmt.Errorf("unexpected %T in vigil's manifests", obj)
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitAgentServes waits until GET /version through the agent's local
+// endpoint on worker w (127.0.0.1:6443 in its namespace) answers, verified
+// against the cluster CA.
+func (l *Lab) waitAgentServes(ctx context.Context, w *Node, d time.Duration) error {
+	pool, err := l.kubeadmCA()
+	if err != nil {
+		return err
+	}
+	dial := netns.Dialer(nodeNS(w.Name))
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		// The API servers' certificates name "kubernetes", not 127.0.0.1.
+		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "kubernetes", MinVersion: tls.VersionTLS12},
+		DialContext:     func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+	}}
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		resp, err := client.Get("https://127.0.0.1:6443/version")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		last = err
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: vigil agent on %s does not serve the API after %v: %w", w.Name, d, last)
 }

@@ -66,6 +66,8 @@ type KubeadmResult struct {
 	// VIP left the node.
 	VIPGoneMs   float64  `json:"vipGoneMillis,omitempty"`
 	FirstErrors []string `json:"firstErrors,omitempty"`
+
+	movedAt time.Time // when another node was seen holding the VIP
 }
 
 func (k *KubeadmResult) String() string {
@@ -154,13 +156,18 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 		r.After = nodeAt(replies, rec)
 		r.OutageMillis = millis(longestGap(replies, fault, rec))
 	}
-	// The failover window ends when the VIP answers again.
-	recovered := fault
+	// The failover window ends with the first request that succeeded
+	// after another node took the VIP.
+	moved := k.movedAt
+	if moved.IsZero() {
+		moved = fault
+	}
+	recovered := moved
 	reqs := pr.close()
 	for _, q := range reqs {
 		k.Requests++
 		if q.err == "" {
-			if recovered == fault && q.start.After(fault) {
+			if recovered == moved && q.start.After(moved) {
 				recovered = q.end
 			}
 			continue
@@ -258,6 +265,7 @@ func (l *Lab) killVigilContainer(ctx context.Context, n *Node, w *vipWatch, k *K
 	if _, err := l.waitHolderOther(ctx, w, n.Name, 30*time.Second); err != nil {
 		return err
 	}
+	k.movedAt = time.Now()
 	phase("new holder", "")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -302,6 +310,7 @@ func (l *Lab) replaceMachine(ctx context.Context, victim *Node, w *vipWatch, k *
 	if err != nil {
 		return err
 	}
+	k.movedAt = time.Now()
 	phase("failover", "VIP on "+holder)
 	if k.Pruning {
 		bound := l.st.Settings.PruneAfter + 90*time.Second
