@@ -2,8 +2,8 @@
 # The kubeadm lab, recorded (docs/kubeadm.md, "A real kubeadm cluster in the
 # lab"): how long `vigil-lab up --kubeadm` takes (3 control-plane nodes and 1
 # worker, from binaries and images already built), COUNT runs of
-# kubeadm-vigil-killed (SIGKILL vigil's container process on the holder),
-# then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
+# kubeadm-vigil-killed (SIGKILL vigil's container process on the holder)
+# and of kubeadm-vigil-oom (the OOM killer kills it), then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
 # pruning (--prune-after PRUNE_AFTER), each on a fresh lab. Every run is kept
 # in results/<timestamp>/ as JSON and as the text the drill printed.
 # Usage, as root: bash bench/kubeadm/run.sh   (COUNT=3 by default)
@@ -23,7 +23,7 @@ drill() { # name, then vigil-lab drill arguments
   local name=$1
   shift
   $lab drill "$@" --json > "$out/$name.json" || status=1
-  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after kill \(.vipGoneMillis // 0 | round)ms, join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
+  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after kill \(.vipGoneMillis // 0 | round)ms, kubelet says \(.terminated // "-"), join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
 }
 up() { # extra vigil-lab up arguments
   $lab down >/dev/null 2>&1 || true
@@ -33,6 +33,7 @@ up() { # extra vigil-lab up arguments
 }
 up
 drill vigil-killed kubeadm-vigil-killed --count "$COUNT"
+drill vigil-oom kubeadm-vigil-oom --count "$COUNT"
 drill replace-without-pruning kubeadm-replace --count "$COUNT"
 up --prune-after "$PRUNE_AFTER"
 drill replace-with-pruning kubeadm-replace --count "$COUNT"

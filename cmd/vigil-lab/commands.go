@@ -186,6 +186,10 @@ func newDrillCmd(g *globals) *cobra.Command {
                      process, PID 1 of its container: its guard, a container
                      of its own, must remove the VIP at once; kubelet
                      restarts vigil; never two holders
+  kubeadm-vigil-oom  (kubeadm lab) the same, but the kernel's OOM killer kills
+                     vigil: its container's memory limit is lowered below
+                     its use. The VIP must leave within a lease + 1 s, and
+                     kubelet must report the container OOMKilled
   kubeadm-replace    (kubeadm lab) power the holder off for good, then a new
                      node runs kubeadm join --control-plane through the VIP.
                      With up --prune-after, vigil prunes the dead member

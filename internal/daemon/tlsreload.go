@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"crypto/tls"
-	"errors"
 	"os"
 	"sync"
 	"syscall"
@@ -65,14 +64,8 @@ func (p *reloadingPair) get() (*tls.Certificate, error) {
 	defer p.mu.Unlock()
 	cs, cerr := stampOf(p.certFile)
 	ks, kerr := stampOf(p.keyFile)
-	if err := errors.Join(cerr, kerr); err != nil {
-		if p.current != nil {
-			return p.current, nil // a file being replaced: keep the last good pair
-		}
-		return nil, err
-	}
-	if p.current != nil && p.stamps == [2]fileStamp{cs, ks} {
-		return p.current, nil
+	if p.current != nil && (cerr != nil || kerr != nil || p.stamps == [2]fileStamp{cs, ks}) {
+		return p.current, nil // unchanged, or a file being replaced: keep the last good pair
 	}
 	cert, err := tls.LoadX509KeyPair(p.certFile, p.keyFile)
 	if err != nil {

