@@ -3,7 +3,9 @@
 # lab"): how long `vigil-lab up --kubeadm` takes (3 control-plane nodes and 1
 # worker, from binaries and images already built), COUNT runs of
 # kubeadm-vigil-killed (SIGKILL vigil's container process on the holder)
-# and of kubeadm-vigil-oom (the OOM killer kills it), then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
+# and of kubeadm-vigil-oom (the OOM killer kills it), and of
+# kubeadm-vigil-restart (a changed manifest: kubelet replaces the pod), one
+# kubeadm-certs-renew (renew all, restart etcd and the API servers), then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
 # pruning (--prune-after PRUNE_AFTER), each on a fresh lab. Every run is kept
 # in results/<timestamp>/ as JSON and as the text the drill printed.
 # Usage, as root: bash bench/kubeadm/run.sh   (COUNT=3 by default)
@@ -34,6 +36,8 @@ up() { # extra vigil-lab up arguments
 up
 drill vigil-killed kubeadm-vigil-killed --count "$COUNT"
 drill vigil-oom kubeadm-vigil-oom --count "$COUNT"
+drill vigil-restart kubeadm-vigil-restart --count "$COUNT"
+drill certs-renew kubeadm-certs-renew --count 1
 drill replace-without-pruning kubeadm-replace --count "$COUNT"
 up --prune-after "$PRUNE_AFTER"
 drill replace-with-pruning kubeadm-replace --count "$COUNT"

@@ -190,6 +190,14 @@ func newDrillCmd(g *globals) *cobra.Command {
                      vigil: its container's memory limit is lowered below
                      its use. The VIP must leave within a lease + 1 s, and
                      kubelet must report the container OOMKilled
+  kubeadm-vigil-restart  (kubeadm lab) change the holder's vigil manifest (an
+                     annotation), as an upgrade does: kubelet stops the pod,
+                     vigil hands the VIP over, the new pod starts; never two
+                     holders
+  kubeadm-certs-renew  (kubeadm lab) kubeadm certs renew all on every
+                     control-plane node, then restart etcd and kube-apiserver
+                     node by node: vigil must run on, unrestarted, with one
+                     holder throughout and every backend up again
   kubeadm-replace    (kubeadm lab) power the holder off for good, then a new
                      node runs kubeadm join --control-plane through the VIP.
                      With up --prune-after, vigil prunes the dead member

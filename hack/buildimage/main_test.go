@@ -74,7 +74,17 @@ func TestImageRunsInContainerd(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "containerd.sock")
 	ctx, cancel := context.WithCancel(context.Background())
-	d := exec.CommandContext(ctx, "containerd", "--root", filepath.Join(dir, "root"), "--state", filepath.Join(dir, "state"), "--address", sock, "-c", "/dev/null")
+	// Without the CRI plugin (it would create /etc/cni/net.d on the host);
+	// the shims' sockets and runc's state go under /run/containerd, which
+	// is removed afterwards if this test created it.
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte("version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/run/containerd"); os.IsNotExist(err) {
+		t.Cleanup(func() { os.RemoveAll("/run/containerd") })
+	}
+	d := exec.CommandContext(ctx, "containerd", "--root", filepath.Join(dir, "root"), "--state", filepath.Join(dir, "state"), "--address", sock, "-c", cfg)
 	var dlog bytes.Buffer
 	d.Stdout, d.Stderr = &dlog, &dlog
 	if err := d.Start(); err != nil {

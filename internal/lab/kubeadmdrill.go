@@ -12,7 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,10 +44,20 @@ const (
 	// must report the container OOMKilled, and there are never two
 	// holders.
 	DrillKubeadmVigilOOM = "kubeadm-vigil-oom"
+	// DrillKubeadmVigilRestart changes the holder's static pod manifest
+	// (an annotation), as an upgrade of vigil does: kubelet stops the pod
+	// (SIGTERM, vigil hands the VIP over) and starts the new one.
+	DrillKubeadmVigilRestart = "kubeadm-vigil-restart"
+	// DrillKubeadmCertsRenew runs `kubeadm certs renew all` on every
+	// control-plane node, then restarts etcd and kube-apiserver there, one
+	// node at a time. vigil must keep working without a restart: the same
+	// processes, one holder throughout, every backend up again, and new
+	// connections to etcd made with the renewed client certificate.
+	DrillKubeadmCertsRenew = "kubeadm-certs-renew"
 )
 
 // KubeadmDrills are the drills of a kubeadm lab.
-var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmReplace}
+var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace}
 
 // KubeadmResult adds what the kubeadm drills measure to Result.
 type KubeadmResult struct {
@@ -76,8 +88,10 @@ type KubeadmResult struct {
 	VIPGoneMs float64 `json:"vipGoneMillis,omitempty"`
 	// Terminated is, for kubeadm-vigil-oom, the reason kubelet gives for
 	// the container's end.
-	Terminated  string   `json:"terminated,omitempty"`
-	FirstErrors []string `json:"firstErrors,omitempty"`
+	Terminated string `json:"terminated,omitempty"`
+	// OutsideErrors are the first requests that failed outside the
+	// failover window: when, in which phase, and why.
+	OutsideErrors []string `json:"outsideErrors,omitempty"`
 
 	movedAt time.Time // when another node was seen holding the VIP
 }
@@ -100,6 +114,9 @@ func (k *KubeadmResult) String() string {
 		}
 	}
 	s += fmt.Sprintf("; requests through the VIP %d, failed %d (%d outside the %.0fms failover window)", k.Requests, k.Failed, k.FailedOutside, k.FailoverMs)
+	for _, e := range k.OutsideErrors {
+		s += "\n      outside: " + e
+	}
 	return s
 }
 
@@ -121,6 +138,13 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {
 		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	// A whole cluster to start from, whatever the drill before did.
+	if err := l.waitEtcdMembersHealthy(ctx, 2*time.Minute); err != nil {
+		return fmt.Errorf("lab not healthy before the drill: %w", err)
+	}
+	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), 2*time.Minute); err != nil {
+		return fmt.Errorf("lab not healthy before the drill: %w", err)
 	}
 	victim, err := l.node(holder)
 	if err != nil {
@@ -161,6 +185,10 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	switch kind {
 	case DrillKubeadmVigilKilled, DrillKubeadmVigilOOM:
 		err = l.killVigilContainer(ctx, victim, kind == DrillKubeadmVigilOOM, w, k, phase)
+	case DrillKubeadmVigilRestart:
+		err = l.restartVigilPod(ctx, victim, w, k, phase)
+	case DrillKubeadmCertsRenew:
+		err = l.renewCerts(ctx, phase)
 	case DrillKubeadmReplace:
 		d.setDead(victim.Name, true)
 		err = l.replaceMachine(ctx, victim, w, k, phase)
@@ -188,14 +216,15 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 			continue
 		}
 		k.Failed++
-		if len(k.FirstErrors) < 3 {
-			k.FirstErrors = append(k.FirstErrors, q.start.Format("15:04:05.000")+" "+q.err)
-		}
 	}
 	k.FailoverMs = millis(recovered.Sub(fault))
 	for _, q := range reqs {
 		if q.err != "" && (q.end.Before(fault) || q.start.After(recovered.Add(time.Second))) {
 			k.FailedOutside++
+			if len(k.OutsideErrors) < 5 {
+				// When, from the fault, and in which phase.
+				k.OutsideErrors = append(k.OutsideErrors, fmt.Sprintf("+%v (%s): %s", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(fault, q.start), q.err))
+			}
 		}
 	}
 	doubles := mon.close()
@@ -215,10 +244,25 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	if len(final) != 1 {
 		return fmt.Errorf("after the drill the VIP is on %v", final)
 	}
-	if k.FailedOutside > 0 {
+	// Restarting API servers resets the requests in flight on them: the
+	// renewal drill reports failures but is judged on vigil alone.
+	if k.FailedOutside > 0 && kind != DrillKubeadmCertsRenew {
 		return fmt.Errorf("%d requests through the VIP failed outside the failover window", k.FailedOutside)
 	}
 	return nil
+}
+
+// phaseAt names the phase of r that was under way at t, the phases having
+// begun at start.
+func (r *Result) phaseAt(start, t time.Time) string {
+	at := start
+	for _, p := range r.Phases {
+		at = at.Add(time.Duration(p.Millis * float64(time.Millisecond)))
+		if t.Before(at) {
+			return p.Name
+		}
+	}
+	return "after the last phase"
 }
 
 // waitAnsweringIn is the time of the first answer after since from a node
@@ -298,22 +342,8 @@ func (l *Lab) killVigilContainer(ctx context.Context, n *Node, oom bool, w *vipW
 	if !alive(guard) {
 		return fmt.Errorf("the guard (pid %d) died with vigil", guard)
 	}
-	if _, err := l.waitHolderOther(ctx, w, n.Name, 30*time.Second); err != nil {
+	if err := l.waitMovedAndNewVigil(ctx, n, pid, w, k, phase); err != nil {
 		return err
-	}
-	k.movedAt = time.Now()
-	phase("new holder", "")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if p, err := vigilProcess(ctx, n, "run"); err == nil && p != pid {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kubelet did not restart vigil on %s within 60s", n.Name)
-		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
-			return ctx.Err()
-		}
 	}
 	phase("kubelet restarted vigil", "")
 	if oom {
@@ -326,6 +356,224 @@ func (l *Lab) killVigilContainer(ctx context.Context, n *Node, oom bool, w *vipW
 		}
 		k.Terminated = reason
 	}
+	_, err = l.waitStable(ctx, recoverTimeout)
+	return err
+}
+
+// renewCerts renews every kubeadm certificate on every control-plane node
+// and restarts etcd and kube-apiserver node by node; vigil runs on.
+func (l *Lab) renewCerts(ctx context.Context, phase func(string, string)) error {
+	vigils := map[string]int{}
+	for _, n := range l.st.Nodes {
+		pid, err := vigilProcess(ctx, n, "run")
+		if err != nil {
+			return err
+		}
+		vigils[n.Name] = pid
+	}
+	kubeadm := filepath.Join(filepath.Dir(l.selfBin), "kubeadm")
+	for _, n := range l.st.Nodes {
+		cert := filepath.Join(l.machineDir(n), "etc-kubernetes", "pki", "apiserver-etcd-client.crt")
+		before, err := os.ReadFile(cert)
+		if err != nil {
+			return err
+		}
+		if _, err := l.machineRun(ctx, n, kubeadm, "certs", "renew", "all"); err != nil {
+			return err
+		}
+		after, err := os.ReadFile(cert)
+		if err != nil {
+			return err
+		}
+		if string(before) == string(after) {
+			return fmt.Errorf("kubeadm certs renew all left %s unchanged on %s", filepath.Base(cert), n.Name)
+		}
+	}
+	phase("kubeadm certs renew all", fmt.Sprintf("on %d nodes", len(l.st.Nodes)))
+	for _, n := range l.st.Nodes {
+		// kubelet restarts a static pod's container whose process died.
+		// One node at a time, each back in full before the next: etcd
+		// keeps its quorum.
+		for _, comm := range []string{"etcd", "kube-apiserver"} {
+			old, err := commPID(ctx, n, comm)
+			if err != nil {
+				return err
+			}
+			if err := l.killComm(ctx, n, comm); err != nil {
+				return err
+			}
+			deadline := time.Now().Add(2 * time.Minute)
+			for {
+				if p, err := commPID(ctx, n, comm); err == nil && p != old {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("kubelet did not restart %s on %s within 2 minutes", comm, n.Name)
+				}
+				if !sleepCtx(ctx, 100*time.Millisecond) {
+					return ctx.Err()
+				}
+			}
+		}
+		if err := l.waitEtcdMembersHealthy(ctx, 2*time.Minute); err != nil {
+			return err
+		}
+		if err := l.waitBackendUp(ctx, n, 3*time.Minute); err != nil {
+			return err
+		}
+		phase("etcd and kube-apiserver restarted on "+n.Name, "")
+	}
+	for _, n := range l.st.Nodes {
+		pid, err := vigilProcess(ctx, n, "run")
+		if err != nil {
+			return err
+		}
+		if pid != vigils[n.Name] {
+			return fmt.Errorf("vigil on %s was restarted (pid %d, was %d)", n.Name, pid, vigils[n.Name])
+		}
+	}
+	// Every etcd member restarted, so every vigil's connections to etcd
+	// are new ones, made with the renewed pair; the holder still renews.
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return err
+	}
+	rep, err := l.vigilStatus(ctx, holder)
+	if err != nil {
+		return err
+	}
+	if !rep.Leader {
+		return fmt.Errorf("vigil on %s holds the VIP but does not report leading", holder)
+	}
+	phase("same vigils, one holder", holder)
+	return nil
+}
+
+// commPID is the process of node n whose command name is comm.
+func commPID(ctx context.Context, n *Node, comm string) (int, error) {
+	pids, err := nsPIDs(ctx, nodeNS(n.Name))
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range pids {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.TrimSpace(string(b)) == comm {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s process on %s", comm, n.Name)
+}
+
+// waitEtcdMembersHealthy waits until every etcd member answers a status
+// request and all name the same leader.
+func (l *Lab) waitEtcdMembersHealthy(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last error
+	for time.Now().Before(deadline) {
+		last = l.etcdMembersHealthy(ctx)
+		if last == nil {
+			return nil
+		}
+		if !sleepCtx(ctx, 250*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: etcd not healthy after %v: %w", d, last)
+}
+
+func (l *Lab) etcdMembersHealthy(ctx context.Context) error {
+	cli, err := l.kubeadmEtcdClient()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	var leader uint64
+	for _, ep := range cli.Endpoints() {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := cli.Status(sctx, ep)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: %w", ep, err)
+		}
+		if leader != 0 && st.Leader != leader {
+			return fmt.Errorf("%s follows %x, another member %x", ep, st.Leader, leader)
+		}
+		leader = st.Leader
+	}
+	if leader == 0 {
+		return errors.New("no etcd leader")
+	}
+	return nil
+}
+
+// waitMovedAndNewVigil waits until another node holds the VIP (recording
+// when, as the phase "new holder"), then until kubelet runs a vigil on n
+// other than the process old.
+func (l *Lab) waitMovedAndNewVigil(ctx context.Context, n *Node, old int, w *vipWatch, k *KubeadmResult, phase func(string, string)) error {
+	if _, err := l.waitHolderOther(ctx, w, n.Name, 30*time.Second); err != nil {
+		return err
+	}
+	k.movedAt = time.Now()
+	phase("new holder", "")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if p, err := vigilProcess(ctx, n, "run"); err == nil && p != old {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kubelet did not start a new vigil on %s within 60s", n.Name)
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// restartVigilPod annotates vigil's static pod manifest on n, so that
+// kubelet replaces the pod, and waits for the VIP to move and for the new
+// vigil to run.
+func (l *Lab) restartVigilPod(ctx context.Context, n *Node, w *vipWatch, k *KubeadmResult, phase func(string, string)) error {
+	old, err := vigilProcess(ctx, n, "run")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(l.machineDir(n), "etc-kubernetes", "manifests")
+	path := filepath.Join(dir, "vigil.yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var pod corev1.Pod
+	if err := yaml.Unmarshal(b, &pod); err != nil {
+		return fmt.Errorf("lab: %s: %w", path, err)
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations["vigil-lab.vigil-ha.io/restarted-at"] = time.Now().UTC().Format(time.RFC3339Nano)
+	out, err := yaml.Marshal(&pod)
+	if err != nil {
+		return err
+	}
+	// kubelet ignores dot files in the manifests directory; the rename is
+	// the change it sees.
+	tmp := filepath.Join(dir, ".vigil.yaml.tmp")
+	if err := os.WriteFile(tmp, out, 0o600); err != nil {
+		return err
+	}
+	changed := time.Now()
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	gone, err := waitVIPGone(ctx, w, n.Name, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	k.VIPGoneMs = millis(gone.Sub(changed))
+	phase("kubelet stopped the pod, VIP gone from "+n.Name, "")
+	if err := l.waitMovedAndNewVigil(ctx, n, old, w, k, phase); err != nil {
+		return err
+	}
+	phase("new vigil pod running", "")
 	_, err = l.waitStable(ctx, recoverTimeout)
 	return err
 }
@@ -519,22 +767,7 @@ func (l *Lab) powerOff(ctx context.Context, n *Node) error {
 // destroyMachine releases the mount and UTS namespaces and the cgroup root
 // of a node whose processes are gone.
 func (l *Lab) destroyMachine(n *Node) error {
-	mounts, err := mountsUnder(l.nsDir(n))
-	var errs []error
-	errs = append(errs, err)
-	for _, m := range mounts {
-		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
-		}
-	}
-	if hs, err := os.ReadDir(cgroupFS); err == nil {
-		for _, h := range hs {
-			if err := removeCgroupTree(filepath.Join(cgroupFS, h.Name(), cgroupRoot(n))); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(unmountUnder(l.nsDir(n)), removeCgroupRoots(cgroupRoot(n)))
 }
 
 // newMachineNode adds a control-plane machine with the next free index.

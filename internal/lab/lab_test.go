@@ -177,7 +177,10 @@ func TestKubeadmLab(t *testing.T) {
 			}
 		}
 	})
-	s := Settings{Nodes: 3, Workers: 1, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Kubeadm: true, PruneAfter: 15 * time.Second}
+	// --prune-after 30s: shorter, the removal of a member that died
+	// moments before can stall etcd (vigil run --help), and requests
+	// through the VIP with it.
+	s := Settings{Nodes: 3, Workers: 1, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Kubeadm: true, PruneAfter: 30 * time.Second}
 	start := time.Now()
 	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
@@ -207,12 +210,20 @@ func TestKubeadmLab(t *testing.T) {
 				if kind == DrillKubeadmVigilOOM && k.Terminated != "OOMKilled" {
 					t.Fatalf("kubelet reports %q, want OOMKilled", k.Terminated)
 				}
+			case DrillKubeadmVigilRestart:
+				// A handover, not a failover.
+				if r.OutageMillis > 500 {
+					t.Fatalf("restarting vigil's pod cost a %.0fms outage; vigil hands the VIP over on SIGTERM", r.OutageMillis)
+				}
 			case DrillKubeadmReplace:
 				if k.JoinFailed || k.DeadMemberLeft || k.EtcdUnhealthyAtJoin || k.MembersAfterJoin != 3 {
 					t.Fatalf("replacement with pruning: %+v", k)
 				}
 			}
-			if r.After == r.Target || r.OutageMillis > 5000 {
+			// The drills that take vigil or its node away must move the
+			// VIP; renewing certificates may move it (the holder's API
+			// server restarts), with one holder throughout (OK above).
+			if kind != DrillKubeadmCertsRenew && (r.After == r.Target || r.OutageMillis > 5000) {
 				t.Fatalf("VIP %s -> %s, outage %.0fms", r.Before, r.After, r.OutageMillis)
 			}
 		})

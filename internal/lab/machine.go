@@ -228,30 +228,9 @@ func (l *Lab) recordHostSysctls() error {
 // node, with or without the lab's state: it must run after every process in
 // the lab's namespaces is gone.
 func (l *Lab) destroyMachines() error {
-	var errs []error
-	// Mounts under the lab's directory (the namespace files, their
-	// private parents), deepest first.
-	mounts, err := mountsUnder(l.dir)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, m := range mounts {
-		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
-		}
-	}
-	// Cgroup roots, children first; a cgroup whose last task just exited
-	// may take a moment to become removable.
-	if hs, err := os.ReadDir(cgroupFS); err == nil {
-		for _, h := range hs {
-			roots, _ := filepath.Glob(filepath.Join(cgroupFS, h.Name(), machineCgroupRoot+"*"))
-			for _, r := range roots {
-				if err := removeCgroupTree(r); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
+	// The namespace files and their private parents, under the lab's
+	// directory; then every machine's cgroup root.
+	errs := []error{unmountUnder(l.dir), removeCgroupRoots(machineCgroupRoot + "*")}
 	if b, err := os.ReadFile(filepath.Join(l.dir, hostSysctlsFile)); err == nil {
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 			k, v, ok := strings.Cut(line, " ")
@@ -272,6 +251,35 @@ func (l *Lab) destroyMachines() error {
 			if st, err := os.Stat(p); err == nil && (st.IsDir() || st.Size() == 0) {
 				_ = os.Remove(p) // not empty: left alone
 			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first.
+func unmountUnder(dir string) error {
+	mounts, err := mountsUnder(dir)
+	errs := []error{err}
+	for _, m := range mounts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupRoots removes, in every hierarchy, the cgroups matching the
+// glob pattern (a path from the hierarchy's root) and their children.
+func removeCgroupRoots(pattern string) error {
+	hs, err := os.ReadDir(cgroupFS)
+	if err != nil {
+		return nil // no cgroup file system: nothing was created
+	}
+	var errs []error
+	for _, h := range hs {
+		roots, _ := filepath.Glob(filepath.Join(cgroupFS, h.Name(), pattern))
+		for _, r := range roots {
+			errs = append(errs, removeCgroupTree(r))
 		}
 	}
 	return errors.Join(errs...)
