@@ -31,7 +31,7 @@ import (
 //     before any peer may take the lock.
 //
 // The guard never adds the VIP. It cannot help when both processes are
-// stopped or killed together (a frozen cgroup, a killed container, power
+// stopped or killed together (a frozen cgroup, a pod killed whole, power
 // loss): then the VIP's kernel lifetime is the fence (vip.DefaultLifetime).
 //
 // The pipe carries 8-byte big-endian CLOCK_MONOTONIC deadlines in

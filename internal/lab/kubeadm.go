@@ -176,7 +176,7 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings) error {
 	if _, err := l.waitStable(ctx, time.Minute); err != nil {
 		return err
 	}
-	l.progress("kubeadm lab up in %v (%v since the first machine): %d control-plane nodes, %d workers, all Nodes Ready, one VIP holder", time.Since(start).Round(time.Second), time.Since(began).Round(time.Second), len(l.st.Nodes), len(l.st.Workers))
+	l.progress("kubeadm lab up in %v (%v since the first machine): control-plane nodes %d, workers %d, all Nodes Ready, one VIP holder", time.Since(start).Round(time.Second), time.Since(began).Round(time.Second), len(l.st.Nodes), len(l.st.Workers))
 	return nil
 }
 
