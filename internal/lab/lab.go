@@ -224,6 +224,12 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 			return fmt.Errorf("lab: vigil binary: %w (pass --vigil-bin)", err)
 		}
 	}
+	if s.Kubeadm {
+		// Missing binaries or images are refused before anything is built.
+		if _, err := l.kubeadmInputs(); err != nil {
+			return err
+		}
+	}
 	if s.Impl != ImplVigil {
 		if _, err := exec.LookPath("keepalived"); err != nil {
 			return errors.New("lab: keepalived is not installed (apt-get install keepalived)")

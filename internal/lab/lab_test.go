@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,6 +228,25 @@ func TestKubeadmLab(t *testing.T) {
 				t.Fatalf("VIP %s -> %s, outage %.0fms", r.Before, r.After, r.OutageMillis)
 			}
 		})
+	}
+}
+
+// TestKubeadmLabRefusesMissingInputs: without kubeadm, the kubelet and the
+// images next to vigil-lab, up --kubeadm says what to build and builds
+// nothing.
+func TestKubeadmLabRefusesMissingInputs(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := t.TempDir()
+	l, err := New(Config{Dir: filepath.Join(dir, "lab"), VigilBin: nstest.Binary(t, "vigil"), SelfBin: filepath.Join(dir, "vigil-lab")}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = l.Up(context.Background(), Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Kubeadm: true})
+	if err == nil || !strings.Contains(err.Error(), "hack/build-kube-images.sh") {
+		t.Fatalf("up --kubeadm without its inputs: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "lab")); !os.IsNotExist(err) {
+		t.Fatalf("up --kubeadm without its inputs created its directory (%v)", err)
 	}
 }
 
