@@ -159,6 +159,16 @@ func TestKubeadmLab(t *testing.T) {
 		b, _ := os.ReadFile(filepath.Join("/proc/sys", k))
 		before[k] = string(b)
 	}
+	// The host paths the machines bind over, and their parents: what did
+	// not exist before must not exist after down.
+	absent := map[string]bool{}
+	for _, b := range machineBinds {
+		for p := b.target; p != "/"; p = filepath.Dir(p) {
+			if _, err := os.Stat(p); os.IsNotExist(err) {
+				absent[p] = true
+			}
+		}
+	}
 	t.Cleanup(func() {
 		if err := l.Down(context.Background()); err != nil {
 			t.Errorf("down: %v", err)
@@ -171,6 +181,11 @@ func TestKubeadmLab(t *testing.T) {
 		}
 		if left, _ := mountsUnder(l.dir); len(left) > 0 {
 			t.Errorf("mounts left after down: %v", left)
+		}
+		for p := range absent {
+			if _, err := os.Stat(p); err == nil {
+				t.Errorf("%s was created on the host and is still there after down", p)
+			}
 		}
 		for _, k := range hostSysctls {
 			if b, _ := os.ReadFile(filepath.Join("/proc/sys", k)); string(b) != before[k] {

@@ -154,16 +154,27 @@ func (l *Lab) ensureHostMountPoints() error {
 		if _, err := os.Stat(b.target); err == nil {
 			continue
 		}
+		// Every directory MkdirAll will create, parents first (/etc/cni
+		// for /etc/cni/net.d), so that down removes them all.
+		var missing []string
+		for d := filepath.Dir(b.target); d != "/"; d = filepath.Dir(d) {
+			if _, err := os.Stat(d); err == nil {
+				break
+			}
+			missing = append([]string{d}, missing...)
+		}
 		var err error
 		if b.file {
-			err = os.WriteFile(b.target, nil, 0o644)
+			if err = os.MkdirAll(filepath.Dir(b.target), 0o755); err == nil {
+				err = os.WriteFile(b.target, nil, 0o644)
+			}
 		} else {
 			err = os.MkdirAll(b.target, 0o755)
 		}
 		if err != nil {
 			return fmt.Errorf("lab: mount point %s: %w", b.target, err)
 		}
-		created = append(created, b.target)
+		created = append(append(created, missing...), b.target)
 	}
 	if len(created) == 0 {
 		return nil
