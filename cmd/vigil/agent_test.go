@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,6 +52,9 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--kubeconfig", "vigil.conf"}, "must be an absolute path"},
 		{[]string{"manifest", "pod", "--vip", "10.0.0.999", "--interface", "eth0"}, "not an IP address"},
 		{[]string{"manifest", "daemonset"}, "--server is required"},
+		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--prune-after", "5s"}, "--prune-after 5s"},
+		{[]string{"guard", "--listen", filepath.Join(cache, "guard.sock"), "--vip", "nonsense", "--interface", "lo"}, "not an IP address"},
+		{[]string{"guard", "--listen", filepath.Join(cache, "guard.sock"), "--vip", "10.0.0.100", "--interface", "nosuch0"}, "interface not found"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes"}, "--kubeconfig is required"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes", "--kubeconfig", "/nonexistent"}, "--kubeconfig"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-max-conns", "100", "--lb-max-conns-per-source", "200"}, "--lb-max-conns-per-source 200 is above --lb-max-conns 100"},
@@ -70,6 +74,10 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		if !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") > 0 || out.Len() != 0 {
 			t.Errorf("vigil %s: stderr %q stdout %q, want one line mentioning %q", strings.Join(tc.args, " "), msg, out.String(), tc.want)
 		}
+	}
+	// A guard that refused to start leaves no socket behind.
+	if _, err := os.Stat(filepath.Join(cache, "guard.sock")); !os.IsNotExist(err) {
+		t.Errorf("a refused vigil guard left its socket (%v)", err)
 	}
 	// The port-conflict case opened the API server endpoint first: it
 	// must be closed again.

@@ -212,7 +212,6 @@ guard removes the VIP at once, and it keeps serving the next vigil run.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			log.Info("guard listening", "socket", listen, "vip", cfg.VIP, "interface", cfg.Interface)
 			return daemon.ServeGuard(ctx, cfg, ln, log)
 		},
 	}

@@ -124,8 +124,10 @@ func guardStream(m *vip.Manager, r io.Reader, slack time.Duration, log *slog.Log
 func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog.Logger) error {
 	m, err := guardVIP(cfg, log)
 	if err != nil {
+		ln.Close()
 		return err
 	}
+	log.Info("guard listening", "socket", ln.Addr().String(), "vip", cfg.VIP, "interface", cfg.Interface)
 	go func() {
 		<-ctx.Done()
 		ln.Close()

@@ -116,11 +116,7 @@ func (l *Lab) kubeadmInputs() (kubeadmInputs, error) {
 // n1 with vigil's static pod already in place, kubeadm join --control-plane
 // on the others and kubeadm join on the workers, all through the VIP, and
 // waits until every Node is Ready and the VIP has one holder.
-func (l *Lab) upKubeadm(ctx context.Context, s Settings) error {
-	in, err := l.kubeadmInputs()
-	if err != nil {
-		return err
-	}
+func (l *Lab) upKubeadm(ctx context.Context, s Settings, in kubeadmInputs) error {
 	if err := l.recordHostSysctls(); err != nil {
 		return err
 	}

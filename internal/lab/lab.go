@@ -224,9 +224,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 			return fmt.Errorf("lab: vigil binary: %w (pass --vigil-bin)", err)
 		}
 	}
+	var kin kubeadmInputs
 	if s.Kubeadm {
 		// Missing binaries or images are refused before anything is built.
-		if _, err := l.kubeadmInputs(); err != nil {
+		var err error
+		if kin, err = l.kubeadmInputs(); err != nil {
 			return err
 		}
 	}
@@ -263,7 +265,7 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 		return err
 	}
 	if s.Kubeadm {
-		return l.upKubeadm(ctx, s)
+		return l.upKubeadm(ctx, s, kin)
 	}
 	if s.kube() {
 		if err := l.prepareKube(); err != nil {
