@@ -8,7 +8,10 @@
 # kubeadm-certs-renew (renew all, restart etcd and the API servers), then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
 # pruning (--prune-after PRUNE_AFTER), each on a fresh lab. Every run is kept
 # in results/<timestamp>/ as JSON and as the text the drill printed.
-# Usage, as root: bash bench/kubeadm/run.sh   (COUNT=3 by default)
+# Then, COUNT times on a fresh lab: kubeadm-lease (the move to the Lease
+# election) followed by COUNT runs of kubeadm-vigil-killed under the Lease.
+# Usage, as root: bash bench/kubeadm/run.sh   (COUNT=3 by default;
+# ONLY=lease runs the Lease part alone)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/deps.sh ip jq containerd runc conntrack cni
@@ -25,7 +28,7 @@ drill() { # name, then vigil-lab drill arguments
   local name=$1
   shift
   $lab drill "$@" --json > "$out/$name.json" || status=1
-  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after kill \(.vipGoneMillis // 0 | round)ms, kubelet says \(.terminated // "-"), join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
+  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after the fault \(.vipGoneMillis // 0 | round)ms, kubelet says \(.terminated // "-"), join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), Lease holder \(.leaseHolder // "-") (order \((.order // []) | join(","))), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
 }
 up() { # extra vigil-lab up arguments
   $lab down >/dev/null 2>&1 || true
@@ -33,15 +36,32 @@ up() { # extra vigil-lab up arguments
   $lab up --kubeadm --nodes 3 --workers 1 "$@" 2>&1 | tee -a "$out/up.txt"
   echo "up $* took $((SECONDS - start)) s" | tee -a "$out/up.txt"
 }
-up
-drill vigil-killed kubeadm-vigil-killed --count "$COUNT"
-drill vigil-oom kubeadm-vigil-oom --count "$COUNT"
-drill vigil-restart kubeadm-vigil-restart --count "$COUNT"
-drill certs-renew kubeadm-certs-renew --count 1
-drill replace-without-pruning kubeadm-replace --count "$COUNT"
-up --prune-after "$PRUNE_AFTER"
-drill replace-with-pruning kubeadm-replace --count "$COUNT"
+lease_runs() {
+  for i in $(seq "$COUNT"); do
+    up
+    drill "lease-$i" kubeadm-lease --count 1
+    drill "lease-$i-vigil-killed" kubeadm-vigil-killed --count "$COUNT"
+  done
+}
+case ${ONLY:-all} in
+all)
+  up
+  drill vigil-killed kubeadm-vigil-killed --count "$COUNT"
+  drill vigil-oom kubeadm-vigil-oom --count "$COUNT"
+  drill vigil-restart kubeadm-vigil-restart --count "$COUNT"
+  drill certs-renew kubeadm-certs-renew --count 1
+  drill replace-without-pruning kubeadm-replace --count "$COUNT"
+  up --prune-after "$PRUNE_AFTER"
+  drill replace-with-pruning kubeadm-replace --count "$COUNT"
+  lease_runs
+  ;;
+lease) lease_runs ;;
+*)
+  echo "ONLY must be all or lease, not $ONLY" >&2
+  exit 2
+  ;;
+esac
 $lab down
-echo "COUNT=$COUNT PRUNE_AFTER=$PRUNE_AFTER bash bench/kubeadm/run.sh" > "$out/command"
+echo "ONLY=${ONLY:-all} COUNT=$COUNT PRUNE_AFTER=$PRUNE_AFTER bash bench/kubeadm/run.sh" > "$out/command"
 { uname -r; nproc; git rev-parse --short HEAD; } > "$out/machine"
 exit $status

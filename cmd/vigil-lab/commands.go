@@ -205,6 +205,14 @@ func newDrillCmd(g *globals) *cobra.Command {
                      the join must meet the dead member (as in the seed)
                      and the drill removes it by hand afterwards. Prints
                      each phase
+  kubeadm-lease      (kubeadm lab) move the cluster to the Lease election, as
+                     docs/kubeadm.md says: vigil manifest rbac, a kubeconfig
+                     per node for its own API server, every manifest
+                     rewritten with --election kubernetes, the holder's last.
+                     The VIP moves once, to the Lease's holder; the etcd
+                     election is retired; never two holders. One-way: a lab
+                     that moved is refused, and the other drills then run
+                     under the Lease election
   mixed              the failover, API server and watch drills in turn,
                      --count drills in all
 

@@ -50,6 +50,8 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--kubeconfig", "/nonexistent", "--in-cluster"}, "exclude each other"},
 		{[]string{"manifest", "pod", "--vip", "10.0.0.100"}, "--interface is required"},
 		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--kubeconfig", "vigil.conf"}, "must be an absolute path"},
+		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--election", "kubernetes"}, "--election kubernetes needs --kubeconfig"},
+		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--election", "consul"}, "use etcd or kubernetes"},
 		{[]string{"manifest", "pod", "--vip", "10.0.0.999", "--interface", "eth0"}, "not an IP address"},
 		{[]string{"manifest", "daemonset"}, "--server is required"},
 		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--prune-after", "5s"}, "--prune-after 5s"},

@@ -26,12 +26,19 @@ func newManifestPodCmd() *cobra.Command {
 	var o manifest.PodOptions
 	cmd := &cobra.Command{
 		Use:   "pod --vip IP --interface IF",
-		Short: "kubeadm static pod running vigil run (election over the local etcd)",
+		Short: "kubeadm static pod running vigil run (election over the local etcd, or a Lease after init)",
 		Long: `Print the static pod for /etc/kubernetes/manifests/vigil.yaml on each
 control-plane node. It elects over the local etcd member with kubeadm's
 apiserver-etcd-client certificate, so the VIP comes up before the API server
 exists: write it before kubeadm init, with controlPlaneEndpoint set to the VIP.
-It runs with host networking and only the NET_ADMIN and NET_RAW capabilities.`,
+It runs with host networking and only the NET_ADMIN and NET_RAW capabilities.
+
+After init, --election kubernetes --kubeconfig FILE moves a node to the Lease
+election. Rewrite every node's manifest, in any order: the first vigil on the
+Lease election waits until the etcd election's holder has let go, then retires
+that election for good, so the two never hold the VIP at once. FILE must point
+at this node's own API server, not the VIP (docs/kubeadm.md, "Moving to the
+Lease election").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := manifest.Pod(o)
@@ -48,6 +55,7 @@ It runs with host networking and only the NET_ADMIN and NET_RAW capabilities.`,
 	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
+	f.StringVar(&o.Election, "election", manifest.ElectionEtcd, "vigil run --election: etcd (works before kubeadm init is done) or kubernetes (the Lease election, after init; needs --kubeconfig for this node's own API server, and retires the etcd election safely: see docs/kubeadm.md)")
 	f.DurationVar(&o.PruneAfter, "prune-after", 0, "vigil run --prune-after: the VIP holder removes etcd members that a majority of the vigils have seen unreachable for this long, so a replacement's kubeadm join passes (0: off; at least 10s; see vigil run --help)")
 	return cmd
 }

@@ -35,7 +35,8 @@ func newRunCmd() *cobra.Command {
 Every control-plane node runs "vigil run" with the same --vip. The nodes elect
 one leader through etcd (a compare-and-swap lock record, no consensus of our
 own), or with --election kubernetes through a coordination.k8s.io/v1 Lease
-(resourceVersion preconditions; each node should use its own API server); the leader adds the VIP to --interface, announces it with gratuitous ARP
+(resourceVersion preconditions; --kubeconfig must reach this node's own API
+server, never the VIP). The leader adds the VIP to --interface, announces it with gratuitous ARP
 (IPv4) or unsolicited neighbour advertisements (IPv6), and re-announces it
 periodically. A node joins or leaves the election by starting or stopping this
 command; there is no peer list.
@@ -89,6 +90,15 @@ renewed its Lease (kube-node-lease) for --prune-after. The
 API server being down, or refusing (403), never affects the VIP: Events are
 dropped and the watch retries. The user needs the rules of
 "vigil manifest rbac".
+
+Moving from the etcd election to the Lease election. A vigil run with
+--election kubernetes and --etcd-endpoints first retires the etcd election:
+it waits until the etcd lock is released or expired, as an etcd candidate
+would, then writes a record there that no etcd candidate ever takes ("moved to
+lease NAMESPACE/NAME"). Only then does it campaign on the Lease, so nodes can
+move one at a time without two holders. Once retired, one read of that
+record at start is all it needs from etcd. A vigil run with --election etcd that
+finds such a record does not campaign, and says why. See docs/kubeadm.md.
 
 Bootstrap (kubeadm init with controlPlaneEndpoint: VIP). Use --election etcd
 with kubeadm's etcd client certificates: the VIP comes up as soon as the

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
 )
 
@@ -208,6 +209,9 @@ func (c *Config) Validate() error {
 		if c.LeaseNamespace == "" || c.LeaseName == "" {
 			return fmt.Errorf("%w: --lease-namespace and --lease-name must not be empty", ErrConfig)
 		}
+		if err := c.checkLeaseServer(); err != nil {
+			return err
+		}
 	case "":
 		return fmt.Errorf("%w: --election is required (etcd or kubernetes)", ErrConfig)
 	default:
@@ -252,6 +256,24 @@ func (c *Config) Validate() error {
 	}
 	if c.EtcdMemberName == "" {
 		c.EtcdMemberName = c.NodeName
+	}
+	return nil
+}
+
+// checkLeaseServer refuses a Lease election whose kubeconfig reaches the API
+// through the VIP it elects: with no holder nobody could reach the Lease, so
+// nobody would ever hold the VIP.
+func (c *Config) checkLeaseServer() error {
+	server, err := kube.Server(c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(server)
+	if err != nil {
+		return fmt.Errorf("%w: --kubeconfig %s: server %q: %w", ErrConfig, c.Kubeconfig, server, err)
+	}
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap() == c.VIP.Addr() {
+		return fmt.Errorf("%w: --kubeconfig %s points at the VIP (%s): the Lease election must reach an API server without the VIP it elects, or with no holder nobody could ever take the Lease. Point it at this node's own API server (https://<node IP>:6443)", ErrConfig, c.Kubeconfig, server)
 	}
 	return nil
 }

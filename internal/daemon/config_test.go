@@ -128,10 +128,16 @@ func TestValidate(t *testing.T) {
 }
 
 func TestValidateKubernetesElection(t *testing.T) {
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
-		t.Fatal(err)
+	kubeconfig := func(name, server string) string {
+		p := filepath.Join(t.TempDir(), name)
+		doc := "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster: {server: \"" + server + "\"}\ncontexts:\n- name: k\n  context: {cluster: k, user: u}\ncurrent-context: k\nusers:\n- name: u\n  user: {token: t}\n"
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
+	kc := kubeconfig("own", "https://10.250.0.11:6443")
+	viaVIP := kubeconfig("vip", "https://10.250.0.100:6443")
 	kubeCfg := func(mod func(*Config)) Config {
 		c := validConfig()
 		c.Election, c.Kubeconfig, c.LeaseNamespace, c.LeaseName = ElectionKubernetes, kc, "kube-system", "vigil"
@@ -154,6 +160,7 @@ func TestValidateKubernetesElection(t *testing.T) {
 	for name, c := range map[string]Config{
 		"no kubeconfig":            kubeCfg(func(c *Config) { c.Kubeconfig = "" }),
 		"missing kubeconfig":       kubeCfg(func(c *Config) { c.Kubeconfig = kc + ".nope" }),
+		"kubeconfig via the VIP":   kubeCfg(func(c *Config) { c.Kubeconfig = viaVIP }),
 		"empty lease name":         kubeCfg(func(c *Config) { c.LeaseName = "" }),
 		"lb without backends":      kubeCfg(func(c *Config) { c.LBPort = 6443; c.Discovery = []string{DiscoveryNone} }),
 		"unknown backend":          kubeCfg(func(c *Config) { c.Election = "consul" }),

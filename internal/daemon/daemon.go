@@ -343,6 +343,15 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 			defer claim.Close()
 		}
 	}
+	if cfg.Election == ElectionKubernetes && etcdLock != nil {
+		// Nodes still on the etcd election may hold the VIP. Retire that
+		// election first: it waits until its holder has released the lock or
+		// let it expire, and then marks it so no etcd candidate takes it
+		// again. Only then may this node campaign on the Lease.
+		if err := election.Retire(ctx, etcdLock, "lease "+cfg.LeaseNamespace+"/"+cfg.LeaseName, cfg.RetryPeriod, log); err != nil {
+			log.Debug("stopped before the etcd election was retired", "err", err) // ctx is done: Run returns at once
+		}
+	}
 	err = el.Run(ctx)
 	h.stop(election.StepDown{Cause: election.CauseShutdown, Detail: "shutting down"}) // idempotent; covers a Run that returned while leading
 	stopComponents()

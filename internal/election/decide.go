@@ -32,6 +32,9 @@ func acquirable(o Observation, w window, self, instance string, now time.Time) (
 	if o.Record == nil || o.Record.Holder == "" {
 		return true, 0 // absent or released
 	}
+	if o.Record.MovedTo != "" {
+		return false, o.Record.LeaseDuration() // retired: never taken
+	}
 	if o.Record.Holder == self && (o.Record.Instance == instance || o.Record.Instance == "") {
 		// Our own record (or one of a vigil too old to say which process
 		// wrote it). The write is still a compare-and-swap on the revision,

@@ -42,4 +42,13 @@
 // whenever they see a new raft term, so after the store recovers they wait a
 // full lease again while the leader renews. A leader that is cut off from the
 // other members sees at most a minority answer and steps down on time.
+//
+// # Moving to another election
+//
+// Two elections running side by side (some nodes on the etcd lock, some on
+// a Lease) would each elect a holder. Retire closes the old one first: it
+// takes the old lock under the candidate rule above, so the old holder has
+// stepped down, and writes a record that never expires and names where the
+// election went (Record.MovedTo). Candidates never take such a record, so
+// from that write on only the new election can elect anyone.
 package election

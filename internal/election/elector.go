@@ -235,8 +235,9 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		yieldOnce  bool        // whether this stand-by was logged
 		prev       Observation // the last record seen, for twin detection
 		ineligible string      // why this node does not campaign, as last logged
+		movedTo    string      // where the election moved, as last logged
 	)
-	changes, stopWatch := e.watch(ctx)
+	changes, stopWatch := watchLock(ctx, e.cfg.Lock)
 	defer stopWatch()
 	for {
 		if err := ctx.Err(); err != nil {
@@ -271,6 +272,9 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		}
 		prev = obs
 		e.setHolder(obs)
+		if to := e.noteMoved(obs, movedTo); to != movedTo {
+			movedTo, ineligible = to, "" // the status was rewritten; log eligibility afresh
+		}
 		w.observe(obs, done)
 		ok, wait := acquirable(obs, w, e.cfg.Identity, e.cfg.Instance, time.Now())
 		if ok && e.cfg.Eligible != nil {
@@ -311,7 +315,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			}
 		}
 		if !ok {
-			alive, held, twin := e.waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs)
+			alive, held, twin := waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs, e.cfg.Identity, e.cfg.Instance)
 			if twin != nil {
 				return lease{}, Observation{}, e.duplicate(*twin)
 			}
@@ -347,10 +351,10 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 	}
 }
 
-// watch streams changes of the record while a candidate campaigns, when the
-// lock supports it. stop ends the stream and waits for it.
-func (e *Elector) watch(ctx context.Context) (<-chan Observation, func()) {
-	wl, ok := e.cfg.Lock.(Watcher)
+// watchLock streams changes of the record, when the lock supports it. stop
+// ends the stream and waits for it.
+func watchLock(ctx context.Context, lock Lock) (<-chan Observation, func()) {
+	wl, ok := lock.(Watcher)
 	if !ok {
 		return nil, func() {}
 	}
@@ -368,8 +372,9 @@ func (e *Elector) watch(ctx context.Context) (<-chan Observation, func()) {
 // newer than last starts the lease window at its arrival (it was committed
 // before); a release or deletion ends the wait at once. It reports whether
 // ctx is still live, whether a change showed somebody holding the lock, and
-// a change that shows a twin renewing under this node's name.
-func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, last Observation) (alive, held bool, twin *Observation) {
+// a change that shows a twin renewing under the name self (process
+// instance).
+func waitForChange(ctx context.Context, d time.Duration, changes <-chan Observation, w *window, last Observation, self, instance string) (alive, held bool, twin *Observation) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
@@ -382,7 +387,7 @@ func (e *Elector) waitForChange(ctx context.Context, d time.Duration, changes <-
 			if o.Revision <= last.Revision {
 				continue // an older or repeated event (one watch per member)
 			}
-			if twinRenewed(last, o, e.cfg.Identity, e.cfg.Instance) {
+			if twinRenewed(last, o, self, instance) {
 				return true, held, &o
 			}
 			last = o
@@ -610,6 +615,27 @@ func (e *Elector) setHolder(o Observation) {
 			cb(h)
 		}
 	}
+}
+
+// noteMoved logs, once per change, that the lock was retired (Retire) or
+// is in use again, and keeps the status saying why this node does not
+// campaign. It returns the MovedTo now in force.
+func (e *Elector) noteMoved(o Observation, was string) string {
+	to := ""
+	if o.Record != nil {
+		to = o.Record.MovedTo
+	}
+	switch {
+	case to == was:
+	case to != "":
+		why := "the election has moved to " + to + " for good; this node will never take " + e.cfg.Lock.Describe() + " (run it with the new election)"
+		e.log.Warn("not campaigning: "+why, "moved_to", to)
+		e.setIneligible(why)
+	default:
+		e.log.Info("the lock is in use again: campaigning", "was_moved_to", was)
+		e.setIneligible("")
+	}
+	return to
 }
 
 func (e *Elector) setIneligible(why string) {

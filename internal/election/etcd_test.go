@@ -194,7 +194,8 @@ func (c *candidate) stop() {
 	c.lock.Close()
 }
 
-func readRecord(t *testing.T, endpoints []string) Record {
+// withClient runs f with a client of endpoints and a 5 s context.
+func withClient(t *testing.T, endpoints []string, f func(context.Context, *clientv3.Client)) {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second})
 	if err != nil {
@@ -203,7 +204,14 @@ func readRecord(t *testing.T, endpoints []string) Record {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, "/test/leader")
+	f(ctx, cli)
+}
+
+func readRecord(t *testing.T, endpoints []string) Record {
+	t.Helper()
+	var resp *clientv3.GetResponse
+	var err error
+	withClient(t, endpoints, func(ctx context.Context, cli *clientv3.Client) { resp, err = cli.Get(ctx, "/test/leader") })
 	if err != nil || len(resp.Kvs) == 0 {
 		t.Fatalf("read lock record: %v (%d keys)", err, len(resp.Kvs))
 	}

@@ -29,6 +29,10 @@ type Record struct {
 	// MAC is the hardware address the holder announces the VIP with; peers
 	// compare who answers for the VIP against it (conflict detection).
 	MAC string `json:"mac,omitempty"`
+	// MovedTo, when set, says the election has moved to another lock (a
+	// Kubernetes Lease) for good: see Retire. Such a record names no node,
+	// and no candidate ever takes it.
+	MovedTo string `json:"movedTo,omitempty"`
 }
 
 // LeaseDuration returns the record's lease duration.

@@ -30,6 +30,15 @@ func NewClient(kubeconfig string) (kubernetes.Interface, error) {
 	return newClient(rc, "--kubeconfig "+kubeconfig)
 }
 
+// Server returns the API server URL a kubeconfig points at.
+func Server(kubeconfig string) (string, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return "", fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+	}
+	return rc.Host, nil
+}
+
 // NewServiceAccountClient builds a clientset that authenticates with the
 // pod's service-account token from dir (ServiceAccountDir) and talks to
 // server, verifying its certificate against the CA in dir for serverName

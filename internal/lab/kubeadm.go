@@ -332,12 +332,15 @@ func (l *Lab) writePatches(n *Node) (string, error) {
 }
 
 // writeVigilManifest writes vigil's static pod with vigil manifest pod, as
-// docs/kubeadm.md tells users: before kubeadm init or join.
-func (l *Lab) writeVigilManifest(ctx context.Context, n *Node) error {
+// docs/kubeadm.md tells users: before kubeadm init or join, and later with
+// extra flags (--election kubernetes). It replaces the file by a rename, so
+// kubelet never reads half of it.
+func (l *Lab) writeVigilManifest(ctx context.Context, n *Node, extra ...string) error {
 	args := []string{"manifest", "pod", "--vip", VIP.String(), "--interface", nodeIface, "--lb-port", itoa(APIServerPort)}
 	if l.st.Settings.PruneAfter > 0 {
 		args = append(args, "--prune-after", l.st.Settings.PruneAfter.String())
 	}
+	args = append(args, extra...)
 	out, err := exec.CommandContext(ctx, l.vigilBin, args...).Output()
 	if err != nil {
 		return fmt.Errorf("lab: vigil %s: %w", strings.Join(args, " "), err)
@@ -346,7 +349,12 @@ func (l *Lab) writeVigilManifest(ctx context.Context, n *Node) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "vigil.yaml"), out, 0o644)
+	// kubelet ignores dot files in the manifests directory.
+	tmp := filepath.Join(dir, ".vigil.yaml.tmp")
+	if err := os.WriteFile(tmp, out, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, "vigil.yaml"))
 }
 
 // kubeadmInit runs kubeadm init on n.

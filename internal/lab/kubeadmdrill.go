@@ -54,10 +54,20 @@ const (
 	// processes, one holder throughout, every backend up again, and new
 	// connections to etcd made with the renewed client certificate.
 	DrillKubeadmCertsRenew = "kubeadm-certs-renew"
+	// DrillKubeadmLease moves the running cluster from the etcd election to
+	// the Lease election, as docs/kubeadm.md tells users: vigil manifest
+	// rbac, a kubeconfig per node for its own API server (kubeadm
+	// kubeconfig user), then every node's manifest rewritten with
+	// --election kubernetes, the VIP holder's last. The VIP must move once,
+	// to a node that holds the Lease, with never two holders, and the etcd
+	// election must be retired. It is one-way: a lab that has moved is
+	// refused, and the other drills run on in it with the Lease election.
+	DrillKubeadmLease = "kubeadm-lease"
 )
 
-// KubeadmDrills are the drills of a kubeadm lab.
-var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace}
+// KubeadmDrills are the drills of a kubeadm lab. DrillKubeadmLease comes
+// last: the drills before it run with the etcd election.
+var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
 
 // KubeadmResult adds what the kubeadm drills measure to Result.
 type KubeadmResult struct {
@@ -83,8 +93,9 @@ type KubeadmResult struct {
 	Failed        int     `json:"failed"`
 	FailedOutside int     `json:"failedOutside"`
 	FailoverMs    float64 `json:"failoverMillis"`
-	// VIPGoneMs is, for kubeadm-vigil-killed, how long after the kill the
-	// VIP left the node.
+	// VIPGoneMs is how long after the fault the VIP left the holder: the
+	// kill (kubeadm-vigil-killed, -oom), or the change of its manifest
+	// (kubeadm-vigil-restart, kubeadm-lease).
 	VIPGoneMs float64 `json:"vipGoneMillis,omitempty"`
 	// Terminated is, for kubeadm-vigil-oom, the reason kubelet gives for
 	// the container's end.
@@ -92,17 +103,27 @@ type KubeadmResult struct {
 	// OutsideErrors are the first requests that failed outside the
 	// failover window: when, in which phase, and why.
 	OutsideErrors []string `json:"outsideErrors,omitempty"`
+	// LeaseHolder is, for kubeadm-lease, the holder of the Lease after the
+	// move (the node with the VIP), and Order the order the nodes moved in.
+	LeaseHolder string   `json:"leaseHolder,omitempty"`
+	Order       []string `json:"order,omitempty"`
 
 	movedAt time.Time // when another node was seen holding the VIP
+	// faultAt, when set, is when the fault that moved the VIP began, if not
+	// at the drill's start (kubeadm-lease: the holder's manifest rewritten).
+	faultAt time.Time
 }
 
 func (k *KubeadmResult) String() string {
 	s := fmt.Sprintf("victim %s", k.Victim)
 	if k.VIPGoneMs > 0 {
-		s += fmt.Sprintf(", VIP left it %.0fms after the kill", k.VIPGoneMs)
+		s += fmt.Sprintf(", VIP left it %.0fms after the fault", k.VIPGoneMs)
 	}
 	if k.Terminated != "" {
 		s += ", kubelet: " + k.Terminated
+	}
+	if k.LeaseHolder != "" {
+		s += fmt.Sprintf(", moved to the Lease election in the order %s; the Lease and the VIP are on %s", strings.Join(k.Order, ", "), k.LeaseHolder)
 	}
 	if k.NewNode != "" {
 		s += fmt.Sprintf(", replacement %s (pruning %s): kubeadm join %s", k.NewNode, onOff(k.Pruning), map[bool]string{true: "FAILED", false: "passed"}[k.JoinFailed])
@@ -180,8 +201,9 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	if !sleepCtx(ctx, time.Second) { // a baseline of good requests
 		return ctx.Err()
 	}
-	phase := r.phaser(time.Now())
-	fault := time.Now()
+	phaseStart := time.Now()
+	phase := r.phaser(phaseStart)
+	fault := phaseStart
 	switch kind {
 	case DrillKubeadmVigilKilled, DrillKubeadmVigilOOM:
 		err = l.killVigilContainer(ctx, victim, kind == DrillKubeadmVigilOOM, w, k, phase)
@@ -192,6 +214,11 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	case DrillKubeadmReplace:
 		d.setDead(victim.Name, true)
 		err = l.replaceMachine(ctx, victim, w, k, phase)
+	case DrillKubeadmLease:
+		err = l.moveToLease(ctx, victim, w, k, phase)
+	}
+	if !k.faultAt.IsZero() {
+		fault = k.faultAt
 	}
 	replies := udp.close()
 	r.Before = lastBefore(replies, fault)
@@ -223,7 +250,7 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 			k.FailedOutside++
 			if len(k.OutsideErrors) < 5 {
 				// When, from the fault, and in which phase.
-				k.OutsideErrors = append(k.OutsideErrors, fmt.Sprintf("+%v (%s): %s", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(fault, q.start), q.err))
+				k.OutsideErrors = append(k.OutsideErrors, fmt.Sprintf("+%v (%s): %s", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(phaseStart, q.start), q.err))
 			}
 		}
 	}
@@ -859,16 +886,26 @@ func (l *Lab) kubeadmEtcdClient() (*clientv3.Client, error) {
 	})
 }
 
-// kubeadmMembers lists the etcd member names.
-func (l *Lab) kubeadmMembers(ctx context.Context) (map[string]uint64, error) {
+// withKubeadmEtcd runs f with a client of the kubeadm cluster's etcd and a
+// 5 s context.
+func (l *Lab) withKubeadmEtcd(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
 	cli, err := l.kubeadmEtcdClient()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := cli.MemberList(ctx)
+	return f(ctx, cli)
+}
+
+// kubeadmMembers lists the etcd member names.
+func (l *Lab) kubeadmMembers(ctx context.Context) (map[string]uint64, error) {
+	var resp *clientv3.MemberListResponse
+	err := l.withKubeadmEtcd(ctx, func(ctx context.Context, cli *clientv3.Client) (err error) {
+		resp, err = cli.MemberList(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -235,6 +235,10 @@ func TestKubeadmLab(t *testing.T) {
 				if k.JoinFailed || k.DeadMemberLeft || k.EtcdUnhealthyAtJoin || k.MembersAfterJoin != 3 {
 					t.Fatalf("replacement with pruning: %+v", k)
 				}
+			case DrillKubeadmLease:
+				if k.LeaseHolder == "" || len(k.Order) != 3 || k.Order[2] != r.Target {
+					t.Fatalf("move to the Lease election: %+v", k)
+				}
 			}
 			// The drills that take vigil or its node away must move the
 			// VIP; renewing certificates may move it (the holder's API
@@ -243,6 +247,18 @@ func TestKubeadmLab(t *testing.T) {
 				t.Fatalf("VIP %s -> %s, outage %.0fms", r.Before, r.After, r.OutageMillis)
 			}
 		})
+	}
+	// Now on the Lease election: a killed holder still fails over, and the
+	// move is not made twice.
+	t.Run("lease/"+DrillKubeadmVigilKilled, func(t *testing.T) {
+		r := l.Drill(ctx, DrillKubeadmVigilKilled, 1)
+		t.Log(r)
+		if !r.OK() || r.Kubeadm == nil || r.Kubeadm.VIPGoneMs > 500 || r.After == r.Target || r.OutageMillis > 5000 {
+			t.Fatalf("drill failed under the Lease election: %s", r)
+		}
+	})
+	if r := l.Drill(ctx, DrillKubeadmLease, 1); !strings.Contains(r.Error, "one-way") {
+		t.Fatalf("a second move to the Lease election: %s", r)
 	}
 }
 

@@ -68,7 +68,19 @@ type PodOptions struct {
 	// unreachable for this long (docs/kubeadm.md, "A control-plane node
 	// died").
 	PruneAfter time.Duration
+	// Election is vigil run's --election: "etcd" (the default, and the only
+	// one that works before kubeadm init is done) or "kubernetes", the
+	// Lease election, which needs Kubeconfig pointing at this node's own
+	// API server. The etcd flags stay: the etcd election is retired
+	// through them (docs/kubeadm.md, "Moving to the Lease election").
+	Election string
 }
+
+// Election backends the pod can run.
+const (
+	ElectionEtcd       = "etcd"
+	ElectionKubernetes = "kubernetes"
+)
 
 // minPruneAfter is vigil run's own lower bound on --prune-after.
 const minPruneAfter = 10 * time.Second
@@ -91,6 +103,17 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.PruneAfter != 0 && o.PruneAfter < minPruneAfter {
 		return nil, fmt.Errorf("%w: --prune-after %v: use 0 (off) or at least %v", ErrInvalid, o.PruneAfter, minPruneAfter)
 	}
+	switch o.Election {
+	case "":
+		o.Election = ElectionEtcd
+	case ElectionEtcd:
+	case ElectionKubernetes:
+		if o.Kubeconfig == "" {
+			return nil, fmt.Errorf("%w: --election kubernetes needs --kubeconfig, a kubeconfig for this node's own API server (not the VIP)", ErrInvalid)
+		}
+	default:
+		return nil, fmt.Errorf("%w: --election %q: use etcd or kubernetes", ErrInvalid, o.Election)
+	}
 	if len(o.EtcdEndpoints) == 0 {
 		o.EtcdEndpoints = []string{DefaultEtcdURL}
 	}
@@ -102,7 +125,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	args := []string{"run",
 		"--vip", vip,
 		"--interface", o.Interface,
-		"--election", "etcd",
+		"--election", o.Election,
 		"--etcd-endpoints", join(o.EtcdEndpoints),
 		"--etcd-cacert", PKIDir + "/etcd/ca.crt",
 		"--etcd-cert", PKIDir + "/apiserver-etcd-client.crt",

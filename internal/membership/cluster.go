@@ -319,7 +319,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 	if err := v.CheckRemove(m, force); err != nil {
 		return err
 	}
-	if m.Leader {
+	for attempt := 1; m.Leader; attempt++ {
 		to, ok := v.transferTarget(m)
 		if !ok {
 			return fmt.Errorf("%w: %s leads raft and no other healthy voter can take over", ErrRefused, m.Label())
@@ -337,12 +337,31 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		if m, err = v.Find(m.IDString()); err != nil {
 			return err
 		}
-		if merr != nil && m.Leader {
-			return fmt.Errorf("move raft leadership off %s: %w", m.Label(), merr)
+		if merr == nil || !m.Leader {
+			break
 		}
-		if err := v.CheckRemove(m, force); err != nil {
+		// raft gives up a transfer when the transferee does not catch up
+		// within an election timeout: a member that joined moments ago,
+		// on a busy machine. A second later it, or the member now
+		// furthest along, usually can.
+		if attempt == moveLeaderAttempts {
+			return fmt.Errorf("move raft leadership off %s (%d attempts): %w", m.Label(), attempt, merr)
+		}
+		say("moving leadership failed (%v); trying again in %v", merr, moveLeaderRetry)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(moveLeaderRetry):
+		}
+		if v, err = c.View(ctx); err != nil {
 			return err
 		}
+		if m, err = v.Find(m.IDString()); err != nil {
+			return err
+		}
+	}
+	if err := v.CheckRemove(m, force); err != nil {
+		return err
 	}
 	say("removing %s", m.Label())
 	var err error
@@ -423,6 +442,14 @@ func (c *Cluster) moveLeader(ctx context.Context, m, to Member) error {
 // transferee takes over within a few heartbeats, and raft gives up on a
 // transfer after an election timeout (1 s by default).
 const moveLeaderTimeout = 5 * time.Second
+
+// moveLeaderAttempts and moveLeaderRetry: how often, and how far apart, a
+// removal tries to move raft leadership off the member it removes. Each
+// attempt re-reads the members and picks the voter furthest along.
+const (
+	moveLeaderAttempts = 3
+	moveLeaderRetry    = time.Second
+)
 
 // FreshReports watches the published reports for up to wait (a one-shot
 // command has no history to judge them by) and returns which observers'
