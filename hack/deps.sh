@@ -11,6 +11,11 @@ for cmd in "$@"; do
     [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
     continue
   fi
+  if [ "$cmd" = cgo ]; then  # a C toolchain, for go test -race
+    command -v gcc >/dev/null || need+=(gcc)
+    [ -e /usr/include/stdlib.h ] || need+=(libc6-dev)
+    continue
+  fi
   command -v "$cmd" >/dev/null && continue
   case $cmd in
     ip) need+=(iproute2) ;;

@@ -186,10 +186,10 @@ type Agent struct {
 	metricsLn net.Listener
 	reg       *prometheus.Registry
 	m         *agentMetrics
-	disc      *discoverer // nil without etcd seeds
+	disc      *discoverer // nil without etcd seeds; set under mu by Run
 	startedAt time.Time
 
-	mu       sync.Mutex // guards etcdURLs, apiFromEtcd and apiFromKube
+	mu       sync.Mutex // guards disc (written by Run), etcdURLs, apiFromEtcd and apiFromKube
 	etcdURLs []string   // learned etcd client URLs, for the member list client
 	// The API servers each source gave last; the learned set is their
 	// union.
@@ -337,7 +337,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			return err
 		}
+		a.mu.Lock() // Status may run already (a caller's goroutine)
 		a.disc = d
+		a.mu.Unlock()
 		wg.Go(func() { d.run(ctx) })
 	}
 	if a.cfg.Kube != nil {

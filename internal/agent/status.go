@@ -68,8 +68,11 @@ func (a *Agent) Status() Status {
 		}
 		s.Upstreams = append(s.Upstreams, us)
 	}
-	if a.disc != nil {
-		t, err := a.disc.state()
+	a.mu.Lock()
+	disc := a.disc
+	a.mu.Unlock()
+	if disc != nil {
+		t, err := disc.state()
 		if !t.IsZero() {
 			s.LastMemberList = &t
 		}

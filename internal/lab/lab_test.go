@@ -36,7 +36,7 @@ func TestDrills(t *testing.T) {
 	}
 	ctx := context.Background()
 	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
-		t.Skipf("a lab is already up (%v); not touching it", nss)
+		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
 	}
 	log := slog.New(slog.DiscardHandler)
 	if testing.Verbose() {
@@ -141,7 +141,7 @@ func TestKubeadmLab(t *testing.T) {
 	}
 	ctx := context.Background()
 	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
-		t.Skipf("a lab is already up (%v); not touching it", nss)
+		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
 	}
 	self := nstest.Binary(t, "vigil-lab")
 	l, err := New(Config{Dir: t.TempDir() + "/lab", VigilBin: nstest.Binary(t, "vigil"), SelfBin: self}, slog.New(slog.DiscardHandler))
@@ -377,7 +377,7 @@ func TestLeaseLab(t *testing.T) {
 	}
 	ctx := context.Background()
 	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
-		t.Skipf("a lab is already up (%v); not touching it", nss)
+		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
 	}
 	self := nstest.Binary(t, "vigil-lab")
 	if _, err := os.Stat(filepath.Join(filepath.Dir(self), "kube-apiserver")); err != nil {
@@ -459,7 +459,7 @@ func TestChaos(t *testing.T) {
 		t.Skip("builds a 3-node lab and injects faults for minutes; skipped with -short")
 	}
 	if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
-		t.Skipf("a lab is already up (%v); not touching it", nss)
+		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
 	}
 	seed := time.Now().UnixNano() % 1_000_000
 	dir := t.TempDir()

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
 // What one idle proxied connection costs the balancer's process in RSS.
@@ -185,6 +186,6 @@ func raiseFileLimit(t *testing.T, conns int) {
 	l.Cur = uint64(want)
 	l.Max = max(l.Max, l.Cur)
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
-		t.Skipf("%d connections need %d file descriptors; the limit is %d and cannot be raised (%v)", conns, want, have, err)
+		nstest.Unavailable(t, "%d connections need %d file descriptors; the limit is %d and cannot be raised (%v)", conns, want, have, err)
 	}
 }

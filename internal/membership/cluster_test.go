@@ -17,7 +17,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, etcdtest.LeakOptions()...)
+	goleak.VerifyTestMain(m, etcdtest.MemberChangeLeakOptions()...)
 }
 
 func newCluster(t *testing.T, c *etcdtest.Cluster) *Cluster {

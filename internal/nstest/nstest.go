@@ -1,6 +1,7 @@
 // Package nstest gives tests throwaway network namespaces joined by a veth
 // pair. Every namespace it creates is deleted when the test ends, pass or
-// fail. Tests that use it skip, with a message, when not run as root.
+// fail. Tests that use it skip, with a message, when not run as root
+// (and fail instead when VIGIL_REQUIRE_ROOT=1, as in hack/test.sh).
 package nstest
 
 import (
@@ -15,14 +16,32 @@ import (
 
 var seq atomic.Int64
 
-// RequireRoot skips the test unless it runs as root with iproute2.
+// RequireRootEnv, set to 1, turns every skip of Unavailable into a
+// failure. hack/test.sh sets it: it runs as root with every tool installed,
+// so a root-only test that skips there is a test that silently stopped
+// running.
+const RequireRootEnv = "VIGIL_REQUIRE_ROOT"
+
+// Unavailable skips the test because what it needs (root, a tool, a clean
+// host) is missing, or fails it when RequireRootEnv is set.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if os.Getenv(RequireRootEnv) == "1" {
+		t.Fatalf("%s; %s=1 says this test must run here", msg, RequireRootEnv)
+	}
+	t.Skip(msg)
+}
+
+// RequireRoot skips the test unless it runs as root with iproute2 (fails
+// it instead under RequireRootEnv).
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (CI runs tests as root)")
+		Unavailable(t, "needs root to create network namespaces (CI runs tests as root)")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip command (iproute2)")
+		Unavailable(t, "needs the ip command (iproute2)")
 	}
 }
 
