@@ -62,6 +62,14 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-max-conns", "100", "--lb-max-conns-per-source", "200"}, "--lb-max-conns-per-source 200 is above --lb-max-conns 100"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-idle-timeout", "-1s"}, "--lb-idle-timeout"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--lb-max-conns", "-7"}, "--lb-max-conns -7"},
+		// One rule for etcd endpoints in every command (internal/validate).
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "https://10.0.0.11"}, `etcd endpoint "https://10.0.0.11" must look like https://HOST:PORT, such as https://10.0.0.11:2379 (no port)`},
+		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--etcd-endpoints", "https://10.0.0.11"}, `etcd endpoint "https://10.0.0.11" must look like https://HOST:PORT, such as https://10.0.0.11:2379 (no port)`},
+		{[]string{"members", "list", "--etcd-endpoints", "https://10.0.0.11"}, `etcd endpoint "https://10.0.0.11" must look like https://HOST:PORT, such as https://10.0.0.11:2379 (no port)`},
+		{[]string{"manifest", "pod", "--vip", "10.0.0.100", "--interface", "eth0", "--etcd-endpoints", "https://10.0.0.11"}, `etcd endpoint "https://10.0.0.11" must look like https://HOST:PORT, such as https://10.0.0.11:2379 (no port)`},
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "https://10.0.0.11:2379,http://10.0.0.12:2379"}, "etcd endpoints mix http and https"},
+		{[]string{"manifest", "daemonset", "--server", "https://10.0.0.100:6443/api"}, "nothing may follow HOST:PORT"},
+		{[]string{"agent", "--server", "https://10.0.0.100:6443/api"}, "nothing may follow HOST:PORT"},
 	}, extra...) {
 		cmd := exec.Command(vigil, tc.args...)
 		var out, errb bytes.Buffer

@@ -47,6 +47,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // ErrConfig wraps every configuration error.
@@ -454,10 +455,10 @@ func (c *Config) withDefaults() error {
 	if c.Server == "" {
 		return fmt.Errorf("%w: --server is required: the API server URL workers used so far, such as https://VIP:6443", ErrConfig)
 	}
-	u, err := url.Parse(c.Server)
-	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
-		return fmt.Errorf("%w: --server %q must be an https URL such as https://10.0.0.100:6443", ErrConfig, c.Server)
+	if err := validate.APIServerURL(c.Server); err != nil {
+		return fmt.Errorf("%w: --server %w", ErrConfig, err)
 	}
+	u, _ := url.Parse(c.Server)
 	if u.Port() == "" {
 		u.Host = net.JoinHostPort(u.Hostname(), "443")
 		c.Server = u.String()
@@ -505,16 +506,17 @@ func (c *Config) withDefaults() error {
 }
 
 // parseEtcdURLs checks etcd client URLs and returns their host:port and
-// their common scheme (http or https).
+// their common scheme (http or https). None is fine: the agent may run
+// without etcd.
 func parseEtcdURLs(urls []string) (hostPorts []string, scheme string, err error) {
+	if len(urls) == 0 {
+		return nil, "", nil
+	}
+	if err := validate.EtcdEndpoints(urls); err != nil {
+		return nil, "", fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	for _, s := range urls {
-		u, err := url.Parse(s)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Port() == "" {
-			return nil, "", fmt.Errorf("%w: etcd endpoint %q must be a URL such as https://10.0.0.11:2379", ErrConfig, s)
-		}
-		if scheme != "" && u.Scheme != scheme {
-			return nil, "", fmt.Errorf("%w: etcd endpoints mix http and https", ErrConfig)
-		}
+		u, _ := url.Parse(s)
 		scheme = u.Scheme
 		hostPorts = append(hostPorts, u.Host)
 	}

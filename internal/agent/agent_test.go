@@ -498,7 +498,7 @@ func TestConfigErrors(t *testing.T) {
 		{"server with path", func(c *Config) { c.Server = "https://10.0.0.100:6443/api" }, "must be an https URL"},
 		{"bad listen", func(c *Config) { c.APIServerListen = "6443" }, "--apiserver-listen"},
 		{"etcd listen without seeds", func(c *Config) { c.EtcdListen = "127.0.0.1:0" }, "needs --etcd-endpoints"},
-		{"bad etcd seed", func(c *Config) { c.EtcdSeeds = []string{"10.0.0.11:2379"} }, "must be a URL"},
+		{"bad etcd seed", func(c *Config) { c.EtcdSeeds = []string{"10.0.0.11:2379"} }, "must look like https://HOST:PORT"},
 		{"mixed etcd schemes", func(c *Config) { c.EtcdSeeds = []string{"http://a:1", "https://b:1"} }, "mix http and https"},
 		{"bad backend port", func(c *Config) { c.BackendPort = 70000 }, "--backend-port"},
 		{"bad health path", func(c *Config) { c.HealthPath = "readyz" }, "--health-path"},

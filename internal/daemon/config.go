@@ -24,6 +24,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // ErrConfig wraps every configuration error.
@@ -225,10 +226,9 @@ func (c *Config) Validate() error {
 	if err := c.validateDiscovery(); err != nil {
 		return err
 	}
-	for _, ep := range c.EtcdEndpoints {
-		u, err := url.Parse(ep)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("%w: etcd endpoint %q must look like http://HOST:PORT or https://HOST:PORT", ErrConfig, ep)
+	if len(c.EtcdEndpoints) > 0 {
+		if err := validate.EtcdEndpoints(c.EtcdEndpoints); err != nil {
+			return fmt.Errorf("%w: --etcd-endpoints: %w", ErrConfig, err)
 		}
 	}
 	if (c.EtcdCert == "") != (c.EtcdKey == "") {

@@ -59,7 +59,7 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		{"missing cert files", append(with("--etcd-cert", filepath.Join(dir, "nope.crt")), "--etcd-key", filepath.Join(dir, "nope.key")), "no such file"},
 		{"unknown backend", with("--election", "zookeeper"), "unknown --election backend"},
 		{"unknown flag", append(good, "--frobnicate"), "unknown flag"},
-		{"bad endpoint", with("--etcd-endpoints", "127.0.0.1:2379"), "must look like http://"},
+		{"bad endpoint", with("--etcd-endpoints", "127.0.0.1:2379"), "must look like https://HOST:PORT"},
 		{"lb port in use (apiserver on 0.0.0.0)", with("--lb-port", "16443"), "--bind-address"},
 		{"metrics port in use", with("--metrics-address", "127.0.0.1:16444"), "--metrics-address 127.0.0.1:16444"},
 		{"backend port out of range", with("--backend-port", "70000"), "--backend-port 70000 is out of range"},

@@ -52,13 +52,15 @@ type httpsProber struct {
 	reqs []request
 }
 
-func (l *Lab) startHTTPSProber(port int) (*httpsProber, error) {
+// startHTTPSProber starts the requests; each fails if no answer came
+// within timeout.
+func (l *Lab) startHTTPSProber(port int, timeout time.Duration) (*httpsProber, error) {
 	tr, err := l.vipTransport()
 	if err != nil {
 		return nil, err
 	}
 	p := &httpsProber{
-		client: &http.Client{Timeout: 2 * time.Second, Transport: tr},
+		client: &http.Client{Timeout: timeout, Transport: tr},
 		url:    vipURL(port, "/version"),
 		stop:   make(chan struct{}),
 	}
@@ -165,7 +167,7 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	r.Target, r.Before = holder, holder
 	mon := startMonitor(w, d.live, probeInterval)
 	defer mon.close()
-	pr, err := l.startHTTPSProber(s.LBPort)
+	pr, err := l.startHTTPSProber(s.LBPort, 2*time.Second)
 	if err != nil {
 		return err
 	}

@@ -69,6 +69,15 @@ const (
 // last: the drills before it run with the etcd election.
 var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
 
+// kubeadmRequestTimeout bounds each request through the VIP in the kubeadm
+// drills. The lab runs four machines' control planes on two cores. In one
+// CI run (2026-12-02, kubeadm-replace) a single GET /version went
+// unanswered for 2 s, the old limit, while a new machine was being made
+// (containerd importing six images), with no failover under way and the
+// VIP holder alive. A request that vigil sends nowhere, or to a dead
+// server, still fails at this limit.
+const kubeadmRequestTimeout = 5 * time.Second
+
 // KubeadmResult adds what the kubeadm drills measure to Result.
 type KubeadmResult struct {
 	Pruning bool   `json:"pruning"`
@@ -180,7 +189,7 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	}
 	defer w.close()
 	d := &drillRun{l: l, dead: map[string]bool{}, w: w, target: victim}
-	pr, err := l.startHTTPSProber(APIServerPort)
+	pr, err := l.startHTTPSProber(APIServerPort, kubeadmRequestTimeout)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"path"
 	"strconv"
 	"time"
@@ -29,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // ErrInvalid wraps every bad-input error.
@@ -117,10 +117,8 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if len(o.EtcdEndpoints) == 0 {
 		o.EtcdEndpoints = []string{DefaultEtcdURL}
 	}
-	for _, e := range o.EtcdEndpoints {
-		if u, err := url.Parse(e); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			return nil, fmt.Errorf("%w: etcd endpoint %q must be a URL such as https://127.0.0.1:2379", ErrInvalid, e)
-		}
+	if err := validate.EtcdEndpoints(o.EtcdEndpoints); err != nil {
+		return nil, fmt.Errorf("%w: --etcd-endpoints: %w", ErrInvalid, err)
 	}
 	args := []string{"run",
 		"--vip", vip,
@@ -229,12 +227,11 @@ type DaemonSetOptions struct {
 // instead (docs/agent.md); this DaemonSet serves the clients that start
 // later: kube-proxy, flannel, etcd clients.
 func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
-	u, err := url.Parse(o.Server)
 	if o.Server == "" {
 		return nil, fmt.Errorf("%w: --server is required: the API server URL, such as https://10.0.0.100:6443", ErrInvalid)
 	}
-	if err != nil || u.Scheme != "https" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") {
-		return nil, fmt.Errorf("%w: --server %q must be an https URL such as https://10.0.0.100:6443", ErrInvalid, o.Server)
+	if err := validate.APIServerURL(o.Server); err != nil {
+		return nil, fmt.Errorf("%w: --server %w", ErrInvalid, err)
 	}
 	if o.Listen == "" {
 		o.Listen = "127.0.0.1:6443"

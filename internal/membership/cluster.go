@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -28,6 +27,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // DefaultReportPrefix is where each vigil publishes its view of the
@@ -77,13 +78,8 @@ type Cluster struct {
 
 // New connects (lazily) to the endpoints.
 func New(cfg Config, log *slog.Logger) (*Cluster, error) {
-	if len(cfg.Endpoints) == 0 {
-		return nil, fmt.Errorf("%w: no etcd endpoints", ErrInvalid)
-	}
-	for _, ep := range cfg.Endpoints {
-		if u, err := url.Parse(ep); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("%w: etcd endpoint %q must look like https://HOST:PORT", ErrInvalid, ep)
-		}
+	if err := validate.EtcdEndpoints(cfg.Endpoints); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if cfg.ReportPrefix == "" {
 		cfg.ReportPrefix = DefaultReportPrefix

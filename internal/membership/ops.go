@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // PruneConfig says what Prune may remove.
@@ -146,9 +147,8 @@ func ParseNewMember(s string) (name, peerURL string, err error) {
 	if !ok || name == "" || peerURL == "" {
 		return "", "", fmt.Errorf("%w: --with %q must be NAME=PEER_URL, e.g. cp4=https://10.0.0.14:2380", ErrInvalid, s)
 	}
-	u, err := url.Parse(peerURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") {
-		return "", "", fmt.Errorf("%w: peer URL %q must look like https://HOST:2380", ErrInvalid, peerURL)
+	if err := validate.PeerURL(peerURL); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return name, peerURL, nil
 }
