@@ -258,7 +258,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			} else if failures%20 == 0 {
 				e.log.Info("still cannot read the lock", "for", done.Sub(failedAt).Round(time.Millisecond), "err", err)
 			}
-			if !sleep(ctx, e.readBackoff(failures)) {
+			if !sleep(ctx, readBackoff(e.cfg.RetryPeriod, failures)) {
 				return lease{}, Observation{}, ctx.Err()
 			}
 			continue
@@ -649,9 +649,10 @@ func (e *Elector) setIneligible(why string) {
 // leaving room for another attempt before the renew deadline.
 func (e *Elector) opTimeout() time.Duration { return 2 * e.cfg.RetryPeriod }
 
-// readBackoff doubles the pause after each failed read, up to maxReadBackoff.
-func (e *Elector) readBackoff(failures int) time.Duration {
-	d := e.cfg.RetryPeriod
+// readBackoff doubles the pause after each failed read, from retry up to
+// maxReadBackoff.
+func readBackoff(retry time.Duration, failures int) time.Duration {
+	d := retry
 	for i := 1; i < failures && d < maxReadBackoff; i++ {
 		d *= 2
 	}

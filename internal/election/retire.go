@@ -53,7 +53,7 @@ func Retire(ctx context.Context, lock Lock, to string, retry time.Duration, log 
 			if failures == 1 || failures%20 == 0 {
 				log.Warn("cannot read the old election's lock to retire it; retrying", "err", err, "attempts", failures)
 			}
-			if !sleep(ctx, min(retry<<min(failures, 6), maxReadBackoff)) {
+			if !sleep(ctx, readBackoff(retry, failures)) {
 				return ctx.Err()
 			}
 			continue

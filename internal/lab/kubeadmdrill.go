@@ -695,17 +695,12 @@ func (l *Lab) lastTermination(ctx context.Context, node string) (string, error) 
 
 // waitHolderOther waits until a node other than not holds the VIP.
 func (l *Lab) waitHolderOther(ctx context.Context, w *vipWatch, not string, d time.Duration) (string, error) {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		others := slices.DeleteFunc(slices.Clone(l.st.Nodes), func(m *Node) bool { return m.Name == not })
-		if h, err := w.holders(others); err == nil && len(h) == 1 {
-			return h[0], nil
-		}
-		if !sleepCtx(ctx, 5*time.Millisecond) {
-			return "", ctx.Err()
-		}
+	others := slices.DeleteFunc(slices.Clone(l.st.Nodes), func(m *Node) bool { return m.Name == not })
+	h, err := waitAnyHolder(ctx, w, others, d)
+	if err != nil && ctx.Err() == nil {
+		return "", fmt.Errorf("no other node took the VIP within %v", d)
 	}
-	return "", fmt.Errorf("no other node took the VIP within %v", d)
+	return h, err
 }
 
 // replaceMachine powers victim off for good and joins a new control-plane
