@@ -195,7 +195,8 @@ With --listen it runs on its own, as the static pod's second container
 (vigil manifest pod): in a container vigil run is PID 1, and a child dies
 with it. vigil run --guard-socket connects to the socket; when that
 connection ends, because vigil run exited or its container was killed, the
-guard removes the VIP at once, and it keeps serving the next vigil run.`,
+guard removes the VIP at once, and it keeps serving the next vigil run.
+A vigil run that no guard listens to does not hold the VIP.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "guard")

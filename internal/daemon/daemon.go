@@ -286,7 +286,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
 		MAC:             mac,
-		Eligible:        h.keeper.Eligible,
+		Eligible:        h.eligible,
 		Lock:            lock,
 		Prober:          prober,
 		LeaseDuration:   cfg.LeaseDuration,
@@ -407,15 +407,38 @@ type holder struct {
 // moment the deadline passes.
 func (h *holder) lease(deadline time.Time) {
 	h.mu.Lock()
-	if !h.serving && h.bal != nil {
+	first := !h.serving
+	if first && h.bal != nil {
 		h.bal.SetServing(true) // before the first packet can arrive
 	}
 	h.serving = true
 	h.mu.Unlock()
 	if h.guard != nil {
-		h.guard.Lease(deadline)
+		if !first {
+			h.guard.Lease(deadline)
+		} else if !h.guard.Arm(deadline, guardArmWait) {
+			h.log.Warn("the VIP guard did not take the lease deadline in time; it will when it reads again", "waited", guardArmWait)
+		}
 	}
 	h.keeper.Hold(deadline)
+}
+
+// guardArmWait bounds how long a new holder waits for its first deadline to
+// reach the guard before it adds the VIP. A write to a listening guard takes
+// microseconds; the bound matters only for a guard that stopped reading.
+const guardArmWait = 100 * time.Millisecond
+
+// eligible is why this node cannot hold the VIP now: the keeper's reasons
+// (interface down or gone, adding the address fails) or, with a guard, that
+// no guard listens to this vigil.
+func (h *holder) eligible() error {
+	if err := h.keeper.Eligible(); err != nil {
+		return err
+	}
+	if h.guard != nil {
+		return h.guard.Eligible()
+	}
+	return nil
 }
 
 // start runs on becoming leader, once the VIP is up: announcement at once.

@@ -5,6 +5,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -77,6 +78,49 @@ func TestGuardSocketFencesKilledAndStoppedHolder(t *testing.T) {
 	defer func() { _ = vigil.Process.Signal(syscall.SIGCONT) }()
 	waitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
+}
+
+// A vigil whose guard does not listen (its container has not started, or is
+// being restarted) would hold the VIP unfenced: it does not campaign, says
+// why, and a holder whose guard dies steps down until the guard is back.
+func TestNoGuardNoVIP(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	sock := filepath.Join(t.TempDir(), "guard.sock")
+	bin := nstest.Binary(t, "vigil")
+	startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
+	waitFor(t, 20*time.Second, "vigil to say why it does not campaign", func() bool {
+		return strings.Contains(statusOK(bin, p.A).Ineligible, "not connected to the VIP guard")
+	})
+	time.Sleep(time.Second) // several retry periods
+	if hasVIP(t, p.A) {
+		t.Fatal("vigil took the VIP with no guard listening")
+	}
+	guardArgs := []string{"guard", "--listen", sock, "--vip", testVIP + "/24", "--interface", "a0"}
+	guard := startIn(t, p.A, "guard.log", bin, guardArgs...)
+	waitFor(t, 10*time.Second, "the VIP once the guard listens", func() bool { return hasVIP(t, p.A) })
+
+	// The guard dies (SIGKILL: it cannot remove anything): the holder
+	// steps down and removes the VIP itself.
+	if err := guard.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the holder without its guard to step down", func() bool { return !hasVIP(t, p.A) })
+	if r := statusOK(bin, p.A); r.Leader {
+		t.Fatalf("vigil still leads without a guard: %+v", r)
+	}
+	startIn(t, p.A, "guard2.log", bin, guardArgs...)
+	waitFor(t, 10*time.Second, "the VIP once a guard listens again", func() bool { return hasVIP(t, p.A) })
+}
+
+// statusOK is status that returns the zero Report while vigil does not answer.
+func statusOK(bin, ns string) Report {
+	out, err := exec.Command("ip", "netns", "exec", ns, bin, "status", "--json").Output()
+	var r Report
+	if err == nil {
+		_ = json.Unmarshal(out, &r)
+	}
+	return r
 }
 
 // The address follows the role: a VIP deleted on the holder comes back, a

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -176,20 +177,47 @@ type guardProc struct {
 	slack  time.Duration
 	log    *slog.Logger
 
-	mu sync.Mutex     // guards w and latest
+	mu sync.Mutex     // guards w, latest, seq, written and wrote
 	w  io.WriteCloser // the current guard's pipe or connection
 	// latest is the last deadline to tell the guard (CLOCK_MONOTONIC ns, 0:
-	// not holding); kick wakes the writer.
+	// not holding), seq counts the changes to it; kick wakes the writer.
 	latest time.Duration
+	seq    uint64
 	kick   chan struct{}
-	wg     sync.WaitGroup
+	// written is the seq of the last deadline written to a guard; wrote is
+	// closed (and replaced) after every write, for Arm to wait on.
+	written uint64
+	wrote   chan struct{}
+	wg      sync.WaitGroup
+}
+
+// errNoGuard is why a vigil with a guard it cannot reach does not hold the
+// VIP: nothing would remove the address if that vigil were stopped or killed.
+var errNoGuard = errors.New("not connected to the VIP guard: nothing would remove the VIP if this vigil were stopped or killed")
+
+// Eligible returns errNoGuard while no guard listens to this vigil: the
+// guard container has not started yet or is being restarted. A candidate
+// does not campaign and a holder steps down, so no node ever holds the VIP
+// unfenced.
+func (g *guardProc) Eligible() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.w == nil {
+		if g.socket != "" {
+			return fmt.Errorf("%w (socket %s)", errNoGuard, g.socket)
+		}
+		return errNoGuard
+	}
+	return nil
 }
 
 // connectGuard keeps a connection to the guard listening on socket until ctx
 // is done. A guard that is not there yet (its container starts after this
-// one) is retried every half second, with one warning.
+// one) is retried every guardRedial, with one warning; until it answers,
+// Eligible keeps this vigil from campaigning.
 func connectGuard(ctx context.Context, socket string, cfg Config, log *slog.Logger) *guardProc {
-	g := &guardProc{socket: socket, slack: guardSlack(cfg.LeaseDuration, cfg.RenewDeadline), log: log, kick: make(chan struct{}, 1)}
+	g := &guardProc{socket: socket, slack: guardSlack(cfg.LeaseDuration, cfg.RenewDeadline), log: log,
+		kick: make(chan struct{}, 1), wrote: make(chan struct{})}
 	g.wg.Add(2)
 	go func() {
 		defer g.wg.Done()
@@ -217,13 +245,13 @@ func (g *guardProc) stayConnected(ctx context.Context) {
 		}
 		if err != nil {
 			if !warned && ctx.Err() == nil {
-				g.log.Warn("cannot reach the VIP guard; retrying (until it answers, only the VIP's kernel lifetime fences a vigil that dies)", "socket", g.socket, "err", err)
+				g.log.Warn("cannot reach the VIP guard; retrying (until it answers, this node does not hold the VIP)", "socket", g.socket, "err", err)
 				warned = true
 			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(500 * time.Millisecond):
+			case <-time.After(guardRedial):
 			}
 			continue
 		}
@@ -259,8 +287,9 @@ func startGuard(ctx context.Context, bin string, cfg Config, log *slog.Logger) (
 		bin: bin,
 		args: []string{"guard", "--vip", cfg.VIP.String(), "--interface", cfg.Interface,
 			"--slack", guardSlack(cfg.LeaseDuration, cfg.RenewDeadline).String()},
-		log:  log,
-		kick: make(chan struct{}, 1),
+		log:   log,
+		kick:  make(chan struct{}, 1),
+		wrote: make(chan struct{}),
 	}
 	cmd, err := g.spawn()
 	if err != nil {
@@ -278,20 +307,55 @@ func startGuard(ctx context.Context, bin string, cfg Config, log *slog.Logger) (
 	return g, nil
 }
 
+// guardRedial is how often a vigil retries a guard socket nobody listens on.
+// It bounds how long a holder waits for a restarted guard container before
+// it may campaign again.
+const guardRedial = 200 * time.Millisecond
+
 // Lease tells the guard the lease deadline (zero: not holding). It never
 // blocks: a guard that does not read (stopped itself) gets the latest value
 // when it reads again.
-func (g *guardProc) Lease(deadline time.Time) {
+func (g *guardProc) Lease(deadline time.Time) { g.set(deadline) }
+
+func (g *guardProc) set(deadline time.Time) uint64 {
 	var d time.Duration
 	if !deadline.IsZero() {
 		d = monoNow() + time.Until(deadline)
 	}
 	g.mu.Lock()
 	g.latest = d
+	g.seq++
+	seq := g.seq
 	g.mu.Unlock()
 	select {
 	case g.kick <- struct{}{}:
 	default:
+	}
+	return seq
+}
+
+// Arm tells the guard the first deadline of a tenure and waits, at most
+// wait, until it is written to the guard. The VIP is added only after that:
+// a vigil stopped between adding the address and its writer's next turn
+// would otherwise leave the guard with no deadline to enforce. It reports
+// whether the write happened in time; if not (the guard is gone, or stopped
+// and its buffer full), the guard still learns the deadline when it reads.
+func (g *guardProc) Arm(deadline time.Time, wait time.Duration) bool {
+	seq := g.set(deadline)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		g.mu.Lock()
+		done, wrote := g.written >= seq, g.wrote
+		g.mu.Unlock()
+		if done {
+			return true
+		}
+		select {
+		case <-wrote:
+		case <-timer.C:
+			return false
+		}
 	}
 }
 
@@ -304,14 +368,23 @@ func (g *guardProc) write(ctx context.Context) {
 		case <-g.kick:
 		}
 		g.mu.Lock()
-		w, d := g.w, g.latest
+		w, d, seq := g.w, g.latest, g.seq
 		g.mu.Unlock()
 		if w == nil {
 			continue
 		}
 		var b [8]byte
 		binary.BigEndian.PutUint64(b[:], uint64(d))
-		_, _ = w.Write(b[:]) // a dead guard is restarted by supervise, which kicks again
+		if _, err := w.Write(b[:]); err != nil {
+			continue // a dead guard is restarted (or reconnected), which kicks again
+		}
+		g.mu.Lock()
+		if seq > g.written {
+			g.written = seq
+		}
+		close(g.wrote)
+		g.wrote = make(chan struct{})
+		g.mu.Unlock()
 	}
 }
 
@@ -352,7 +425,15 @@ func (g *guardProc) supervise(ctx context.Context, cmd *exec.Cmd) {
 		if ctx.Err() != nil {
 			return
 		}
-		g.log.Warn("the VIP guard process exited; restarting it", "err", err)
+		// Until the next guard runs, this vigil is not fenced: Eligible
+		// fails, so a holder steps down and a candidate waits.
+		g.mu.Lock()
+		if g.w != nil {
+			_ = g.w.Close()
+			g.w = nil
+		}
+		g.mu.Unlock()
+		g.log.Warn("the VIP guard process exited; restarting it (this node does not hold the VIP until it runs)", "err", err)
 		select {
 		case <-ctx.Done():
 			return
