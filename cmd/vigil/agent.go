@@ -6,9 +6,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vigil-ha/vigil/internal/agent"
-	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func newAgentCmd() *cobra.Command {
@@ -71,11 +71,11 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 			if healthCA != "" && healthInsecure {
 				return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", agent.ErrConfig)
 			}
-			if cfg.APITLS, err = daemon.HealthTLS(healthCA, healthInsecure); err != nil {
-				return err
+			if cfg.APITLS, err = validate.HealthTLS(healthCA, healthInsecure); err != nil {
+				return fmt.Errorf("%w: %w", agent.ErrConfig, err)
 			}
-			if cfg.EtcdTLS, err = daemon.EtcdClientTLS(etcdCA, etcdCert, etcdK); err != nil {
-				return err
+			if cfg.EtcdTLS, err = validate.EtcdClientTLS(etcdCA, etcdCert, etcdK); err != nil {
+				return fmt.Errorf("%w: %w", agent.ErrConfig, err)
 			}
 			switch {
 			case kubeconfig != "" && inCluster:
@@ -116,7 +116,7 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 	f.StringVar(&cfg.CacheDir, "cache-dir", agent.DefaultCacheDir, "directory for the learned backend list (empty: no cache)")
 	f.IntVar(&cfg.BackendPort, "backend-port", 0, "API server port on control-plane nodes (0: the port of --server)")
 	f.StringVar(&cfg.HealthPath, "health-path", "/readyz", "HTTPS path checked on every API server; 200 means healthy")
-	f.StringVar(&healthCA, "health-ca", "", "CA that signed the API servers' serving certificates (default: "+daemon.DefaultHealthCA+" when present, else the system roots)")
+	f.StringVar(&healthCA, "health-ca", "", "CA that signed the API servers' serving certificates (default: "+validate.DefaultHealthCA+" when present, else the system roots)")
 	f.BoolVar(&healthInsecure, "health-insecure-skip-verify", false, "do not verify API server certificates in health checks (labs only)")
 	f.DurationVar(&cfg.HealthInterval, "health-interval", agent.DefaultHealthInterval, "interval between health checks of each backend; each costs the backend one request")
 	f.DurationVar(&cfg.HealthTimeout, "health-timeout", agent.DefaultHealthTimeout, "a check without an answer within this is a failure")

@@ -16,9 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/membership"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // etcdFlags are the connection flags every members subcommand shares with
@@ -39,9 +39,9 @@ func (f *etcdFlags) add(cmd *cobra.Command) {
 }
 
 func (f *etcdFlags) cluster() (*membership.Cluster, error) {
-	tc, err := daemon.EtcdClientTLS(f.ca, f.cert, f.key)
+	tc, err := validate.EtcdClientTLS(f.ca, f.cert, f.key)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", membership.ErrInvalid, err)
 	}
 	log, err := newLogger(f.logLevel, "text")
 	if err != nil {

@@ -473,8 +473,8 @@ func (c *Config) withDefaults() error {
 		if addr == "" {
 			continue
 		}
-		if host, port, err := net.SplitHostPort(addr); err != nil || host == "" || port == "" {
-			return fmt.Errorf("%w: %s %q must be IP:PORT, such as 127.0.0.1:6443", ErrConfig, flag, addr)
+		if err := validate.LocalEndpoint(flag, addr); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 	}
 	if c.EtcdListen != "" && len(c.EtcdSeeds) == 0 {
@@ -497,10 +497,8 @@ func (c *Config) withDefaults() error {
 	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if c.MetricsAddress != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
-			return fmt.Errorf("%w: --metrics-address %q must be HOST:PORT, or empty to disable", ErrConfig, c.MetricsAddress)
-		}
+	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
 }

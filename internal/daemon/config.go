@@ -8,7 +8,6 @@ package daemon
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -146,9 +145,8 @@ const (
 	ElectionKubernetes = "kubernetes"
 )
 
-// DefaultHealthCA is the CA used to verify API server certificates when
-// --health-ca is not given and this file exists: kubeadm's cluster CA.
-const DefaultHealthCA = "/etc/kubernetes/pki/ca.crt"
+// DefaultHealthCA: see validate.DefaultHealthCA.
+const DefaultHealthCA = validate.DefaultHealthCA
 
 // DefaultHealthGrace: the bound is 3 s. Two seconds is four failed
 // checks at the default interval: a single slow /readyz never moves the VIP,
@@ -327,39 +325,9 @@ func (c *Config) discovers(source string) bool { return slices.Contains(c.Discov
 
 // tlsConfig loads the etcd client TLS files; nil when none are given.
 func (c *Config) tlsConfig() (*tls.Config, error) {
-	return EtcdClientTLS(c.EtcdCACert, c.EtcdCert, c.EtcdKey)
-}
-
-// EtcdClientTLS loads the files of --etcd-cacert, --etcd-cert and
-// --etcd-key (any may be empty); nil when none is given. Errors wrap
-// ErrConfig and name the flag. The certificate and key are read again when
-// they change (tlsreload.go): a renewed pair is used from the next
-// connection.
-func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
-	if caFile == "" && certFile == "" && keyFile == "" {
-		return nil, nil
-	}
-	if (certFile == "") != (keyFile == "") {
-		return nil, fmt.Errorf("%w: --etcd-cert and --etcd-key go together", ErrConfig)
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: read --etcd-cacert: %w", ErrConfig, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: --etcd-cacert %s holds no PEM certificate", ErrConfig, caFile)
-		}
-		tc.RootCAs = pool
-	}
-	if certFile != "" {
-		pair, err := newReloadingPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("%w: load --etcd-cert/--etcd-key: %w", ErrConfig, err)
-		}
-		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.get() }
+	tc, err := validate.EtcdClientTLS(c.EtcdCACert, c.EtcdCert, c.EtcdKey)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return tc, nil
 }
@@ -412,43 +380,18 @@ func (c *Config) validateLB() error {
 	if err := lb.CheckLimits(c.LBMaxConns, c.LBMaxConnsPerSource, c.LBIdleTimeout); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if c.MetricsAddress != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
-			return fmt.Errorf("%w: --metrics-address %q must be HOST:PORT, or empty to disable", ErrConfig, c.MetricsAddress)
-		}
+	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
 }
 
-// healthTLS is how API server certificates are verified (see HealthTLS).
+// healthTLS is how API server certificates are verified (see
+// validate.HealthTLS).
 func (c *Config) healthTLS() (*tls.Config, error) {
-	return HealthTLS(c.HealthCA, c.HealthInsecure)
-}
-
-// HealthTLS is how API server certificates are verified in health checks:
-// with the CA in file ca, else kubeadm's CA when present, else the system
-// roots; or not at all (insecure). Errors wrap ErrConfig and name
-// --health-ca.
-func HealthTLS(ca string, insecure bool) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if insecure {
-		tc.InsecureSkipVerify = true
-		return tc, nil
-	}
-	if ca == "" {
-		if _, err := os.Stat(DefaultHealthCA); err != nil {
-			return tc, nil // system roots
-		}
-		ca = DefaultHealthCA
-	}
-	pem, err := os.ReadFile(ca)
+	tc, err := validate.HealthTLS(c.HealthCA, c.HealthInsecure)
 	if err != nil {
-		return nil, fmt.Errorf("%w: read --health-ca: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%w: --health-ca %s holds no PEM certificate", ErrConfig, ca)
-	}
-	tc.RootCAs = pool
 	return tc, nil
 }

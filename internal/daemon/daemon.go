@@ -17,6 +17,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
@@ -181,13 +182,17 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	// etcd, when given, serves the etcd election, API server discovery,
 	// membership checks and raft leadership shedding; with the Kubernetes
 	// election it is optional.
+	// One connection to etcd for the whole process (etcdcluster): the
+	// lock, discovery and membership share it and its member list.
+	var etcd *etcdcluster.Cluster
 	var etcdLock *election.EtcdLock
 	var err error
 	if len(cfg.EtcdEndpoints) > 0 {
-		if etcdLock, err = election.NewEtcdLock(election.EtcdConfig{Endpoints: cfg.EtcdEndpoints, TLS: tc, Key: cfg.LockKey}, log); err != nil {
+		if etcd, err = etcdcluster.New(etcdcluster.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc, ListInterval: discovery.DefaultInterval}, log.With("component", "etcd")); err != nil {
 			return err
 		}
-		defer etcdLock.Close()
+		defer etcd.Close()
+		etcdLock = election.NewEtcdLockOn(etcd, cfg.LockKey, log)
 	}
 	// The Kubernetes API, when given, serves the Lease election, Events,
 	// EndpointSlice discovery and Node deletion.
@@ -225,7 +230,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		},
 	}
 	if cfg.discovers(DiscoveryEtcd) {
-		dcfg.Members = etcdLock
+		dcfg.Members = etcd
 	}
 	var disc *discovery.Discovery
 	if cfg.discovers(DiscoveryKubernetes) {
@@ -268,7 +273,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 		if cfg.PruneAfter > 0 && cfg.PruneAfter < QuietPruneAfter {
 			mlog.Warn("--prune-after is short: removing a powered-off member this soon after its death can stall etcd, and with it the VIP, for up to 5 s while etcd's leader times out its writes to that machine; use 30s or more (minutes in production)", "prune_after", cfg.PruneAfter)
 		}
-		members, err := membership.New(membership.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc}, mlog)
+		members, err := membership.New(membership.Config{Etcd: etcd}, mlog)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}

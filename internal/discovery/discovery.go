@@ -29,7 +29,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,6 +36,8 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 )
 
 // ErrInvalidConfig wraps every configuration error of this package.
@@ -47,7 +48,7 @@ var ErrInvalidConfig = errors.New("discovery: invalid configuration")
 // seconds" at the cost of one linearizable read per node every two seconds.
 const DefaultInterval = 2 * time.Second
 
-// MemberLister reads the etcd member list (election.EtcdLock does).
+// MemberLister reads the etcd member list (etcdcluster.Cluster does).
 type MemberLister interface {
 	MemberList(ctx context.Context) ([]*pb.Member, error)
 }
@@ -280,40 +281,11 @@ func (d *Discovery) publish(b []string, source string) {
 	}
 }
 
-// FromMembers turns a member list into backends: the host of each member's
-// client URLs (see ClientURLs) with port.
+// FromMembers turns a member list into API server backends: the hosts the
+// started voters serve etcd on, with port (etcdcluster.ServingOf decides
+// which members count).
 func FromMembers(members []*pb.Member, port int) []string {
-	var out []string
-	for _, m := range members {
-		for _, u := range ClientURLs(m) {
-			out = append(out, net.JoinHostPort(u.Hostname(), strconv.Itoa(port)))
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// ClientURLs are the client URLs a member advertises that others can
-// reach: a loopback URL next to a routable one is left out; a member not
-// started yet (no client URLs) has none.
-func ClientURLs(m *pb.Member) []*url.URL {
-	var out, loop []*url.URL
-	for _, cu := range m.ClientURLs {
-		u, err := url.Parse(cu)
-		if err != nil || u.Hostname() == "" {
-			continue
-		}
-		h := u.Hostname()
-		if a, err := netip.ParseAddr(h); (err == nil && a.IsLoopback()) || h == "localhost" {
-			loop = append(loop, u)
-			continue
-		}
-		out = append(out, u)
-	}
-	if len(out) == 0 {
-		return loop
-	}
-	return out
+	return etcdcluster.WithPort(etcdcluster.ServingOf(members).Hosts, port)
 }
 
 func validPort(p string) bool {

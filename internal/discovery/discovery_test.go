@@ -43,6 +43,10 @@ func TestFromMembers(t *testing.T) {
 			{ClientURLs: []string{"https://[fd00::11]:2379"}},
 			{ClientURLs: []string{"https://cp2.example:2379"}},
 		}, []string{"[fd00::11]:6443", "cp2.example:6443"}},
+		{"learners left out", []*pb.Member{
+			{ClientURLs: []string{"https://10.0.0.11:2379"}},
+			{ClientURLs: []string{"https://10.0.0.14:2379"}, IsLearner: true},
+		}, []string{"10.0.0.11:6443"}},
 		{"duplicates and garbage", []*pb.Member{
 			{ClientURLs: []string{"https://10.0.0.11:2379", "https://10.0.0.11:4001", "::bad"}},
 		}, []string{"10.0.0.11:6443"}},

@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 )
 
 // Name claims. The lock record catches a twin (two processes with one node
@@ -111,14 +113,14 @@ type claimHolder struct {
 func (l *EtcdLock) tryClaim(ctx context.Context, key, instance string) (*Claim, claimHolder, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimOpTimeout)
 	defer cancel()
-	grant, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.LeaseGrantResponse, error) {
-		return m.cli.Grant(ctx, claimTTL)
+	grant, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseGrantResponse, error) {
+		return m.Client.Grant(ctx, claimTTL)
 	})
 	if err != nil {
 		return nil, claimHolder{}, fmt.Errorf("grant a lease for %s: %w", key, err)
 	}
-	resp, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.TxnResponse, error) {
-		return m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+	resp, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
+		return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, instance, clientv3.WithLease(grant.ID))).
 			Else(clientv3.OpGet(key)).Commit()
 	})
@@ -155,8 +157,8 @@ func (l *EtcdLock) watchClaim(ctx context.Context, key string, h claimHolder) (b
 		case <-t.C:
 		}
 		gctx, cancel := context.WithTimeout(ctx, claimOpTimeout)
-		resp, err := fanOut(gctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.GetResponse, error) {
-			return m.cli.Get(ctx, key)
+		resp, err := etcdcluster.Do(gctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
+			return m.Client.Get(ctx, key)
 		})
 		cancel()
 		if err != nil {
@@ -176,14 +178,14 @@ func (l *EtcdLock) watchClaim(ctx context.Context, key string, h claimHolder) (b
 func (l *EtcdLock) takeOver(ctx context.Context, key, instance string, h claimHolder) (*Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimOpTimeout)
 	defer cancel()
-	grant, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.LeaseGrantResponse, error) {
-		return m.cli.Grant(ctx, claimTTL)
+	grant, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseGrantResponse, error) {
+		return m.Client.Grant(ctx, claimTTL)
 	})
 	if err != nil {
 		return nil, err
 	}
-	resp, err := fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.TxnResponse, error) {
-		return m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", h.rev)).
+	resp, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
+		return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", h.rev)).
 			Then(clientv3.OpPut(key, instance, clientv3.WithLease(grant.ID))).Commit()
 	})
 	if err != nil || !resp.Succeeded {
@@ -213,14 +215,14 @@ func (c *Claim) start(log *slog.Logger) {
 			case <-t.C:
 			}
 			kctx, cancelOnce := context.WithTimeout(ctx, claimKeepAlive)
-			_, err := fanOut(kctx, c.l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.LeaseKeepAliveResponse, error) {
-				return m.cli.KeepAliveOnce(ctx, c.lease)
+			_, err := etcdcluster.Do(kctx, c.l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseKeepAliveResponse, error) {
+				return m.Client.KeepAliveOnce(ctx, c.lease)
 			})
 			if err == nil {
 				// The proof of life a newcomer looks for; only while the
 				// key is still ours.
-				_, err = fanOut(kctx, c.l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.TxnResponse, error) {
-					return m.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(c.key), "=", c.instance)).
+				_, err = etcdcluster.Do(kctx, c.l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
+					return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(c.key), "=", c.instance)).
 						Then(clientv3.OpPut(c.key, c.instance, clientv3.WithLease(c.lease))).Commit()
 				})
 			}
@@ -255,7 +257,7 @@ func (c *Claim) Close() {
 func (l *EtcdLock) revoke(id clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, _ = fanOut(ctx, l.snapshot(), func(ctx context.Context, m *memberClient) (*clientv3.LeaseRevokeResponse, error) {
-		return m.cli.Revoke(ctx, id) // a lease that expires by itself needs nothing
+	_, _ = etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseRevokeResponse, error) {
+		return m.Client.Revoke(ctx, id) // a lease that expires by itself needs nothing
 	})
 }

@@ -405,9 +405,9 @@ func TestEndpointsFollowMembership(t *testing.T) {
 		_, err := cli.MemberRemove(rctx, id)
 		return err == nil
 	})
-	l.mu.Lock()
-	l.votersAt = time.Time{} // do not wait for the next refresh
-	l.mu.Unlock()
+	if _, err := l.Cluster().FreshMemberList(ctx); err != nil { // do not wait for the next refresh
+		t.Fatal(err)
+	}
 	if _, err := l.Get(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -24,10 +24,11 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -60,8 +61,13 @@ const DefaultStatusTimeout = time.Second
 
 // Config configures a Cluster.
 type Config struct {
-	Endpoints     []string
-	TLS           *tls.Config
+	Endpoints []string
+	TLS       *tls.Config
+	// Etcd, when set, is the process's etcd connection, shared (Endpoints
+	// and TLS are then unused, and Close leaves it open). Views then use
+	// the shared member list, read no longer than its interval ago;
+	// without it (one-shot commands) every view reads the list afresh.
+	Etcd          *etcdcluster.Cluster
 	ReportPrefix  string
 	StatusTimeout time.Duration
 }
@@ -69,72 +75,72 @@ type Config struct {
 // Cluster talks to etcd about its membership.
 type Cluster struct {
 	cfg Config
-	cli *clientv3.Client
+	cl  *etcdcluster.Cluster
+	own bool // cl was made by New: Close closes it, and every view is fresh
 	log *slog.Logger
 
 	mu    sync.Mutex       // guards lease
 	lease clientv3.LeaseID // of this process's published report; 0 before the first
 }
 
-// New connects (lazily) to the endpoints.
+// New connects (lazily) to the endpoints, or uses cfg.Etcd.
 func New(cfg Config, log *slog.Logger) (*Cluster, error) {
-	if err := validate.EtcdEndpoints(cfg.Endpoints); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
 	if cfg.ReportPrefix == "" {
 		cfg.ReportPrefix = DefaultReportPrefix
 	}
 	if cfg.StatusTimeout == 0 {
 		cfg.StatusTimeout = DefaultStatusTimeout
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:        cfg.Endpoints,
-		TLS:              cfg.TLS,
-		DialTimeout:      2 * time.Second,
-		AutoSyncInterval: 30 * time.Second, // follow the member list
-		// Find a dead member's connection within two seconds, so that
-		// requests stop being balanced onto it.
-		DialKeepAliveTime:    time.Second,
-		DialKeepAliveTimeout: time.Second,
-		Logger:               zap.NewNop(),
-	})
+	if cfg.Etcd != nil {
+		return &Cluster{cfg: cfg, cl: cfg.Etcd, log: log}, nil
+	}
+	if err := validate.EtcdEndpoints(cfg.Endpoints); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	// A one-shot command keeps no stream open: keepalive pings more often
+	// than etcd's --grpc-keepalive-min-time would be refused.
+	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.Endpoints, TLS: cfg.TLS, KeepAlive: 30 * time.Second}, log)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
-	return &Cluster{cfg: cfg, cli: cli, log: log}, nil
+	return &Cluster{cfg: cfg, cl: cl, own: true, log: log}, nil
 }
 
-// Close closes the client.
-func (c *Cluster) Close() error { return c.cli.Close() }
+// Close closes the connection if New made it.
+func (c *Cluster) Close() error {
+	if c.own {
+		c.cl.Close()
+	}
+	return nil
+}
 
 // View reads the member list (linearizable), asks every member for its
-// status and reads the published reports.
-func (c *Cluster) View(ctx context.Context) (View, error) {
-	// A member that just lost power still has an open-looking
-	// connection, and a request balanced onto it hangs until its
-	// deadline: short tries, each balanced onto the next endpoint.
-	var resp *clientv3.MemberListResponse
+// status and reads the published reports. With a shared connection the
+// member list may be as old as its interval; see Config.Etcd.
+func (c *Cluster) View(ctx context.Context) (View, error) { return c.view(ctx, c.own) }
+
+func (c *Cluster) view(ctx context.Context, fresh bool) (View, error) {
+	var members []*pb.Member
 	var err error
-	for range memberListTries {
-		lctx, cancel := context.WithTimeout(ctx, memberListTimeout)
-		resp, err = c.cli.MemberList(lctx)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			break
-		}
+	lctx, cancel := context.WithTimeout(ctx, memberListTimeout*memberListTries)
+	if fresh {
+		members, err = c.cl.FreshMemberList(lctx)
+	} else {
+		members, err = c.cl.MemberList(lctx)
 	}
+	cancel()
 	if err != nil && ctx.Err() == nil {
 		// No quorum, perhaps: a member's own (serializable) list still
 		// shows what is wrong, and CheckRemove then refuses with reason.
 		sctx, cancel := context.WithTimeout(ctx, memberListTimeout)
-		resp, err = c.cli.MemberList(sctx, clientv3.WithSerializable())
+		members, err = c.cl.LocalMemberList(sctx)
 		cancel()
 	}
 	if err != nil {
-		return View{}, fmt.Errorf("read the etcd member list (is etcd reachable at %s?): %w", strings.Join(c.cfg.Endpoints, ","), err)
+		return View{}, fmt.Errorf("read the etcd member list (is etcd reachable at %s?): %w", strings.Join(c.cl.Endpoints(), ","), err)
 	}
 	v := View{}
-	for _, m := range resp.Members {
+	for _, m := range members {
 		v.Members = append(v.Members, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, Learner: m.IsLearner})
 	}
 	var wg sync.WaitGroup
@@ -148,7 +154,6 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 	}
 	wg.Wait()
 	v.AnsweredAt = time.Now()
-	c.useReachable(v)
 	var leaderIndex uint64
 	for _, m := range v.Members {
 		if m.Leader {
@@ -183,29 +188,6 @@ func (c *Cluster) View(ctx context.Context) (View, error) {
 	return v, nil
 }
 
-// useReachable points the client at the members that just answered. A
-// member that lost power leaves a connection that looks open until TCP
-// gives up; requests balanced onto it would hang until their deadline, so
-// the health records, removals and additions go only where an answer came
-// from.
-func (c *Cluster) useReachable(v View) {
-	var eps []string
-	for _, m := range v.Members {
-		if m.Reachable {
-			eps = append(eps, m.ClientURLs...)
-		}
-	}
-	if len(eps) == 0 {
-		return
-	}
-	slices.Sort(eps)
-	cur := slices.Clone(c.cli.Endpoints())
-	slices.Sort(cur)
-	if !slices.Equal(eps, cur) {
-		c.cli.SetEndpoints(eps...)
-	}
-}
-
 // status fills in what m's own client URLs say.
 func (c *Cluster) status(ctx context.Context, m *Member) {
 	if len(m.ClientURLs) == 0 {
@@ -215,7 +197,7 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 	var errs []string
 	for _, ep := range m.ClientURLs {
 		sctx, cancel := context.WithTimeout(ctx, c.cfg.StatusTimeout)
-		st, err := c.cli.Status(sctx, ep)
+		st, err := c.cl.StatusOf(sctx, ep)
 		cancel()
 		if err != nil {
 			errs = append(errs, err.Error())
@@ -223,8 +205,8 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 		}
 		m.Reachable = true
 		m.Leader = st.Leader == m.ID
-		m.RaftIndex = st.RaftAppliedIndex
-		m.DBSize = st.DbSize
+		m.RaftIndex = st.RaftIndex
+		m.DBSize = st.DBSize
 		m.Error = ""
 		return
 	}
@@ -233,7 +215,9 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 
 // Reports reads every published report.
 func (c *Cluster) Reports(ctx context.Context) ([]Report, error) {
-	resp, err := c.cli.Get(ctx, c.cfg.ReportPrefix, clientv3.WithPrefix())
+	resp, err := etcdcluster.Do(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
+		return m.Client.Get(ctx, c.cfg.ReportPrefix, clientv3.WithPrefix())
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read member reports: %w", err)
 	}
@@ -263,7 +247,9 @@ func (c *Cluster) Publish(ctx context.Context, r Report) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.lease != 0 {
-		if _, err := c.cli.KeepAliveOnce(ctx, c.lease); err != nil {
+		if _, err := etcdcluster.DoUntil(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseKeepAliveResponse, error) {
+			return m.Client.KeepAliveOnce(ctx, c.lease)
+		}, leaseNotFound); err != nil {
 			if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				return fmt.Errorf("renew the member report's lease: %w", err)
 			}
@@ -271,13 +257,18 @@ func (c *Cluster) Publish(ctx context.Context, r Report) error {
 		}
 	}
 	if c.lease == 0 {
-		g, err := c.cli.Grant(ctx, int64(reportTTL/time.Second))
+		// Through one member: a grant through each would leave extra leases.
+		g, err := etcdcluster.OnLeader(ctx, c.cl, func(ctx context.Context, cli *clientv3.Client) (*clientv3.LeaseGrantResponse, error) {
+			return cli.Grant(ctx, int64(reportTTL/time.Second))
+		})
 		if err != nil {
 			return fmt.Errorf("grant the member report's lease: %w", err)
 		}
 		c.lease = g.ID
 	}
-	if _, err := c.cli.Put(ctx, c.cfg.ReportPrefix+r.Observer, string(b), clientv3.WithLease(c.lease)); err != nil {
+	if _, err := etcdcluster.Do(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.PutResponse, error) {
+		return m.Client.Put(ctx, c.cfg.ReportPrefix+r.Observer, string(b), clientv3.WithLease(c.lease))
+	}); err != nil {
 		return fmt.Errorf("publish the member report: %w", err)
 	}
 	return nil
@@ -291,7 +282,9 @@ func (c *Cluster) Withdraw(ctx context.Context) error {
 	if c.lease == 0 {
 		return nil
 	}
-	_, err := c.cli.Revoke(ctx, c.lease)
+	_, err := etcdcluster.Do(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseRevokeResponse, error) {
+		return m.Client.Revoke(ctx, c.lease)
+	})
 	c.lease = 0
 	return err
 }
@@ -300,7 +293,7 @@ func (c *Cluster) Withdraw(ctx context.Context) error {
 // it, moving raft leadership away first when it leads. A member that is
 // already gone is not an error when it was found by ID.
 func (c *Cluster) Remove(ctx context.Context, nameOrID string, force bool, say func(string, ...any)) error {
-	v, err := c.View(ctx)
+	v, err := c.view(ctx, true)
 	if err != nil {
 		return err
 	}
@@ -327,7 +320,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		// (a VIP holder shedding it): what counts is that m no longer
 		// leads.
 		var err error
-		if v, err = c.View(ctx); err != nil {
+		if v, err = c.view(ctx, true); err != nil {
 			return err
 		}
 		if m, err = v.Find(m.IDString()); err != nil {
@@ -349,7 +342,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 			return ctx.Err()
 		case <-time.After(moveLeaderRetry):
 		}
-		if v, err = c.View(ctx); err != nil {
+		if v, err = c.view(ctx, true); err != nil {
 			return err
 		}
 		if m, err = v.Find(m.IDString()); err != nil {
@@ -363,7 +356,9 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 	var err error
 	for deadline := time.Now().Add(unhealthyWait); ; {
 		rctx, cancel := context.WithTimeout(ctx, removeTimeout)
-		_, err = c.cli.MemberRemove(rctx, m.ID)
+		_, err = etcdcluster.OnLeader(rctx, c.cl, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberRemoveResponse, error) {
+			return cli.MemberRemove(ctx, m.ID)
+		})
 		cancel()
 		// "Unhealthy cluster": etcd holds changes back for 5 s after a
 		// member connects, and a new raft leader (just after moving
@@ -403,11 +398,11 @@ const removeTimeout = 5 * time.Second
 func (c *Cluster) gone(ctx context.Context, id uint64) (bool, error) {
 	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	resp, err := c.cli.MemberList(lctx)
+	members, err := c.cl.FreshMemberList(lctx)
 	if err != nil {
 		return false, err
 	}
-	for _, m := range resp.Members {
+	for _, m := range members {
 		if m.ID == id {
 			return false, nil
 		}
@@ -415,29 +410,11 @@ func (c *Cluster) gone(ctx context.Context, id uint64) (bool, error) {
 	return true, nil
 }
 
-// moveLeader asks the leader m to hand raft leadership to to; the request
-// must reach the leader itself.
-//
-// etcd answers only once to leads, waiting for as long as the request's
-// context allows: a transfer that fails, or leadership that goes to another
-// member meanwhile, would leave an unbounded call waiting for ever. So the
-// call is bounded by moveLeaderTimeout.
-func (c *Cluster) moveLeader(ctx context.Context, m, to Member) error {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: m.ClientURLs, TLS: c.cfg.TLS, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	mctx, cancel := context.WithTimeout(ctx, moveLeaderTimeout)
-	defer cancel()
-	_, err = cli.MoveLeader(mctx, to.ID)
-	return err
+// moveLeader asks the leader m to hand raft leadership to to, over the
+// leader's own connection, bounded (etcdcluster.Cluster.MoveLeader).
+func (c *Cluster) moveLeader(ctx context.Context, _ Member, to Member) error {
+	return c.cl.MoveLeader(ctx, to.ID)
 }
-
-// moveLeaderTimeout bounds one raft leadership transfer: a caught-up
-// transferee takes over within a few heartbeats, and raft gives up on a
-// transfer after an election timeout (1 s by default).
-const moveLeaderTimeout = 5 * time.Second
 
 // moveLeaderAttempts and moveLeaderRetry: how often, and how far apart, a
 // removal tries to move raft leadership off the member it removes. Each
@@ -476,3 +453,5 @@ func (c *Cluster) FreshReports(ctx context.Context, wait time.Duration) (func(ob
 		}
 	}
 }
+
+func leaseNotFound(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }

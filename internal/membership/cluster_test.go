@@ -152,7 +152,7 @@ func TestRefusalsAgainstRealCluster(t *testing.T) {
 		// A learner is added and started; then m3 dies. Removing healthy
 		// m2 would leave m1 and the learner: one voter of two.
 		peer, client := c.NewMemberURLs()
-		add, err := cl.cli.MemberAddAsLearner(ctx(t), []string{peer})
+		add, err := cl.addAsLearner(ctx(t), peer)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +273,7 @@ func TestPruneLeavesUnstartedMembers(t *testing.T) {
 	// Added, never started: no name, unreachable. Nothing tells how long
 	// it has been down, so only `members remove` takes it out.
 	peer, _ := c.NewMemberURLs()
-	if _, err := cl.cli.MemberAddAsLearner(ctx(t), []string{peer}); err != nil {
+	if _, err := cl.addAsLearner(ctx(t), peer); err != nil {
 		t.Fatal(err)
 	}
 	removed, cases, err := cl.Prune(ctx(t), PruneConfig{Force: true}, say(t))

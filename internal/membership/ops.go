@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -232,13 +234,13 @@ func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say func(string
 // addLearner announces the new member as a learner unless a member with its
 // peer URL exists already, and calls OnAdded with its initial cluster.
 func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(string, ...any)) (Member, error) {
-	resp, err := c.cli.MemberList(ctx)
+	members, err := c.cl.FreshMemberList(ctx)
 	if err != nil {
 		return Member{}, fmt.Errorf("read the etcd member list: %w", err)
 	}
 	var existing *Member
 	initial := []string{}
-	for _, m := range resp.Members {
+	for _, m := range members {
 		name := m.Name
 		if slices.Contains(m.PeerURLs, rc.NewPeer) {
 			existing = &Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, Learner: m.IsLearner}
@@ -255,7 +257,7 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 		say("step 2: %s is a member already (%s); not adding it again", rc.NewName, map[bool]string{true: "learner", false: "voter"}[existing.Learner])
 	} else {
 		say("step 2: adding %s (%s) as a learner", rc.NewName, rc.NewPeer)
-		add, err := c.cli.MemberAddAsLearner(ctx, []string{rc.NewPeer})
+		add, err := c.addAsLearner(ctx, rc.NewPeer)
 		// etcd refuses membership changes ("unhealthy cluster") until
 		// every member has been connected for 5 s, e.g. just after one
 		// restarted; that passes.
@@ -266,7 +268,7 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 				return Member{}, ctx.Err()
 			case <-time.After(time.Second):
 			}
-			add, err = c.cli.MemberAddAsLearner(ctx, []string{rc.NewPeer})
+			add, err = c.addAsLearner(ctx, rc.NewPeer)
 		}
 		if err != nil {
 			return Member{}, fmt.Errorf("add %s as a learner: %w", rc.NewName, err)
@@ -285,6 +287,14 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 	return *existing, nil
 }
 
+// addAsLearner announces peer as a learner, through one member only: the
+// same addition through two would add two members.
+func (c *Cluster) addAsLearner(ctx context.Context, peer string) (*clientv3.MemberAddResponse, error) {
+	return etcdcluster.OnLeader(ctx, c.cl, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberAddResponse, error) {
+		return cli.MemberAddAsLearner(ctx, []string{peer})
+	})
+}
+
 // unhealthyWait bounds the retries of a change etcd refused as "unhealthy
 // cluster": it holds changes back for 5 s after a member connects.
 const unhealthyWait = 15 * time.Second
@@ -300,7 +310,9 @@ func (c *Cluster) promote(ctx context.Context, m Member, rc ReplaceConfig, say f
 	lastSaid := time.Now()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := c.cli.MemberPromote(pctx, m.ID)
+		_, err := etcdcluster.OnLeader(pctx, c.cl, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberPromoteResponse, error) {
+			return cli.MemberPromote(ctx, m.ID)
+		})
 		cancel()
 		switch {
 		case err == nil:

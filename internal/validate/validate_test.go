@@ -1,6 +1,9 @@
 package validate
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestEtcdEndpoints(t *testing.T) {
 	good := [][]string{
@@ -47,6 +50,34 @@ func TestPeerAndAPIServerURLs(t *testing.T) {
 	} {
 		if err := APIServerURL(s); (err == nil) != ok {
 			t.Errorf("APIServerURL(%q) = %v", s, err)
+		}
+	}
+}
+
+func TestListenAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		s            string
+		optional, ok bool
+		lokay        bool
+	}{
+		{s: "127.0.0.1:9558", ok: true, lokay: true},
+		{s: ":9558", ok: true, lokay: false},
+		{s: "[::1]:6443", ok: true, lokay: true},
+		{s: "", optional: true, ok: true, lokay: false},
+		{s: "", ok: false, lokay: false},
+		{s: "127.0.0.1", ok: false, lokay: false},
+		{s: "127.0.0.1:70000", ok: false, lokay: false},
+		{s: "127.0.0.1:http", ok: false, lokay: false},
+	} {
+		err := ListenAddress("--x", tc.s, tc.optional)
+		if (err == nil) != tc.ok {
+			t.Errorf("ListenAddress(%q, optional=%v) = %v, want ok=%v", tc.s, tc.optional, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "--x") {
+			t.Errorf("ListenAddress(%q) = %v, does not name the flag", tc.s, err)
+		}
+		if err := LocalEndpoint("--y", tc.s); (err == nil) != tc.lokay {
+			t.Errorf("LocalEndpoint(%q) = %v, want ok=%v", tc.s, err, tc.lokay)
 		}
 	}
 }

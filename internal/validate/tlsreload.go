@@ -1,4 +1,4 @@
-package daemon
+package validate
 
 import (
 	"crypto/tls"

@@ -1,4 +1,4 @@
-package daemon
+package validate
 
 import (
 	"crypto/ecdsa"
@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,10 +168,10 @@ func TestTLSFilesReloaded(t *testing.T) {
 	}
 
 	// Missing files are still refused at start, naming the flag.
-	if _, err := EtcdClientTLS(filepath.Join(dir, "missing"), "", ""); !errors.Is(err, ErrConfig) {
-		t.Fatalf("missing CA: err = %v, want ErrConfig", err)
+	if _, err := EtcdClientTLS(filepath.Join(dir, "missing"), "", ""); err == nil || !strings.Contains(err.Error(), "--etcd-cacert") {
+		t.Fatalf("missing CA: err = %v, want an error naming --etcd-cacert", err)
 	}
-	if _, err := EtcdClientTLS("", filepath.Join(dir, "missing"), keyFile); !errors.Is(err, ErrConfig) {
-		t.Fatalf("missing certificate: err = %v, want ErrConfig", err)
+	if _, err := EtcdClientTLS("", filepath.Join(dir, "missing"), keyFile); err == nil || !strings.Contains(err.Error(), "--etcd-cert") {
+		t.Fatalf("missing certificate: err = %v, want an error naming --etcd-cert", err)
 	}
 }

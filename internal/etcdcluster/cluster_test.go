@@ -1,0 +1,276 @@
+package etcdcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, etcdtest.MemberChangeLeakOptions()...)
+}
+
+func testLog(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil)).With("test", t.Name())
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func newCluster(t *testing.T, cfg Config) *Cluster {
+	t.Helper()
+	c, err := New(cfg, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func sorted(s []string) []string { return slices.Sorted(slices.Values(s)) }
+
+// Seeded with one endpoint, the connection follows the member list: it
+// reaches every member, and drops one that left.
+func TestFollowsTheMemberList(t *testing.T) {
+	e := etcdtest.StartDistinct(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints[:1]})
+	if _, err := c.MemberList(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Endpoints(), sorted(e.Endpoints); !slices.Equal(got, want) {
+		t.Fatalf("endpoints from a one-member seed = %v, want every member %v", got, want)
+	}
+	if v := c.Voters(); len(v) != 3 {
+		t.Fatalf("voters = %v, want 3", v)
+	}
+	id := uint64(e.Members[2].Server.MemberID())
+	etcdtest.Retry(t, 20*time.Second, "etcd to accept the removal", func() error {
+		_, err := OnLeader(ctx(t), c, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberRemoveResponse, error) {
+			return cli.MemberRemove(ctx, id)
+		})
+		return err
+	})
+	if _, err := c.FreshMemberList(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Endpoints(), sorted(e.Endpoints[:2]); !slices.Equal(got, want) {
+		t.Fatalf("endpoints after removing %s = %v, want %v", e.Endpoints[2], got, want)
+	}
+	if v := c.Voters(); len(v) != 2 {
+		t.Fatalf("voters after the removal = %v, want 2", v)
+	}
+}
+
+// With KeepSeeds a seed that no member advertises (here an alias of a
+// member's address) stays connected; without it, it goes.
+func TestKeepSeeds(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	alias := "http://localhost" + e.Endpoints[0][len("http://127.0.0.1"):]
+	for _, keep := range []bool{false, true} {
+		t.Run(fmt.Sprint("keep=", keep), func(t *testing.T) {
+			c := newCluster(t, Config{Endpoints: []string{alias}, KeepSeeds: keep})
+			if _, err := c.MemberList(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{e.Endpoints[0]}
+			if keep {
+				want = sorted([]string{alias, e.Endpoints[0]})
+			}
+			if got := c.Endpoints(); !slices.Equal(got, want) {
+				t.Fatalf("endpoints = %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// The member list is read once per interval for the whole process:
+// concurrent callers share one read, a caller within the interval gets
+// the cached list, FreshMemberList reads again.
+func TestMemberListIsShared(t *testing.T) {
+	e := etcdtest.Start(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints, ListInterval: time.Hour})
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Go(func() {
+			if _, err := c.MemberList(ctx(t)); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := c.ListReads(); n != 1 {
+		t.Fatalf("20 concurrent callers made %d reads, want 1", n)
+	}
+	l, err := c.MemberList(ctx(t))
+	if err != nil || len(l) != 3 {
+		t.Fatalf("cached list = %v, %v", l, err)
+	}
+	if n := c.ListReads(); n != 1 {
+		t.Fatalf("a caller within the interval made a read (%d)", n)
+	}
+	if _, err := c.FreshMemberList(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.ListReads(); n != 2 {
+		t.Fatalf("FreshMemberList made %d reads in all, want 2", n-1)
+	}
+}
+
+// A dead member costs nothing: operations answer through the others, and
+// StatusAll reports the live ones.
+func TestDoAroundADeadMember(t *testing.T) {
+	e := etcdtest.Start(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints})
+	e.Kill(0)
+	e.WaitLeader(10 * time.Second)
+	start := time.Now()
+	etcdtest.Retry(t, 10*time.Second, "a put through the live members", func() error {
+		_, err := Do(ctx(t), c, func(ctx context.Context, m *Member) (*clientv3.PutResponse, error) {
+			return m.Client.Put(ctx, "/k", "v")
+		})
+		return err
+	})
+	t.Logf("put answered %v after the kill", time.Since(start).Round(time.Millisecond))
+	sctx, cancel := context.WithTimeout(ctx(t), time.Second)
+	st := c.StatusAll(sctx)
+	cancel()
+	if len(st) != 2 {
+		t.Fatalf("StatusAll answered by %d members, want the 2 live ones: %+v", len(st), st)
+	}
+	if _, err := c.MemberList(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if leaderless, err := c.StoreLeaderless(ctx(t)); err != nil || leaderless {
+		t.Fatalf("StoreLeaderless with 2 of 3 voters and a leader = %v, %v", leaderless, err)
+	}
+}
+
+// DoUntil returns a final error at once; Do joins every member's failure.
+func TestDoErrors(t *testing.T) {
+	e := etcdtest.Start(t, 2)
+	c := newCluster(t, Config{Endpoints: e.Endpoints})
+	lost := errors.New("lost the race")
+	_, err := DoUntil(ctx(t), c, func(ctx context.Context, m *Member) (int, error) { return 0, lost },
+		func(err error) bool { return errors.Is(err, lost) })
+	if !errors.Is(err, lost) {
+		t.Fatalf("DoUntil = %v, want the final error", err)
+	}
+	broken := errors.New("broken")
+	_, err = Do(ctx(t), c, func(ctx context.Context, m *Member) (int, error) { return 0, fmt.Errorf("%s: %w", m.Endpoint, broken) })
+	if !errors.Is(err, broken) {
+		t.Fatalf("Do = %v, want every member's error", err)
+	}
+	for _, ep := range e.Endpoints {
+		if !contains(err.Error(), ep) {
+			t.Fatalf("Do's error %q does not name %s", err, ep)
+		}
+	}
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// MoveLeader hands raft leadership to the voter named, through the
+// leader's own connection; ShedLeadership moves it off a named member.
+func TestMoveAndShedLeadership(t *testing.T) {
+	e := etcdtest.Start(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints})
+	lead := e.WaitLeader(10 * time.Second)
+	to := (lead + 1) % 3
+	etcdtest.Retry(t, 10*time.Second, "the move", func() error {
+		return c.MoveLeader(ctx(t), uint64(e.Members[to].Server.MemberID()))
+	})
+	if got := e.WaitLeader(5 * time.Second); got != to {
+		t.Fatalf("leader after MoveLeader = %d, want %d", got, to)
+	}
+	if err := c.MoveLeader(ctx(t), uint64(e.Members[to].Server.MemberID())); err != nil {
+		t.Fatalf("MoveLeader to the leader itself = %v, want nil", err)
+	}
+	if moved, err := c.ShedLeadership(ctx(t), e.Names[(to+1)%3]); err != nil || moved != "" {
+		t.Fatalf("ShedLeadership of a follower = %q, %v; want nothing done", moved, err)
+	}
+	var moved string
+	etcdtest.Retry(t, 10*time.Second, "the shed", func() error {
+		var err error
+		moved, err = c.ShedLeadership(ctx(t), e.Names[to])
+		return err
+	})
+	if moved == "" || moved == e.Names[to] {
+		t.Fatalf("ShedLeadership moved leadership to %q", moved)
+	}
+	if got := e.WaitLeader(5 * time.Second); got == to {
+		t.Fatal("leadership stayed on the shed member")
+	}
+}
+
+func TestServingOf(t *testing.T) {
+	members := []*pb.Member{
+		{ClientURLs: []string{"https://10.0.0.12:2379"}},
+		{ClientURLs: []string{"https://127.0.0.1:2379", "https://10.0.0.11:2379"}},
+		{ClientURLs: []string{"https://10.0.0.14:2379"}, IsLearner: true},
+		{Name: "", PeerURLs: []string{"https://10.0.0.15:2380"}},
+		{ClientURLs: []string{"https://[fd00::13]:2379", "::bad"}},
+	}
+	got := ServingOf(members)
+	want := Serving{
+		URLs:      []string{"https://10.0.0.11:2379", "https://10.0.0.12:2379", "https://[fd00::13]:2379"},
+		HostPorts: []string{"10.0.0.11:2379", "10.0.0.12:2379", "[fd00::13]:2379"},
+		Hosts:     []string{"10.0.0.11", "10.0.0.12", "fd00::13"},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatal(d)
+	}
+	if d := cmp.Diff([]string{"10.0.0.11:6443", "10.0.0.12:6443", "[fd00::13]:6443"}, WithPort(got.Hosts, 6443)); d != "" {
+		t.Fatal(d)
+	}
+}
+
+// An economical read goes through one member, the one that answered last,
+// and moves on to the next when that one dies.
+func TestEconomicalRead(t *testing.T) {
+	e := etcdtest.Start(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints, Economical: true})
+	if _, err := c.FreshMemberList(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	first := c.lastGood
+	i := slices.Index(e.Endpoints, first)
+	if i < 0 {
+		t.Fatalf("the read was answered by %q, not a member", first)
+	}
+	e.Kill(i)
+	e.WaitLeader(10 * time.Second)
+	start := time.Now()
+	etcdtest.Retry(t, 10*time.Second, "a read through the live members", func() error {
+		_, err := c.FreshMemberList(ctx(t))
+		return err
+	})
+	t.Logf("read answered %v after the kill", time.Since(start).Round(time.Millisecond))
+	if c.lastGood == first || c.lastGood == "" {
+		t.Fatalf("the read after the kill was answered by %q", c.lastGood)
+	}
+}
