@@ -50,12 +50,15 @@ func (f *etcdFlags) cluster() (*membership.Cluster, error) {
 	return membership.New(membership.Config{Endpoints: f.endpoints, TLS: tc}, log)
 }
 
-// sayTo prints each step with the time it happened.
-func sayTo(w io.Writer) func(string, ...any) {
-	return func(format string, a ...any) {
-		fmt.Fprintf(w, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
-	}
+// sayTo prints each step with the time it happened: a membership
+// operation's events (as a Reporter), and the command's own lines.
+type sayTo struct{ w io.Writer }
+
+func (s sayTo) line(format string, a ...any) {
+	fmt.Fprintf(s.w, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 }
+
+func (s sayTo) event(e membership.Event) { s.line("%s", e.Text) }
 
 func newMembersCmd() *cobra.Command {
 	var ef etcdFlags
@@ -177,7 +180,7 @@ func (n *nodeFlags) client(ctx context.Context) (kubernetes.Interface, error) {
 
 // deleteNodes deletes the Nodes of removed members. A Ready Node is left
 // with a note (its machine is alive); an API error is returned.
-func deleteNodes(ctx context.Context, cs kubernetes.Interface, names []string, say func(string, ...any)) error {
+func deleteNodes(ctx context.Context, cs kubernetes.Interface, names []string, say sayTo) error {
 	var errs []error
 	for _, name := range names {
 		if name == "" {
@@ -186,13 +189,13 @@ func deleteNodes(ctx context.Context, cs kubernetes.Interface, names []string, s
 		got, err := kube.DeleteDeadNode(ctx, cs, name)
 		switch {
 		case errors.Is(err, kube.ErrNodeReady):
-			say("Node %s left in place: its kubelet still reports it Ready", name)
+			say.line("Node %s left in place: its kubelet still reports it Ready", name)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("member %s was removed, but: %w", name, err))
 		case got == kube.NodeAbsent:
-			say("no Node named %s", name)
+			say.line("no Node named %s", name)
 		default:
-			say("deleted Node %s", name)
+			say.line("deleted Node %s", name)
 		}
 	}
 	return errors.Join(errs...)
@@ -226,7 +229,7 @@ Ready; permission to delete Nodes is checked before the member is touched.`,
 				return err
 			}
 			defer cl.Close()
-			say := sayTo(cmd.OutOrStdout())
+			say := sayTo{cmd.OutOrStdout()}
 			name := args[0]
 			if kc != nil {
 				// The Node is named after the member; find its name
@@ -241,7 +244,7 @@ Ready; permission to delete Nodes is checked before the member is touched.`,
 				}
 				name = m.Name
 			}
-			if err := cl.Remove(cmd.Context(), args[0], force, say); err != nil {
+			if err := cl.Remove(cmd.Context(), args[0], force, say.event); err != nil {
 				return err
 			}
 			if kc == nil {
@@ -314,12 +317,12 @@ permission to delete Nodes is checked before anything is removed.`,
 				return err
 			}
 			defer cl.Close()
-			say := sayTo(cmd.OutOrStdout())
+			say := sayTo{cmd.OutOrStdout()}
 			fresh, err := cl.FreshReports(cmd.Context(), membership.ReportStale)
 			if err != nil {
 				return err
 			}
-			removed, cases, err := cl.Prune(cmd.Context(), membership.PruneConfig{MinDown: minDown, DryRun: dryRun, Force: force, Fresh: fresh}, say)
+			removed, cases, err := cl.Prune(cmd.Context(), membership.PruneConfig{MinDown: minDown, DryRun: dryRun, Force: force, Fresh: fresh}, say.event)
 			if err != nil {
 				return err
 			}
@@ -332,14 +335,14 @@ permission to delete Nodes is checked before anything is removed.`,
 				switch {
 				case gone[cs.Member.ID] || dryRun && cs.Removable(membership.PruneConfig{MinDown: minDown, Force: force}):
 				case cs.Verdict == membership.OneSided:
-					say("%s is unreachable from here, but the evidence is one-sided: %s", cs.Member.Label(), cs.Evidence())
+					say.line("%s is unreachable from here, but the evidence is one-sided: %s", cs.Member.Label(), cs.Evidence())
 					refused = append(refused, cs.Member.Name)
 				default:
-					say("%s is unreachable, not yet for %v by a majority: %s", cs.Member.Label(), minDown, cs.Evidence())
+					say.line("%s is unreachable, not yet for %v by a majority: %s", cs.Member.Label(), minDown, cs.Evidence())
 				}
 			}
 			if len(cases) == 0 {
-				say("nothing to prune: every member answers")
+				say.line("nothing to prune: every member answers")
 			}
 			if kc != nil && !dryRun {
 				var names []string
@@ -394,7 +397,7 @@ be run again after an interruption at any point.`,
 				return err
 			}
 			defer cl.Close()
-			return cl.Replace(cmd.Context(), membership.ReplaceConfig{Old: args[0], NewName: name, NewPeer: peer, Timeout: timeout}, sayTo(cmd.OutOrStdout()))
+			return cl.Replace(cmd.Context(), membership.ReplaceConfig{Old: args[0], NewName: name, NewPeer: peer, Timeout: timeout}, sayTo{cmd.OutOrStdout()}.event)
 		},
 	}
 	cmd.Flags().StringVar(&with, "with", "", "the new member, NAME=PEER_URL (required)")

@@ -292,7 +292,7 @@ func (c *Cluster) Withdraw(ctx context.Context) error {
 // Remove removes the member named or numbered nameOrID if CheckRemove allows
 // it, moving raft leadership away first when it leads. A member that is
 // already gone is not an error when it was found by ID.
-func (c *Cluster) Remove(ctx context.Context, nameOrID string, force bool, say func(string, ...any)) error {
+func (c *Cluster) Remove(ctx context.Context, nameOrID string, force bool, say Reporter) error {
 	v, err := c.view(ctx, true)
 	if err != nil {
 		return err
@@ -304,7 +304,7 @@ func (c *Cluster) Remove(ctx context.Context, nameOrID string, force bool, say f
 	return c.remove(ctx, v, m, force, say)
 }
 
-func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say func(string, ...any)) error {
+func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say Reporter) error {
 	if err := v.CheckRemove(m, force); err != nil {
 		return err
 	}
@@ -313,7 +313,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		if !ok {
 			return fmt.Errorf("%w: %s leads raft and no other healthy voter can take over", ErrRefused, m.Label())
 		}
-		say("%s leads raft; moving leadership to %s first", m.Label(), to.Label())
+		say.say(EventMovingLeader, m.Label(), "%s leads raft; moving leadership to %s first", m.Label(), to.Label())
 		merr := c.moveLeader(ctx, m, to)
 		// Check again with the new leader in place. The move may also
 		// have failed because leadership went elsewhere at the same time
@@ -336,7 +336,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		if attempt == moveLeaderAttempts {
 			return fmt.Errorf("move raft leadership off %s (%d attempts): %w", m.Label(), attempt, merr)
 		}
-		say("moving leadership failed (%v); trying again in %v", merr, moveLeaderRetry)
+		say.say(EventMoveRetry, m.Label(), "moving leadership failed (%v); trying again in %v", merr, moveLeaderRetry)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -352,7 +352,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 	if err := v.CheckRemove(m, force); err != nil {
 		return err
 	}
-	say("removing %s", m.Label())
+	say.say(EventRemoving, m.Label(), "removing %s", m.Label())
 	var err error
 	for deadline := time.Now().Add(unhealthyWait); ; {
 		rctx, cancel := context.WithTimeout(ctx, removeTimeout)
@@ -366,7 +366,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
 			break
 		}
-		say("etcd reports an unhealthy cluster (a member or leader changed moments ago); retrying")
+		say.say(EventUnhealthy, m.Label(), "etcd reports an unhealthy cluster (a member or leader changed moments ago); retrying")
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -380,12 +380,12 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		// VIP holder) removed it first; etcd then answers "not found",
 		// or, when both proposals race, not at all. The list tells.
 		if gone, lerr := c.gone(ctx, m.ID); lerr == nil && gone {
-			say("removed %s (confirmed by the member list; etcd's answer was: %v)", m.Label(), err)
+			say.say(EventRemoved, m.Label(), "removed %s (confirmed by the member list; etcd's answer was: %v)", m.Label(), err)
 			return nil
 		}
 		return fmt.Errorf("remove %s: %w", m.Label(), err)
 	}
-	say("removed %s", m.Label())
+	say.say(EventRemoved, m.Label(), "removed %s", m.Label())
 	return nil
 }
 

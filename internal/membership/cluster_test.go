@@ -30,8 +30,8 @@ func newCluster(t *testing.T, c *etcdtest.Cluster) *Cluster {
 	return cl
 }
 
-func say(t *testing.T) func(string, ...any) {
-	return func(f string, a ...any) { t.Logf(f, a...) }
+func say(t *testing.T) Reporter {
+	return func(e Event) { t.Logf("%s [%s %s]", e.Text, e.Kind, e.Member) }
 }
 
 func names(t *testing.T, cl *Cluster) []string {
@@ -120,12 +120,20 @@ func TestRemoveLeaderMovesLeadershipFirst(t *testing.T) {
 	cl := newCluster(t, c)
 	settle(t, c)
 	leader := c.Names[c.WaitLeader(10*time.Second)]
-	var said []string
-	if err := cl.Remove(ctx(t), leader, true, func(f string, a ...any) { said = append(said, fmt.Sprintf(f, a...)) }); err != nil {
+	var kinds []EventKind
+	if err := cl.Remove(ctx(t), leader, true, func(e Event) {
+		t.Logf("%s [%s %s]", e.Text, e.Kind, e.Member)
+		if e.Kind != EventMoveRetry && e.Kind != EventUnhealthy { // retries depend on timing
+			kinds = append(kinds, e.Kind)
+		}
+		if e.Member == "" || !strings.HasPrefix(e.Member, leader+" ") {
+			t.Errorf("event %+v does not name the member removed, %s", e, leader)
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(said, "\n"), "moving leadership") {
-		t.Fatalf("leadership was not moved first: %q", said)
+	if want := []EventKind{EventMovingLeader, EventRemoving, EventRemoved}; !slices.Equal(kinds, want) {
+		t.Fatalf("events %v, want %v: leadership moved first, then the removal", kinds, want)
 	}
 	if got := names(t, cl); slices.Contains(got, leader) || len(got) != 2 {
 		t.Fatalf("members after removing the leader %s: %v", leader, got)
@@ -355,9 +363,9 @@ func TestReplaceDeadResumable(t *testing.T) {
 
 	// First attempt: interrupted right after the dead member was removed.
 	cctx, cancel := context.WithCancel(ctx(t))
-	err := cl.Replace(cctx, ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute}, func(f string, a ...any) {
-		t.Logf(f, a...)
-		if strings.HasPrefix(f, "removed") {
+	err := cl.Replace(cctx, ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute}, func(e Event) {
+		t.Log(e.Text)
+		if e.Kind == EventRemoved {
 			cancel()
 		}
 	})
@@ -401,17 +409,23 @@ func TestReplaceHealthyUsesLearner(t *testing.T) {
 	cl := newCluster(t, c)
 	settle(t, c)
 	peer, client := c.NewMemberURLs()
-	var said []string
+	var kinds []EventKind
 	err := cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: peer, Timeout: time.Minute,
 		OnAdded: func(initial string) { c.Add("m4", peer, client, initial) }},
-		func(f string, a ...any) { said = append(said, fmt.Sprintf(f, a...)); t.Logf(f, a...) })
+		func(e Event) {
+			t.Logf("%s [%s %s]", e.Text, e.Kind, e.Member)
+			switch e.Kind {
+			case EventStartEtcd, EventPromoted, EventRemoved, EventDone:
+				kinds = append(kinds, e.Kind)
+			}
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := strings.Join(said, "\n")
-	iLearner, iPromote, iRemove := strings.Index(all, "as a learner"), strings.Index(all, "promoted"), strings.Index(all, "removed m3")
-	if iLearner < 0 || iPromote < iLearner || iRemove < iPromote {
-		t.Fatalf("steps out of order (learner, promote, remove):\n%s", all)
+	// The learner is announced (start-etcd), promoted, and only then is
+	// the old member removed.
+	if want := []EventKind{EventStartEtcd, EventPromoted, EventRemoved, EventDone}; !slices.Equal(kinds, want) {
+		t.Fatalf("steps %v, want %v", kinds, want)
 	}
 	if got := names(t, cl); !slices.Equal(got, []string{"m1", "m2", "m4"}) {
 		t.Fatalf("members: %v", got)

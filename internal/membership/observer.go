@@ -2,7 +2,6 @@ package membership
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 )
@@ -162,7 +161,7 @@ func (o *Observer) prune(ctx context.Context, v View, self *Report) {
 			o.cfg.OnPruned(ctx, m)
 		}
 	}
-	_, _, err := o.cl.Prune(ctx, pc, func(f string, a ...any) { o.log.Info("prune: " + fmt.Sprintf(f, a...)) })
+	_, _, err := o.cl.Prune(ctx, pc, func(e Event) { o.log.Info("prune: "+e.Text, "event", e.Kind, "member", e.Member) })
 	if err != nil && ctx.Err() == nil {
 		o.log.Warn("prune failed", "err", err)
 	}

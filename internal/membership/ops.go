@@ -46,7 +46,7 @@ type PruneConfig struct {
 // (or two VIP holders in a row) never remove more than the rules allow.
 // It returns the members removed and the evidence about every member still
 // unreachable, so the caller can say why each stays.
-func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say func(string, ...any)) ([]Member, []Case, error) {
+func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say Reporter) ([]Member, []Case, error) {
 	var removed []Member
 	for first := true; ; first = false {
 		var v View
@@ -62,10 +62,10 @@ func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say func(string, ..
 			if pc.DryRun {
 				if cs.Removable(pc) {
 					if err := v.CheckRemove(cs.Member, false); err != nil {
-						say("would not remove %s: %v", cs.Member.Label(), err)
+						say.say(EventWouldKeep, cs.Member.Label(), "would not remove %s: %v", cs.Member.Label(), err)
 						continue
 					}
-					say("would remove %s: %s", cs.Member.Label(), cs.Evidence())
+					say.say(EventWouldRemove, cs.Member.Label(), "would remove %s: %s", cs.Member.Label(), cs.Evidence())
 					v = v.without(cs.Member.ID)
 				}
 				continue
@@ -78,9 +78,9 @@ func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say func(string, ..
 			return removed, cases, nil
 		}
 		if pc.Force && next.Verdict != Agreed {
-			say("%s is unreachable from here; removing it by --force, although %s", next.Member.Label(), next.Evidence())
+			say.say(EventEvidence, next.Member.Label(), "%s is unreachable from here; removing it by --force, although %s", next.Member.Label(), next.Evidence())
 		} else {
-			say("%s: %s", next.Member.Label(), next.Evidence())
+			say.say(EventEvidence, next.Member.Label(), "%s: %s", next.Member.Label(), next.Evidence())
 		}
 		if err := c.remove(ctx, v, next.Member, false, say); err != nil {
 			return removed, cases, err
@@ -180,7 +180,7 @@ type ReplaceConfig struct {
 //
 // Every step first looks at what is already done, so Replace can be run
 // again after an interruption at any point and does no harm.
-func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say func(string, ...any)) error {
+func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say Reporter) error {
 	if _, _, err := ParseNewMember(rc.NewName + "=" + rc.NewPeer); err != nil {
 		return err
 	}
@@ -198,14 +198,14 @@ func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say func(string
 		}
 	}
 	if oldErr != nil {
-		say("step 1: %s is not a member (removed earlier); going on with %s", rc.Old, rc.NewName)
+		say.say(EventStep, rc.Old, "step 1: %s is not a member (removed earlier); going on with %s", rc.Old, rc.NewName)
 	} else if !old.Reachable {
-		say("step 1: %s is down: removing it before adding %s", old.Label(), rc.NewName)
+		say.say(EventStep, old.Label(), "step 1: %s is down: removing it before adding %s", old.Label(), rc.NewName)
 		if err := c.remove(ctx, v, old, false, say); err != nil {
 			return err
 		}
 	} else {
-		say("step 1: %s is healthy: it stays until %s has joined as a voter", old.Label(), rc.NewName)
+		say.say(EventStep, old.Label(), "step 1: %s is healthy: it stays until %s has joined as a voter", old.Label(), rc.NewName)
 	}
 	newM, err := c.addLearner(ctx, rc, say)
 	if err != nil {
@@ -215,25 +215,25 @@ func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say func(string
 		return err
 	}
 	if oldErr == nil && old.Reachable {
-		say("step 4: removing %s", old.Label())
+		say.say(EventStep, old.Label(), "step 4: removing %s", old.Label())
 		v, err := c.View(ctx)
 		if err != nil {
 			return err
 		}
 		cur, err := v.Find(old.IDString())
 		if err != nil {
-			say("%s was already removed", old.Label())
+			say.say(EventAlreadyGone, old.Label(), "%s was already removed", old.Label())
 		} else if err := c.remove(ctx, v, cur, true, say); err != nil {
 			return err
 		}
 	}
-	say("done: %s replaced %s", rc.NewName, rc.Old)
+	say.say(EventDone, rc.NewName, "done: %s replaced %s", rc.NewName, rc.Old)
 	return nil
 }
 
 // addLearner announces the new member as a learner unless a member with its
 // peer URL exists already, and calls OnAdded with its initial cluster.
-func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(string, ...any)) (Member, error) {
+func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say Reporter) (Member, error) {
 	members, err := c.cl.FreshMemberList(ctx)
 	if err != nil {
 		return Member{}, fmt.Errorf("read the etcd member list: %w", err)
@@ -254,15 +254,15 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 		}
 	}
 	if existing != nil {
-		say("step 2: %s is a member already (%s); not adding it again", rc.NewName, map[bool]string{true: "learner", false: "voter"}[existing.Learner])
+		say.say(EventStep, rc.NewName, "step 2: %s is a member already (%s); not adding it again", rc.NewName, map[bool]string{true: "learner", false: "voter"}[existing.Learner])
 	} else {
-		say("step 2: adding %s (%s) as a learner", rc.NewName, rc.NewPeer)
+		say.say(EventStep, rc.NewName, "step 2: adding %s (%s) as a learner", rc.NewName, rc.NewPeer)
 		add, err := c.addAsLearner(ctx, rc.NewPeer)
 		// etcd refuses membership changes ("unhealthy cluster") until
 		// every member has been connected for 5 s, e.g. just after one
 		// restarted; that passes.
 		for deadline := time.Now().Add(unhealthyWait); errors.Is(err, rpctypes.ErrUnhealthy) && time.Now().Before(deadline); {
-			say("etcd reports an unhealthy cluster (a member connected only moments ago?); retrying")
+			say.say(EventUnhealthy, rc.NewName, "etcd reports an unhealthy cluster (a member connected only moments ago?); retrying")
 			select {
 			case <-ctx.Done():
 				return Member{}, ctx.Err()
@@ -279,7 +279,7 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say func(str
 	slices.Sort(initial)
 	ic := strings.Join(initial, ",")
 	if existing.Learner {
-		say("start etcd on the new node with: --name %s --initial-advertise-peer-urls %s --initial-cluster %s --initial-cluster-state existing", rc.NewName, rc.NewPeer, ic)
+		say.say(EventStartEtcd, rc.NewName, "start etcd on the new node with: --name %s --initial-advertise-peer-urls %s --initial-cluster %s --initial-cluster-state existing", rc.NewName, rc.NewPeer, ic)
 		if rc.OnAdded != nil {
 			rc.OnAdded(ic)
 		}
@@ -300,12 +300,12 @@ func (c *Cluster) addAsLearner(ctx context.Context, peer string) (*clientv3.Memb
 const unhealthyWait = 15 * time.Second
 
 // promote waits until the learner has caught up and promotes it.
-func (c *Cluster) promote(ctx context.Context, m Member, rc ReplaceConfig, say func(string, ...any)) error {
+func (c *Cluster) promote(ctx context.Context, m Member, rc ReplaceConfig, say Reporter) error {
 	if !m.Learner {
-		say("step 3: %s is a voter already", rc.NewName)
+		say.say(EventStep, rc.NewName, "step 3: %s is a voter already", rc.NewName)
 		return nil
 	}
-	say("step 3: waiting for %s to start and catch up, then promoting it (up to %v)", rc.NewName, rc.Timeout)
+	say.say(EventStep, rc.NewName, "step 3: waiting for %s to start and catch up, then promoting it (up to %v)", rc.NewName, rc.Timeout)
 	deadline := time.Now().Add(rc.Timeout)
 	lastSaid := time.Now()
 	for {
@@ -316,10 +316,10 @@ func (c *Cluster) promote(ctx context.Context, m Member, rc ReplaceConfig, say f
 		cancel()
 		switch {
 		case err == nil:
-			say("promoted %s to voter", rc.NewName)
+			say.say(EventPromoted, rc.NewName, "promoted %s to voter", rc.NewName)
 			return nil
 		case errors.Is(err, rpctypes.ErrMemberNotLearner):
-			say("%s is a voter already", rc.NewName)
+			say.say(EventPromoted, rc.NewName, "%s is a voter already", rc.NewName)
 			return nil
 		case errors.Is(err, rpctypes.ErrMemberNotFound):
 			return fmt.Errorf("%w: %s disappeared from the member list while waiting for it", ErrRefused, rc.NewName)
@@ -329,7 +329,7 @@ func (c *Cluster) promote(ctx context.Context, m Member, rc ReplaceConfig, say f
 			return fmt.Errorf("%s did not catch up within %v (last answer: %w); it stays a learner, which does not affect quorum. Start its etcd, then run the same command again", rc.NewName, rc.Timeout, err)
 		}
 		if time.Since(lastSaid) > 10*time.Second {
-			say("still waiting for %s: %v", rc.NewName, err)
+			say.say(EventWaiting, rc.NewName, "still waiting for %s: %v", rc.NewName, err)
 			lastSaid = time.Now()
 		}
 		select {

@@ -28,13 +28,9 @@ func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := loadCA("--etcd-cacert", caFile)
 		if err != nil {
-			return nil, fmt.Errorf("read --etcd-cacert: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--etcd-cacert %s holds no PEM certificate", caFile)
+			return nil, err
 		}
 		tc.RootCAs = pool
 	}
@@ -63,16 +59,25 @@ func HealthTLS(ca string, insecure bool) (*tls.Config, error) {
 		}
 		ca = DefaultHealthCA
 	}
-	pem, err := os.ReadFile(ca)
+	pool, err := loadCA("--health-ca", ca)
 	if err != nil {
-		return nil, fmt.Errorf("read --health-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--health-ca %s holds no PEM certificate", ca)
+		return nil, err
 	}
 	tc.RootCAs = pool
 	return tc, nil
+}
+
+// loadCA reads a CA bundle given with flag.
+func loadCA(flag, path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s holds no PEM certificate", flag, path)
+	}
+	return pool, nil
 }
 
 // ListenAddress checks the value of a listen flag: HOST:PORT with a port
