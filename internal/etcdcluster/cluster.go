@@ -23,8 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,10 +69,12 @@ type Config struct {
 	// KeepSeeds keeps connections to the seed endpoints even when no member
 	// advertises them, as a last resort if every advertised URL fails.
 	KeepSeeds bool
-	// Economical reads the member list through one member at a time, the
-	// one that answered last first, instead of through all at once: for a
-	// process that runs on every machine (the worker agent), where N
-	// processes should cost N reads per interval, not N per member.
+	// Economical keeps one connection, to one member at a time, and reads
+	// the member list through it; when that member fails, the next one is
+	// dialled. For a process that runs on every machine (the worker agent):
+	// N processes then cost etcd N connections and N reads per interval,
+	// not N per member. Only MemberList and FreshMemberList are meant for
+	// it; Do and StatusAll use whatever single connection is open.
 	Economical bool
 }
 
@@ -82,8 +84,9 @@ type Cluster struct {
 	log   *slog.Logger
 	seeds map[string]bool
 
-	mu      sync.Mutex // guards the fields below
-	members []*Member
+	mu      sync.Mutex   // guards the fields below
+	members []*Member    // open connections (one per wanted endpoint; with Economical, at most one)
+	wanted  []string     // the endpoints to use: the seeds, then what the members advertise
 	list    []*pb.Member // the last member list read
 	listAt  time.Time
 	voters  map[uint64]string // ID -> name, from list
@@ -119,6 +122,10 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 			continue
 		}
 		c.seeds[ep] = true
+		c.wanted = append(c.wanted, ep)
+		if cfg.Economical {
+			continue // dialled when used
+		}
 		m, err := c.dial(ep)
 		if err != nil {
 			c.Close()
@@ -164,14 +171,12 @@ func (c *Cluster) Members() []*Member {
 	return c.members
 }
 
-// Endpoints returns the client URLs connected to, sorted.
+// Endpoints returns the client URLs in use, sorted: connected to, or with
+// Economical, taken in turn.
 func (c *Cluster) Endpoints() []string {
-	var eps []string
-	for _, m := range c.Members() {
-		eps = append(eps, m.Endpoint)
-	}
-	sort.Strings(eps)
-	return eps
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Sorted(slices.Values(c.wanted))
 }
 
 // MemberList returns the member list, read (linearizably, through every
@@ -244,31 +249,57 @@ const economicalTry = time.Second
 // others in turn; after a failure the next read starts with the member
 // after the one that failed. readMu must be held.
 func (c *Cluster) oneAtATime(ctx context.Context, op func(context.Context, *Member) (*clientv3.MemberListResponse, error)) (*clientv3.MemberListResponse, error) {
-	members := slices.Clone(c.Members())
-	if len(members) == 0 {
+	eps := c.Endpoints()
+	if len(eps) == 0 {
 		return nil, errors.New("etcdcluster: closed")
 	}
-	if i := slices.IndexFunc(members, func(m *Member) bool { return m.Endpoint == c.lastGood }); i > 0 {
-		members = append(members[i:], members[:i]...) // a rotation: every member gets its turn
+	if i := slices.Index(eps, c.lastGood); i > 0 {
+		eps = append(eps[i:], eps[:i]...) // a rotation: every member gets its turn
 	}
 	var errs []error
-	for i, m := range members {
-		tctx, cancel := context.WithTimeout(ctx, economicalTry)
-		resp, err := op(tctx, m)
-		cancel()
+	for i, ep := range eps {
+		m, err := c.only(ep)
 		if err == nil {
-			c.lastGood = m.Endpoint
-			return resp, nil
+			tctx, cancel := context.WithTimeout(ctx, economicalTry)
+			var resp *clientv3.MemberListResponse
+			resp, err = op(tctx, m)
+			cancel()
+			if err == nil {
+				c.lastGood = ep
+				return resp, nil
+			}
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", m.Endpoint, err))
+		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
 		// The next read starts with the next member, even if this one
 		// runs out of time first: a dead member is not tried first again.
-		c.lastGood = members[(i+1)%len(members)].Endpoint
+		c.lastGood = eps[(i+1)%len(eps)]
 		if ctx.Err() != nil {
 			break
 		}
 	}
 	return nil, fmt.Errorf("no etcd member answered: %w", memberErrors(errs))
+}
+
+// only makes the connection to ep the one open connection (Economical).
+func (c *Cluster) only(ep string) (*Member, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("etcdcluster: closed")
+	}
+	if len(c.members) == 1 && c.members[0].Endpoint == ep {
+		return c.members[0], nil
+	}
+	for _, m := range c.members {
+		_ = m.Client.Close()
+	}
+	c.members = nil
+	m, err := c.dial(ep)
+	if err != nil {
+		return nil, err
+	}
+	c.members = []*Member{m}
+	return m, nil
 }
 
 // ListReads counts the member list reads sent so far (each through every
@@ -330,6 +361,16 @@ func (c *Cluster) follow(urls []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
+		return
+	}
+	c.wanted = slices.Sorted(maps.Keys(want))
+	if c.cfg.Economical {
+		// Keep the one connection if its endpoint is still wanted; the
+		// next read dials another otherwise.
+		if len(c.members) == 1 && !want[c.members[0].Endpoint] {
+			_ = c.members[0].Client.Close()
+			c.members = nil
+		}
 		return
 	}
 	var keep []*Member

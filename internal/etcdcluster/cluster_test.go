@@ -249,11 +249,16 @@ func TestServingOf(t *testing.T) {
 	}
 }
 
-// An economical read goes through one member, the one that answered last,
-// and moves on to the next when that one dies.
+// An economical connection is one connection to one member, dialled when
+// first used, seeded with one endpoint and following the list; a read goes
+// through the member that answered last and moves on to the next when that
+// one dies.
 func TestEconomicalRead(t *testing.T) {
 	e := etcdtest.Start(t, 3)
-	c := newCluster(t, Config{Endpoints: e.Endpoints, Economical: true})
+	c := newCluster(t, Config{Endpoints: e.Endpoints[:1], Economical: true})
+	if n := len(c.Members()); n != 0 {
+		t.Fatalf("%d connections before the first read, want none", n)
+	}
 	if _, err := c.FreshMemberList(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -272,5 +277,12 @@ func TestEconomicalRead(t *testing.T) {
 	t.Logf("read answered %v after the kill", time.Since(start).Round(time.Millisecond))
 	if c.lastGood == first || c.lastGood == "" {
 		t.Fatalf("the read after the kill was answered by %q", c.lastGood)
+	}
+	// One connection at a time, to the member that answered.
+	if m := c.Members(); len(m) != 1 || m[0].Endpoint != c.lastGood {
+		t.Fatalf("connections after the move: %d, want one to %s", len(m), c.lastGood)
+	}
+	if got := c.Endpoints(); !slices.Equal(got, sorted(e.Endpoints)) {
+		t.Fatalf("endpoints taken in turn = %v, want every member", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // Status is what one member said of itself.
@@ -27,7 +28,12 @@ type Status struct {
 // StatusAll asks every connected member for its status in parallel, over
 // the existing connections, and returns the answers that arrived before ctx
 // ended.
-func (c *Cluster) StatusAll(ctx context.Context) []Status {
+func (c *Cluster) StatusAll(ctx context.Context) []Status { return c.statusAll(ctx, false) }
+
+// statusAll is StatusAll; with wait, a member whose connection is
+// (re)connecting is waited for within ctx instead of counting as silent
+// at once.
+func (c *Cluster) statusAll(ctx context.Context, wait bool) []Status {
 	members := c.Members()
 	ch := make(chan Status, len(members))
 	var wg sync.WaitGroup
@@ -35,7 +41,7 @@ func (c *Cluster) StatusAll(ctx context.Context) []Status {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if st, err := m.status(ctx); err == nil {
+			if st, err := m.status(ctx, wait); err == nil {
 				ch <- st
 			}
 		}()
@@ -49,8 +55,8 @@ func (c *Cluster) StatusAll(ctx context.Context) []Status {
 	return out
 }
 
-func (m *Member) status(ctx context.Context) (Status, error) {
-	resp, err := m.maint.Status(ctx, &pb.StatusRequest{})
+func (m *Member) status(ctx context.Context, wait bool) (Status, error) {
+	resp, err := m.maint.Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(wait))
 	if err != nil {
 		return Status{}, err
 	}
@@ -65,7 +71,7 @@ func (m *Member) status(ctx context.Context) (Status, error) {
 func (c *Cluster) StatusOf(ctx context.Context, endpoint string) (Status, error) {
 	for _, m := range c.Members() {
 		if m.Endpoint == endpoint {
-			return m.status(ctx)
+			return m.status(ctx, false)
 		}
 	}
 	m, err := c.dial(endpoint)
@@ -73,7 +79,7 @@ func (c *Cluster) StatusOf(ctx context.Context, endpoint string) (Status, error)
 		return Status{}, err
 	}
 	defer m.Client.Close()
-	return m.status(ctx)
+	return m.status(ctx, false)
 }
 
 // Moving raft leadership is a disruption of its own: until the transferee
@@ -148,8 +154,11 @@ func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, erro
 		return "", err
 	}
 	voters := c.Voters()
+	// A member whose connection is still coming up (the first second of a
+	// cluster) is waited for, within the timeout: a move deferred for it
+	// leaves raft leadership on the VIP holder meanwhile.
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	answers := c.StatusAll(sctx)
+	answers := c.statusAll(sctx, true)
 	cancel()
 	var leader *Status
 	byID := map[uint64]Status{}
