@@ -33,14 +33,6 @@ import (
 // member.
 const shedInterval = 2 * time.Second
 
-// shedDeferredRetry is how soon the holder looks again after it left raft
-// leadership on its own member because a voter did not answer or lagged.
-// That happens mostly in the first second of a cluster, or of a new
-// holder, while connections to the other members come up; every second in
-// which the holder also leads raft is a second in which a crash costs an
-// etcd election on top of the failover (2.2 s instead of 0.8 s in the lab).
-const shedDeferredRetry = 300 * time.Millisecond
-
 // shedTimeout bounds one check and move: the members' Status answers (half
 // a second at most) and etcd's MoveLeader, which returns once the new
 // leader has taken over, normally within a few heartbeats.
@@ -573,18 +565,12 @@ func (h *holder) nodeDeleted(name string) {
 // A failed move stalled etcd's writes while it lasted, so after one the
 // next try waits shedBackoff, doubling up to shedMaxBackoff.
 func (h *holder) shed(ctx context.Context) {
-	t := time.NewTimer(0)
+	t := time.NewTicker(shedInterval)
 	defer t.Stop()
 	var backoffUntil time.Time
 	backoff := shedBackoff
 	deferred := ""
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		next := shedInterval
 		if time.Now().After(backoffUntil) {
 			cctx, cancel := context.WithTimeout(ctx, shedTimeout)
 			to, err := h.lock.ShedRaftLeadership(cctx, h.cfg.EtcdMemberName)
@@ -597,9 +583,6 @@ func (h *holder) shed(ctx context.Context) {
 					h.log.Info("not moving etcd raft leadership off the VIP holder yet", "reason", err)
 					deferred = err.Error()
 				}
-				// This member leads raft now: a crash would cost an etcd
-				// election on top of the failover. Look again soon.
-				next = shedDeferredRetry
 			case err != nil:
 				h.log.Warn("cannot move etcd leadership off the VIP holder; waiting before the next try", "err", err, "wait", backoff)
 				backoffUntil = time.Now().Add(backoff)
@@ -612,6 +595,10 @@ func (h *holder) shed(ctx context.Context) {
 				backoff, deferred = shedBackoff, ""
 			}
 		}
-		t.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
 )
 
 // Status is what one member said of itself.
@@ -28,12 +27,7 @@ type Status struct {
 // StatusAll asks every connected member for its status in parallel, over
 // the existing connections, and returns the answers that arrived before ctx
 // ended.
-func (c *Cluster) StatusAll(ctx context.Context) []Status { return c.statusAll(ctx, false) }
-
-// statusAll is StatusAll; with wait, a member whose connection is
-// (re)connecting is waited for within ctx instead of counting as silent
-// at once.
-func (c *Cluster) statusAll(ctx context.Context, wait bool) []Status {
+func (c *Cluster) StatusAll(ctx context.Context) []Status {
 	members := c.Members()
 	ch := make(chan Status, len(members))
 	var wg sync.WaitGroup
@@ -41,7 +35,7 @@ func (c *Cluster) statusAll(ctx context.Context, wait bool) []Status {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if st, err := m.status(ctx, wait); err == nil {
+			if st, err := m.status(ctx); err == nil {
 				ch <- st
 			}
 		}()
@@ -55,8 +49,8 @@ func (c *Cluster) statusAll(ctx context.Context, wait bool) []Status {
 	return out
 }
 
-func (m *Member) status(ctx context.Context, wait bool) (Status, error) {
-	resp, err := m.maint.Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(wait))
+func (m *Member) status(ctx context.Context) (Status, error) {
+	resp, err := m.maint.Status(ctx, &pb.StatusRequest{})
 	if err != nil {
 		return Status{}, err
 	}
@@ -71,7 +65,7 @@ func (m *Member) status(ctx context.Context, wait bool) (Status, error) {
 func (c *Cluster) StatusOf(ctx context.Context, endpoint string) (Status, error) {
 	for _, m := range c.Members() {
 		if m.Endpoint == endpoint {
-			return m.status(ctx, false)
+			return m.status(ctx)
 		}
 	}
 	m, err := c.dial(endpoint)
@@ -79,7 +73,7 @@ func (c *Cluster) StatusOf(ctx context.Context, endpoint string) (Status, error)
 		return Status{}, err
 	}
 	defer m.Client.Close()
-	return m.status(ctx, false)
+	return m.status(ctx)
 }
 
 // Moving raft leadership is a disruption of its own: until the transferee
@@ -154,11 +148,8 @@ func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, erro
 		return "", err
 	}
 	voters := c.Voters()
-	// A member whose connection is still coming up (the first second of a
-	// cluster) is waited for, within the timeout: a move deferred for it
-	// leaves raft leadership on the VIP holder meanwhile.
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	answers := c.statusAll(sctx, true)
+	answers := c.StatusAll(sctx)
 	cancel()
 	var leader *Status
 	byID := map[uint64]Status{}
