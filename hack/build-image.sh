@@ -24,9 +24,14 @@ fi
 mkdir -p bin/image
 args=()
 for arch in amd64 arm64; do
-  GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w -buildid=" \
-    -o "bin/image/vigil-linux-$arch" ./cmd/vigil
+  for cmd in vigil vigil-agent; do
+    GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w -buildid=" \
+      -o "bin/image/$cmd-linux-$arch" ./cmd/$cmd
+  done
+  # vigil is the entrypoint; vigil-agent, the worker's smaller binary,
+  # sits beside it (the agent DaemonSet runs it).
   args+=(--binary "linux/$arch=bin/image/vigil-linux-$arch")
+  args+=(--extra "vigil-agent@linux/$arch=bin/image/vigil-agent-linux-$arch")
 done
 go run ./hack/buildimage --out bin/vigil-image.oci.tar --epoch "$epoch" --revision "$revision" "${args[@]}"
 echo "ghcr.io/vigil-ha/vigil:v$version -> bin/vigil-image.oci.tar"

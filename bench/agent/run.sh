@@ -4,50 +4,63 @@
 #      through the agent, new connection and kept-alive, RUNS runs.
 #   2. load.txt: control-plane load of N = 10, 100, 1000 agents (go test
 #      -bench, RUNS runs each).
-#   3. rss.txt: resident memory of the real vigil agent process on the lab's
+#   3. rss.txt: resident memory of the real vigil-agent process on the lab's
 #      workers, with 5 control-plane nodes (5 API server and 5 etcd
-#      backends), after a minute of client traffic.
+#      backends), after a minute of client traffic (RUNS labs).
 #   4. fanout.txt: what N agents' EndpointSlice watches cost a real
 #      kube-apiserver, and how fast a change reaches all N (RUNS runs).
 # Usage, as root: bash bench/agent/run.sh   (RUNS=3 by default)
+#   PARTS="rss" bash bench/agent/run.sh runs only some parts (default:
+#   "latency load rss fanout").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/deps.sh ip jq curl
 hack/build.sh
 export GOTOOLCHAIN=local
 RUNS=${RUNS:-3}
+PARTS=${PARTS:-latency load rss fanout}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 out=bench/agent/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
-echo "RUNS=$RUNS bash bench/agent/run.sh  # $(git rev-parse --short HEAD), $(nproc) cores, $(uname -r)" > "$out/command"
+echo "RUNS=$RUNS PARTS=\"$PARTS\" bash bench/agent/run.sh  # $(git rev-parse --short HEAD), $(nproc) cores, $(uname -r)" > "$out/command"
 
+if part latency; then
 echo "== latency"
 for run in $(seq 1 "$RUNS"); do
   echo "-- run $run"
   go run ./bench/agent/latency -n 3000
 done | tee "$out/latency.txt"
+fi
 
+if part load; then
 echo "== control-plane load"
 go test ./bench/agent -run "^$" -bench ControlPlaneLoad -benchtime 1x -count "$RUNS" -timeout 60m 2>&1 \
   | grep -E '^(Benchmark|goos|goarch|cpu|pkg|PASS|ok|FAIL|--- FAIL|    load_test)' | tee "$out/load.txt"
+fi
 
-echo "== agent memory (lab, 5 control-plane nodes, 2 workers)"
+if part rss; then
+echo "== agent memory (lab, 5 control-plane nodes, 2 workers, $RUNS labs)"
 lab=bin/vigil-lab
 trap '$lab down >/dev/null 2>&1 || true' EXIT
-$lab down >/dev/null 2>&1 || true
-$lab up --nodes 5 --workers 2 >/dev/null
-sleep 60
-{
-  echo "worker agent-pid backends(api+etcd) VmRSS VmHWM"
+echo "lab worker binary agent-pid backends(api+etcd) VmRSS RssAnon RssFile VmHWM" > "$out/rss.txt"
+for run in $(seq 1 "$RUNS"); do
+  $lab down >/dev/null 2>&1 || true
+  $lab up --nodes 5 --workers 2 >/dev/null
+  sleep 60
   for w in $(jq -r '.workers[].name' /run/vigil-lab/state.json); do
     pid=$(jq -r ".workers[] | select(.name==\"$w\") | .pids.agent" /run/vigil-lab/state.json)
     nb=$(ip netns exec "vlab-$w" curl -s 127.0.0.1:9559/status | jq '[.upstreams[].backends[] | select(.source=="cluster")] | length')
-    echo "$w $pid $nb $(awk '/VmRSS/{print $2 $3}' /proc/$pid/status) $(awk '/VmHWM/{print $2 $3}' /proc/$pid/status)"
-  done
-} | tee "$out/rss.txt"
+    kb() { awk -v k="$1:" '$1==k{print $2 "kB"}' "/proc/$pid/status"; }
+    echo "$run $w $(basename "$(readlink "/proc/$pid/exe")") $pid $nb $(kb VmRSS) $(kb RssAnon) $(kb RssFile) $(kb VmHWM)"
+  done | tee -a "$out/rss.txt"
+done
 $lab down
+fi
 
+if part fanout; then
 echo "== EndpointSlice watches (real kube-apiserver)"
 hack/build-kube-apiserver.sh
 go test ./bench/agent -run "^$" -bench EndpointSliceFanout -benchtime 1x -count "$RUNS" -timeout 60m 2>&1 \
   | sed -E 's/\{"level":"error".*\}$//' \
   | grep -E '^(Benchmark.*op|goos|goarch|cpu|pkg|PASS|ok|FAIL|--- FAIL|    slices_test)' | tee "$out/fanout.txt"
+fi

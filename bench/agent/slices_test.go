@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -16,16 +15,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
-	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/kubetest"
 )
 
 // BenchmarkEndpointSliceFanout measures what N agents' EndpointSlice
 // watches cost a real kube-apiserver, and how fast a change reaches all of
-// them. Each of the N followers is the agent's own watch (kube.APIServers)
+// them. Each of the N followers is the agent's own watch (kubelite.APIServers)
 // with its own clientset and TCP connection, as N workers would have; the
 // agents' proxies and health checks are left out (BenchmarkControlPlaneLoad
 // measures those), so that the slice can list addresses nobody dials.
@@ -56,13 +54,13 @@ func measureFanout(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sl := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: kube.APIServerService, Namespace: kube.APIServerNamespace,
-			Labels: map[string]string{discoveryv1.LabelServiceName: kube.APIServerService}},
+		ObjectMeta: metav1.ObjectMeta{Name: kubelite.APIServerService, Namespace: kubelite.APIServerNamespace,
+			Labels: map[string]string{discoveryv1.LabelServiceName: kubelite.APIServerService}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.11"}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(6443)), Protocol: ptr(corev1.ProtocolTCP)}},
 	}
-	slc := admin.DiscoveryV1().EndpointSlices(kube.APIServerNamespace)
+	slc := admin.DiscoveryV1().EndpointSlices(kubelite.APIServerNamespace)
 	cur, err := slc.Create(ctx, sl, metav1.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -73,19 +71,17 @@ func measureFanout(b *testing.B, n int) {
 	seen := make([]map[int]time.Time, n)
 	var wg sync.WaitGroup
 	log := slog.New(slog.DiscardHandler)
-	var followers []*kube.APIServers
+	var followers []*kubelite.APIServers
+	kubeconfig := s.Kubeconfig(b, kubetest.AdminToken)
 	for i := range n {
 		seen[i] = map[int]time.Time{}
-		rc := s.Config(kubetest.AdminToken)
-		// A Dial function of its own keeps client-go from sharing one
-		// cached transport (and one connection) among the followers.
-		d := &net.Dialer{}
-		rc.Dial = d.DialContext
-		cs, err := kubernetes.NewForConfig(rc)
+		// A client of its own each: its own transport and connection, as
+		// N workers have.
+		c, err := kubelite.FromKubeconfig(kubeconfig)
 		if err != nil {
 			b.Fatal(err)
 		}
-		f := kube.NewAPIServers(cs, func(bk []string) {
+		f := kubelite.NewAPIServers(c, func(bk []string) {
 			mu.Lock()
 			seen[i][len(bk)] = time.Now()
 			mu.Unlock()

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -36,7 +36,7 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		want string
 	}
 	var extra []badCase
-	if _, err := os.Stat(kube.ServiceAccountDir); err != nil { // not inside a pod
+	if _, err := os.Stat(kubelite.ServiceAccountDir); err != nil { // not inside a pod
 		extra = append(extra, badCase{[]string{"agent", "--server", "https://10.0.0.100:6443", "--in-cluster"}, "is the pod's service-account token mounted?"})
 	}
 	for _, tc := range append([]badCase{

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/membership"
+	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -43,7 +44,7 @@ func (f *etcdFlags) cluster() (*membership.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", membership.ErrInvalid, err)
 	}
-	log, err := newLogger(f.logLevel, "text")
+	log, err := observe.NewLogger(f.logLevel, "text")
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -112,7 +113,7 @@ any rights. See docs/kubeadm.md.`,
     --lb-port 8443 --backend-port 6443`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel, logFormat)
+			log, err := observe.NewLogger(logLevel, logFormat)
 			if err != nil {
 				return err
 			}

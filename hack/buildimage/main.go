@@ -5,7 +5,8 @@
 // the kubeadm lab also uses it for the Kubernetes components it builds
 // (hack/build-kube-images.sh). It needs no container daemon, and the same
 // binaries and epoch give the same archive, byte for byte.
-// hack/build-image.sh builds vigil's binaries and runs it.
+// hack/build-image.sh builds vigil's binaries and runs it; --extra puts
+// more binaries beside the first (vigil-agent beside vigil).
 //
 //	buildimage --out bin/vigil-image.oci.tar --epoch 1764547200 \
 //	    --binary linux/amd64=bin/image/vigil-linux-amd64 \
@@ -55,12 +56,14 @@ func (b *binaries) Set(v string) error { *b = append(*b, v); return nil }
 func main() {
 	var (
 		bins  binaries
+		extra binaries
 		out   string
 		ref   string
 		epoch int64
 		m     meta
 	)
 	flag.Var(&bins, "binary", "OS/ARCH=PATH of a static vigil binary; repeat once per architecture")
+	flag.Var(&extra, "extra", "NAME@OS/ARCH=PATH of another static binary, put beside the first as /usr/local/bin/NAME (vigil-agent); repeat once per architecture")
 	flag.StringVar(&out, "out", "", "the OCI image archive to write")
 	flag.StringVar(&ref, "ref", vigil.Image(), "the image's name, recorded in the archive")
 	flag.Int64Var(&epoch, "epoch", 0, "creation time of every file and of the image, in seconds since 1970 (SOURCE_DATE_EPOCH; the commit's time keeps rebuilds identical)")
@@ -69,18 +72,31 @@ func main() {
 	flag.StringVar(&m.version, "version", vigil.Version, "the version recorded as org.opencontainers.image.version")
 	flag.Parse()
 	m.created = time.Unix(epoch, 0).UTC()
-	if err := run(bins, out, ref, m); err != nil {
+	if err := run(bins, extra, out, ref, m); err != nil {
 		fmt.Fprintln(os.Stderr, "buildimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bins []string, out, ref string, m meta) error {
+// file is one binary in the image: its name in binDir and where it is now.
+type file struct{ name, path string }
+
+func run(bins, extra []string, out, ref string, m meta) error {
 	if out == "" || len(bins) == 0 {
 		return errors.New("--out and at least one --binary are required")
 	}
 	if m.name == "" || strings.ContainsAny(m.name, "/ ") {
 		return fmt.Errorf("--name %q: want a plain file name", m.name)
+	}
+	extras := map[string][]file{} // by architecture
+	for _, e := range extra {
+		name, rest, ok := strings.Cut(e, "@")
+		platform, path, ok2 := strings.Cut(rest, "=")
+		_, arch, ok3 := strings.Cut(platform, "/")
+		if !ok || !ok2 || !ok3 || name == "" || strings.ContainsAny(name, "/ ") || name == m.name || path == "" {
+			return fmt.Errorf("--extra %q: want NAME@linux/ARCH=PATH, NAME a plain file name other than --name", e)
+		}
+		extras[arch] = append(extras[arch], file{name, path})
 	}
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	for _, b := range bins {
@@ -89,7 +105,7 @@ func run(bins []string, out, ref string, m meta) error {
 		if !ok || !ok2 || osName != "linux" || path == "" {
 			return fmt.Errorf("--binary %q: want linux/ARCH=PATH", b)
 		}
-		img, err := image(path, arch, m)
+		img, err := image(append([]file{{m.name, path}}, extras[arch]...), arch, m)
 		if err != nil {
 			return fmt.Errorf("image for %s: %w", platform, err)
 		}
@@ -116,15 +132,11 @@ func run(bins []string, out, ref string, m meta) error {
 	return tarDir(dir, out, m.created)
 }
 
-// image is one architecture's image: the binary in one layer, run as its
-// entrypoint.
-func image(binary, arch string, m meta) (v1.Image, error) {
-	data, err := os.ReadFile(binary)
-	if err != nil {
-		return nil, err
-	}
+// image is one architecture's image: the binaries in one layer, the first
+// run as its entrypoint.
+func image(files []file, arch string, m meta) (v1.Image, error) {
 	created := m.created
-	layerTar, err := layerContents(data, binDir+m.name, created)
+	layerTar, err := layerContents(files, created)
 	if err != nil {
 		return nil, err
 	}
@@ -168,9 +180,9 @@ func image(binary, arch string, m meta) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
-// layerContents is the layer's tar: the binary and its directories, owned
-// by root, every time stamp the epoch.
-func layerContents(binary []byte, binPath string, created time.Time) ([]byte, error) {
+// layerContents is the layer's tar: the binaries and their directories,
+// owned by root, every time stamp the epoch.
+func layerContents(files []file, created time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
@@ -178,11 +190,17 @@ func layerContents(binary []byte, binPath string, created time.Time) ([]byte, er
 			return nil, err
 		}
 	}
-	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: binPath, Mode: 0o755, Size: int64(len(binary)), ModTime: created, Format: tar.FormatPAX}); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(binary); err != nil {
-		return nil, err
+	for _, f := range files {
+		binary, err := os.ReadFile(f.path)
+		if err != nil {
+			return nil, err
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: binDir + f.name, Mode: 0o755, Size: int64(len(binary)), ModTime: created, Format: tar.FormatPAX}); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(binary); err != nil {
+			return nil, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return nil, err

@@ -25,10 +25,11 @@ func TestArchiveIsReproducible(t *testing.T) {
 		}
 	}
 	bins := []string{"linux/amd64=" + filepath.Join(dir, "amd64"), "linux/arm64=" + filepath.Join(dir, "arm64")}
+	extra := []string{"vigil-agent@linux/amd64=" + filepath.Join(dir, "amd64"), "vigil-agent@linux/arm64=" + filepath.Join(dir, "arm64")}
 	build := func(name string, epoch int64) []byte {
 		t.Helper()
 		out := filepath.Join(dir, name)
-		if err := run(bins, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, revision: "abc", created: time.Unix(epoch, 0)}); err != nil {
+		if err := run(bins, extra, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, revision: "abc", created: time.Unix(epoch, 0)}); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(out)
@@ -46,11 +47,20 @@ func TestArchiveIsReproducible(t *testing.T) {
 	}
 	for _, bad := range [][]string{nil, {"amd64=" + bins[0]}, {"windows/amd64=x"}, {"linux/amd64=" + filepath.Join(dir, "missing")}} {
 		out := filepath.Join(dir, "bad.tar")
-		if err := run(bad, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, created: time.Unix(0, 0)}); err == nil {
+		if err := run(bad, nil, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, created: time.Unix(0, 0)}); err == nil {
 			t.Errorf("run(%q) succeeded", bad)
 		}
 		if _, err := os.Stat(out); err == nil {
 			t.Errorf("run(%q) left %s behind", bad, out)
+		}
+	}
+	for _, bad := range []string{"linux/amd64=x", "vigil@linux/amd64=x", "a/b@linux/amd64=x", "vigil-agent@linux/amd64=" + filepath.Join(dir, "missing")} {
+		out := filepath.Join(dir, "bad.tar")
+		if err := run(bins, []string{bad}, out, vigil.Image(), meta{name: "vigil", version: vigil.Version, created: time.Unix(0, 0)}); err == nil {
+			t.Errorf("--extra %q accepted", bad)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("--extra %q left %s behind", bad, out)
 		}
 	}
 }
@@ -119,13 +129,18 @@ func TestImageRunsInContainerd(t *testing.T) {
 	if err != nil || !strings.Contains(ls, vigil.Image()) {
 		t.Fatalf("images after the import: %q, %v; want %s", ls, err, vigil.Image())
 	}
-	runVigil := func(name string, args ...string) string {
+	runBin := func(bin, name string, args ...string) string {
 		t.Helper()
-		out, err := ctr(append([]string{"run", "--rm", "--snapshotter", "native", "--net-host", vigil.Image(), name, "/usr/local/bin/vigil"}, args...)...)
+		out, err := ctr(append([]string{"run", "--rm", "--snapshotter", "native", "--net-host", vigil.Image(), name, "/usr/local/bin/" + bin}, args...)...)
 		if err != nil {
-			t.Fatalf("ctr run vigil %s: %v\n%s", strings.Join(args, " "), err, out)
+			t.Fatalf("ctr run %s %s: %v\n%s", bin, strings.Join(args, " "), err, out)
 		}
 		return out
+	}
+	runVigil := func(name string, args ...string) string { t.Helper(); return runBin("vigil", name, args...) }
+	// The worker's binary sits beside vigil.
+	if out := runBin("vigil-agent", "agent-version", "--version"); !strings.Contains(out, vigil.Version) {
+		t.Fatalf("vigil-agent --version in the image printed %q, want %s", out, vigil.Version)
 	}
 	if out := runVigil("version", "version"); !strings.HasPrefix(out, "vigil "+vigil.Version+" ") {
 		t.Fatalf("vigil version in the image printed %q, want vigil %s", out, vigil.Version)

@@ -10,7 +10,7 @@
 //     backend, and its host with BackendPort an API server backend (on a
 //     kubeadm control plane every member runs beside a kube-apiserver);
 //   - with Kube, the API servers published in the kubernetes Service's
-//     EndpointSlices, through a watch (kube.APIServers); the API server
+//     EndpointSlices, through a watch (kubelite.APIServers); the API server
 //     backends are the union of both sources;
 //   - the seeds (--server, --etcd-endpoints): the last resort, used only
 //     when no learned backend is usable;
@@ -41,10 +41,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/vigil-ha/vigil/internal/health"
-	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/validate"
@@ -114,7 +112,7 @@ type Config struct {
 	// Kube, when set, is used to follow the API servers published in the
 	// kubernetes Service's EndpointSlices. It may talk to the API server
 	// through the agent's own listener (see cmd/vigil agent --in-cluster).
-	Kube kubernetes.Interface
+	Kube *kubelite.Client
 }
 
 // upstream is one forwarded service: the API server or etcd.
@@ -344,7 +342,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { d.run(ctx) })
 	}
 	if a.cfg.Kube != nil {
-		ks := kube.NewAPIServers(a.cfg.Kube, a.learnPublished, a.log)
+		ks := kubelite.NewAPIServers(a.cfg.Kube, a.learnPublished, a.log)
 		wg.Go(func() { _ = ks.Run(ctx) })
 	}
 	wg.Go(func() { a.rankLoop(ctx) })

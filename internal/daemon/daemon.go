@@ -20,6 +20,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/observe"
@@ -234,8 +235,12 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 	}
 	var disc *discovery.Discovery
 	if cfg.discovers(DiscoveryKubernetes) {
+		hc, err := kube.HTTPClient(cfg.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
 		// disc is set before Run starts the follower, the only caller.
-		dcfg.Published = kube.NewAPIServers(kc, func([]string) { disc.Refresh() }, log)
+		dcfg.Published = kubelite.NewAPIServers(hc, func([]string) { disc.Refresh() }, log)
 	}
 	// No source and no static backend (--discovery none, no --lb-port):
 	// nothing to check or balance, the VIP alone.

@@ -35,9 +35,7 @@ import (
 	"sync"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-
-	"github.com/vigil-ha/vigil/internal/etcdcluster"
+	"github.com/vigil-ha/vigil/internal/etcdmember"
 )
 
 // ErrInvalidConfig wraps every configuration error of this package.
@@ -48,9 +46,11 @@ var ErrInvalidConfig = errors.New("discovery: invalid configuration")
 // seconds" at the cost of one linearizable read per node every two seconds.
 const DefaultInterval = 2 * time.Second
 
-// MemberLister reads the etcd member list (etcdcluster.Cluster does).
+// MemberLister reads the etcd member list and says what its voters serve
+// (etcdcluster.Cluster does through gRPC, etcdmember.Lister through etcd's
+// JSON gateway).
 type MemberLister interface {
-	MemberList(ctx context.Context) ([]*pb.Member, error)
+	Serving(ctx context.Context) (etcdmember.Serving, error)
 }
 
 // Follower is a source that follows its backends by itself and says when
@@ -208,7 +208,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 		}
 		if d.cfg.Members != nil {
 			rctx, cancel := context.WithTimeout(ctx, d.cfg.Interval)
-			members, err := d.cfg.Members.MemberList(rctx)
+			serving, err := d.cfg.Members.Serving(rctx)
 			cancel()
 			switch {
 			case ctx.Err() != nil:
@@ -224,7 +224,7 @@ func (d *Discovery) Run(ctx context.Context) error {
 					d.log.Info("etcd member list readable again")
 					failing = false
 				}
-				d.record(SourceEtcd, FromMembers(members, d.cfg.Port), nil)
+				d.record(SourceEtcd, etcdmember.WithPort(serving.Hosts, d.cfg.Port), nil)
 			}
 		}
 		if d.cfg.Published != nil {
@@ -279,13 +279,6 @@ func (d *Discovery) publish(b []string, source string) {
 	if d.cfg.OnChange != nil {
 		d.cfg.OnChange(slices.Clone(b))
 	}
-}
-
-// FromMembers turns a member list into API server backends: the hosts the
-// started voters serve etcd on, with port (etcdcluster.ServingOf decides
-// which members count).
-func FromMembers(members []*pb.Member, port int) []string {
-	return etcdcluster.WithPort(etcdcluster.ServingOf(members).Hosts, port)
 }
 
 func validPort(p string) bool {

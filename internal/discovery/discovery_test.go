@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/etcdmember"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
 
@@ -53,7 +54,7 @@ func TestFromMembers(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if d := cmp.Diff(tc.want, FromMembers(tc.members, 6443)); d != "" {
+			if d := cmp.Diff(tc.want, etcdmember.WithPort(etcdmember.ServingOf(tc.members).Hosts, 6443)); d != "" {
 				t.Fatal(d)
 			}
 		})
@@ -133,7 +134,7 @@ func TestFollowsRealMembership(t *testing.T) {
 	defer lock.Close()
 	backend := func(i int) string { return etcdtest.Host(i) + ":6443" }
 
-	d, s := run(t, Config{Members: lock, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: 200 * time.Millisecond})
+	d, s := run(t, Config{Members: lock.Cluster(), Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: 200 * time.Millisecond})
 	s.wait(t, 10*time.Second, []string{backend(0), backend(1), backend(2)})
 	if s.all[0][0] != "192.0.2.1:6443" {
 		t.Errorf("first published set %v, want the static bootstrap backend", s.all[0])
@@ -211,10 +212,10 @@ type members struct {
 	err  error
 }
 
-func (m *members) MemberList(context.Context) ([]*pb.Member, error) {
+func (m *members) Serving(context.Context) (etcdmember.Serving, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.list, m.err
+	return etcdmember.ServingOf(m.list), m.err
 }
 
 func (m *members) fail(err error) {

@@ -33,6 +33,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/vigil-ha/vigil/internal/etcdmember"
 )
 
 // DefaultListInterval is how old the shared member list may get before a
@@ -69,13 +71,6 @@ type Config struct {
 	// KeepSeeds keeps connections to the seed endpoints even when no member
 	// advertises them, as a last resort if every advertised URL fails.
 	KeepSeeds bool
-	// Economical keeps one connection, to one member at a time, and reads
-	// the member list through it; when that member fails, the next one is
-	// dialled. For a process that runs on every machine (the worker agent):
-	// N processes then cost etcd N connections and N reads per interval,
-	// not N per member. Only MemberList and FreshMemberList are meant for
-	// it; Do and StatusAll use whatever single connection is open.
-	Economical bool
 }
 
 // Cluster is one process's connection to etcd. Safe for concurrent use.
@@ -85,16 +80,15 @@ type Cluster struct {
 	seeds map[string]bool
 
 	mu      sync.Mutex   // guards the fields below
-	members []*Member    // open connections (one per wanted endpoint; with Economical, at most one)
+	members []*Member    // open connections, one per wanted endpoint
 	wanted  []string     // the endpoints to use: the seeds, then what the members advertise
 	list    []*pb.Member // the last member list read
 	listAt  time.Time
 	voters  map[uint64]string // ID -> name, from list
 	closed  bool
 
-	readMu   sync.Mutex   // one member list read at a time; the others wait for it
-	reads    atomic.Int64 // member list reads sent (each through every member)
-	lastGood string       // with Economical: the endpoint that answered the last read; readMu guards it
+	readMu sync.Mutex   // one member list read at a time; the others wait for it
+	reads  atomic.Int64 // member list reads sent (each through every member)
 }
 
 // Member is the connection to one client URL.
@@ -123,9 +117,6 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 		}
 		c.seeds[ep] = true
 		c.wanted = append(c.wanted, ep)
-		if cfg.Economical {
-			continue // dialled when used
-		}
 		m, err := c.dial(ep)
 		if err != nil {
 			c.Close()
@@ -171,8 +162,7 @@ func (c *Cluster) Members() []*Member {
 	return c.members
 }
 
-// Endpoints returns the client URLs in use, sorted: connected to, or with
-// Economical, taken in turn.
+// Endpoints returns the client URLs connected to, sorted.
 func (c *Cluster) Endpoints() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -185,6 +175,16 @@ func (c *Cluster) Endpoints() []string {
 // that ask meanwhile wait for that read.
 func (c *Cluster) MemberList(ctx context.Context) ([]*pb.Member, error) {
 	return c.memberList(ctx, c.cfg.ListInterval)
+}
+
+// Serving is what the voters of the shared member list (MemberList) serve
+// clients on: the backends discovery makes of them.
+func (c *Cluster) Serving(ctx context.Context) (etcdmember.Serving, error) {
+	list, err := c.MemberList(ctx)
+	if err != nil {
+		return etcdmember.Serving{}, err
+	}
+	return etcdmember.ServingOf(list), nil
 }
 
 // FreshMemberList reads the member list now, for decisions that must not
@@ -208,13 +208,7 @@ func (c *Cluster) memberList(ctx context.Context, maxAge time.Duration) ([]*pb.M
 	list := func(ctx context.Context, m *Member) (*clientv3.MemberListResponse, error) {
 		return m.Client.MemberList(ctx)
 	}
-	var resp *clientv3.MemberListResponse
-	var err error
-	if c.cfg.Economical {
-		resp, err = c.oneAtATime(ctx, list)
-	} else {
-		resp, err = Do(ctx, c, list)
-	}
+	resp, err := Do(ctx, c, list)
 	if err != nil {
 		return nil, fmt.Errorf("etcd member list: %w", err)
 	}
@@ -238,68 +232,6 @@ func (c *Cluster) cachedSince(asked time.Time, maxAge time.Duration) ([]*pb.Memb
 		return c.list, true
 	}
 	return nil, false
-}
-
-// economicalTry bounds each member's turn in an economical read: a member
-// that lost power leaves a connection that looks open, and a read on it
-// hangs until its deadline.
-const economicalTry = time.Second
-
-// oneAtATime reads through the member that answered last, then each of the
-// others in turn; after a failure the next read starts with the member
-// after the one that failed. readMu must be held.
-func (c *Cluster) oneAtATime(ctx context.Context, op func(context.Context, *Member) (*clientv3.MemberListResponse, error)) (*clientv3.MemberListResponse, error) {
-	eps := c.Endpoints()
-	if len(eps) == 0 {
-		return nil, errors.New("etcdcluster: closed")
-	}
-	if i := slices.Index(eps, c.lastGood); i > 0 {
-		eps = append(eps[i:], eps[:i]...) // a rotation: every member gets its turn
-	}
-	var errs []error
-	for i, ep := range eps {
-		m, err := c.only(ep)
-		if err == nil {
-			tctx, cancel := context.WithTimeout(ctx, economicalTry)
-			var resp *clientv3.MemberListResponse
-			resp, err = op(tctx, m)
-			cancel()
-			if err == nil {
-				c.lastGood = ep
-				return resp, nil
-			}
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", ep, err))
-		// The next read starts with the next member, even if this one
-		// runs out of time first: a dead member is not tried first again.
-		c.lastGood = eps[(i+1)%len(eps)]
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, fmt.Errorf("no etcd member answered: %w", memberErrors(errs))
-}
-
-// only makes the connection to ep the one open connection (Economical).
-func (c *Cluster) only(ep string) (*Member, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, errors.New("etcdcluster: closed")
-	}
-	if len(c.members) == 1 && c.members[0].Endpoint == ep {
-		return c.members[0], nil
-	}
-	for _, m := range c.members {
-		_ = m.Client.Close()
-	}
-	c.members = nil
-	m, err := c.dial(ep)
-	if err != nil {
-		return nil, err
-	}
-	c.members = []*Member{m}
-	return m, nil
 }
 
 // ListReads counts the member list reads sent so far (each through every
@@ -364,15 +296,6 @@ func (c *Cluster) follow(urls []string) {
 		return
 	}
 	c.wanted = slices.Sorted(maps.Keys(want))
-	if c.cfg.Economical {
-		// Keep the one connection if its endpoint is still wanted; the
-		// next read dials another otherwise.
-		if len(c.members) == 1 && !want[c.members[0].Endpoint] {
-			_ = c.members[0].Client.Close()
-			c.members = nil
-		}
-		return
-	}
 	var keep []*Member
 	have := map[string]bool{}
 	for _, m := range c.members {

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
@@ -224,65 +222,5 @@ func TestMoveAndShedLeadership(t *testing.T) {
 	}
 	if got := e.WaitLeader(5 * time.Second); got == to {
 		t.Fatal("leadership stayed on the shed member")
-	}
-}
-
-func TestServingOf(t *testing.T) {
-	members := []*pb.Member{
-		{ClientURLs: []string{"https://10.0.0.12:2379"}},
-		{ClientURLs: []string{"https://127.0.0.1:2379", "https://10.0.0.11:2379"}},
-		{ClientURLs: []string{"https://10.0.0.14:2379"}, IsLearner: true},
-		{Name: "", PeerURLs: []string{"https://10.0.0.15:2380"}},
-		{ClientURLs: []string{"https://[fd00::13]:2379", "::bad"}},
-	}
-	got := ServingOf(members)
-	want := Serving{
-		URLs:      []string{"https://10.0.0.11:2379", "https://10.0.0.12:2379", "https://[fd00::13]:2379"},
-		HostPorts: []string{"10.0.0.11:2379", "10.0.0.12:2379", "[fd00::13]:2379"},
-		Hosts:     []string{"10.0.0.11", "10.0.0.12", "fd00::13"},
-	}
-	if d := cmp.Diff(want, got); d != "" {
-		t.Fatal(d)
-	}
-	if d := cmp.Diff([]string{"10.0.0.11:6443", "10.0.0.12:6443", "[fd00::13]:6443"}, WithPort(got.Hosts, 6443)); d != "" {
-		t.Fatal(d)
-	}
-}
-
-// An economical connection is one connection to one member, dialled when
-// first used, seeded with one endpoint and following the list; a read goes
-// through the member that answered last and moves on to the next when that
-// one dies.
-func TestEconomicalRead(t *testing.T) {
-	e := etcdtest.Start(t, 3)
-	c := newCluster(t, Config{Endpoints: e.Endpoints[:1], Economical: true})
-	if n := len(c.Members()); n != 0 {
-		t.Fatalf("%d connections before the first read, want none", n)
-	}
-	if _, err := c.FreshMemberList(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
-	first := c.lastGood
-	i := slices.Index(e.Endpoints, first)
-	if i < 0 {
-		t.Fatalf("the read was answered by %q, not a member", first)
-	}
-	e.Kill(i)
-	e.WaitLeader(10 * time.Second)
-	start := time.Now()
-	etcdtest.Retry(t, 10*time.Second, "a read through the live members", func() error {
-		_, err := c.FreshMemberList(ctx(t))
-		return err
-	})
-	t.Logf("read answered %v after the kill", time.Since(start).Round(time.Millisecond))
-	if c.lastGood == first || c.lastGood == "" {
-		t.Fatalf("the read after the kill was answered by %q", c.lastGood)
-	}
-	// One connection at a time, to the member that answered.
-	if m := c.Members(); len(m) != 1 || m[0].Endpoint != c.lastGood {
-		t.Fatalf("connections after the move: %d, want one to %s", len(m), c.lastGood)
-	}
-	if got := c.Endpoints(); !slices.Equal(got, sorted(e.Endpoints)) {
-		t.Fatalf("endpoints taken in turn = %v, want every member", got)
 	}
 }

@@ -3,20 +3,17 @@ package kube
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"strings"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/vigil-ha/vigil/internal/kubelite"
 )
 
 // ErrConfig wraps every configuration error of this package.
 var ErrConfig = errors.New("kube: invalid configuration")
-
-// ServiceAccountDir is where a pod's service-account token and CA are
-// mounted.
-const ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 // NewClient builds a clientset from a kubeconfig file. The client-side rate
 // limit is raised well above vigil's needs (a Lease read or write every
@@ -39,25 +36,20 @@ func Server(kubeconfig string) (string, error) {
 	return rc.Host, nil
 }
 
-// NewServiceAccountClient builds a clientset that authenticates with the
-// pod's service-account token from dir (ServiceAccountDir) and talks to
-// server, verifying its certificate against the CA in dir for serverName
-// ("" for the server's own host). Unlike rest.InClusterConfig it does not
-// use the Service's cluster IP: the agent must reach the API server before
-// kube-proxy runs.
-func NewServiceAccountClient(dir, server, serverName string) (kubernetes.Interface, error) {
-	tokenFile, caFile := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
-	for _, f := range []string{tokenFile, caFile} {
-		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("%w: service-account credentials: %w (is the pod's service-account token mounted?)", ErrConfig, err)
-		}
+// HTTPClient is a kubeconfig's API server URL with an HTTP client that
+// authenticates as the kubeconfig says (client-go's: exec plugins and all),
+// for kubelite.APIServers.
+func HTTPClient(kubeconfig string) (*kubelite.Client, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
 	}
-	rc := &rest.Config{
-		Host:            server,
-		BearerTokenFile: tokenFile, // re-read when the kubelet rotates it
-		TLSClientConfig: rest.TLSClientConfig{CAFile: caFile, ServerName: serverName},
+	rc.UserAgent = "vigil"
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
 	}
-	return newClient(rc, "service account")
+	return &kubelite.Client{Server: strings.TrimSuffix(rc.Host, "/"), HTTP: hc}, nil
 }
 
 func newClient(rc *rest.Config, what string) (kubernetes.Interface, error) {

@@ -173,6 +173,9 @@ type state struct {
 type Config struct {
 	Dir      string // DefaultDir when empty
 	VigilBin string // the vigil binary run on each node
+	// AgentBin is the vigil-agent binary run on each worker (default:
+	// vigil-agent beside VigilBin).
+	AgentBin string
 	SelfBin  string // the vigil-lab binary, re-run as etcd and responder
 	// Progress, when set, receives one line per step of long operations
 	// (the kubeadm lab's up).
@@ -183,6 +186,7 @@ type Config struct {
 type Lab struct {
 	dir      string
 	vigilBin string
+	agentBin string
 	selfBin  string
 	st       state
 	log      *slog.Logger
@@ -207,7 +211,10 @@ func New(cfg Config, log *slog.Logger) (*Lab, error) {
 	if cfg.Dir == "" {
 		cfg.Dir = DefaultDir
 	}
-	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, selfBin: cfg.SelfBin, log: log, out: cfg.Progress}, nil
+	if cfg.AgentBin == "" {
+		cfg.AgentBin = filepath.Join(filepath.Dir(cfg.VigilBin), "vigil-agent")
+	}
+	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, agentBin: cfg.AgentBin, selfBin: cfg.SelfBin, log: log, out: cfg.Progress}, nil
 }
 
 // Open loads the state of a lab that is up.
@@ -222,6 +229,9 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if l.st.Settings.Impl == ImplVigil || s.Impl == ImplVigil {
 		if _, err := os.Stat(l.vigilBin); err != nil {
 			return fmt.Errorf("lab: vigil binary: %w (pass --vigil-bin)", err)
+		}
+		if _, err := os.Stat(l.agentBin); err != nil && s.Workers > 0 && !s.Kubeadm {
+			return fmt.Errorf("lab: vigil-agent binary for the workers: %w (build it beside vigil: hack/build.sh)", err)
 		}
 	}
 	var kin kubeadmInputs

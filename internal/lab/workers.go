@@ -69,7 +69,7 @@ func (l *Lab) ensureWorkers(ctx context.Context, n int) error {
 	return nil
 }
 
-// startWorker starts vigil agent and the clients on worker w. The agent's
+// startWorker starts vigil-agent and the clients on worker w. The agent's
 // seeds are the VIP and the etcd members of the moment; everything after
 // that it learns.
 func (l *Lab) startWorker(w *Node) error {
@@ -81,11 +81,11 @@ func (l *Lab) startWorker(w *Node) error {
 	// A copy of the binary per worker, as on a machine of its own: its
 	// pages are not shared with the control-plane nodes' vigil, so the
 	// agent's memory is measured alone.
-	bin := filepath.Join(l.nodeDir(w), "vigil")
-	if err := copyFile(l.vigilBin, bin); err != nil {
+	bin := filepath.Join(l.nodeDir(w), "vigil-agent")
+	if err := copyFile(l.agentBin, bin); err != nil {
 		return err
 	}
-	if err := l.start(w, roleAgent, bin, "agent",
+	if err := l.start(w, roleAgent, bin,
 		"--server", server,
 		"--apiserver-listen", "127.0.0.1:6443",
 		"--backend-port", itoa(APIServerPort),

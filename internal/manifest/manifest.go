@@ -1,6 +1,6 @@
 // Package manifest generates the Kubernetes objects that install vigil: the
 // kubeadm static pod that runs `vigil run` on control-plane nodes, the
-// DaemonSet that runs `vigil agent` on workers, and the RBAC both need.
+// DaemonSet that runs vigil-agent on workers, and the RBAC both need.
 //
 // The objects are built as typed API structs and printed as YAML, so what is
 // printed is what the API server validates (tests send each one to a real
@@ -221,7 +221,7 @@ type DaemonSetOptions struct {
 	Listen string // --apiserver-listen
 }
 
-// DaemonSet runs `vigil agent` on every node that is not a control-plane
+// DaemonSet runs vigil-agent on every node that is not a control-plane
 // node. kubelet itself needs the API server to start DaemonSet pods, so a
 // kubelet that uses the agent needs it as a static pod or systemd unit
 // instead (docs/agent.md); this DaemonSet serves the clients that start
@@ -267,7 +267,10 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 					Containers: []corev1.Container{{
 						Name:  AgentName,
 						Image: image(o.Image),
-						Args: []string{"agent",
+						// The worker's own binary, beside vigil in the
+						// image: no client-go, no gRPC, half the memory.
+						Command: []string{"/usr/local/bin/vigil-agent"},
+						Args: []string{
 							"--server", o.Server,
 							"--apiserver-listen", o.Listen,
 							"--cache-dir", DefaultAgentCache,

@@ -35,11 +35,11 @@ func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		tc.RootCAs = pool
 	}
 	if certFile != "" {
-		pair, err := newReloadingPair(certFile, keyFile)
+		get, err := ClientCertificate(certFile, keyFile)
 		if err != nil {
 			return nil, fmt.Errorf("load --etcd-cert/--etcd-key: %w", err)
 		}
-		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.get() }
+		tc.GetClientCertificate = get
 	}
 	return tc, nil
 }
@@ -114,4 +114,17 @@ func LocalEndpoint(flag, s string) error {
 		return fmt.Errorf("%s %q must be IP:PORT, such as 127.0.0.1:6443", flag, s)
 	}
 	return ListenAddress(flag, s, false)
+}
+
+// ClientCertificate loads a client certificate and key from two files
+// (a kubeconfig's client-certificate and client-key) and returns the
+// tls.Config.GetClientCertificate that reads them again whenever they
+// change (tlsreload.go): the kubelet's rotated client certificate, or a
+// renewed one, is used from the next connection.
+func ClientCertificate(certFile, keyFile string) (func(*tls.CertificateRequestInfo) (*tls.Certificate, error), error) {
+	pair, err := newReloadingPair(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return pair.get() }, nil
 }

@@ -1,4 +1,14 @@
-package etcdcluster
+// Package etcdmember is what vigil knows of an etcd member as a backend,
+// in one place for every caller: which members serve clients, on which
+// URLs, and which API server runs beside each (Serving). It also reads the
+// member list over etcd's JSON gateway (Lister), for the worker agent,
+// whose binary links no gRPC: the daemon and the CLI read it through
+// etcdcluster.
+//
+// It imports neither the etcd client nor its protobuf types: a member is
+// anything with the two getters both etcd's pb.Member and the gateway's
+// JSON have.
+package etcdmember
 
 import (
 	"net"
@@ -6,9 +16,14 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
+
+// Member is an etcd member as both etcd's pb.Member and the JSON
+// gateway's answer describe it.
+type Member interface {
+	GetClientURLs() []string
+	GetIsLearner() bool
+}
 
 // Serving is what the started voters of a member list serve clients on:
 // the one place where members become backends.
@@ -29,10 +44,10 @@ type Serving struct {
 }
 
 // ServingOf sorts and deduplicates what members serve on.
-func ServingOf(members []*pb.Member) Serving {
+func ServingOf[M Member](members []M) Serving {
 	var s Serving
 	for _, m := range members {
-		if m.IsLearner {
+		if m.GetIsLearner() {
 			continue
 		}
 		for _, u := range ClientURLs(m) {
@@ -62,9 +77,9 @@ func WithPort(hosts []string, port int) []string {
 // ClientURLs are the client URLs a member advertises that others can
 // reach: a loopback URL next to a routable one is left out; a member not
 // started yet (no client URLs) has none.
-func ClientURLs(m *pb.Member) []*url.URL {
+func ClientURLs(m Member) []*url.URL {
 	var out, loop []*url.URL
-	for _, cu := range m.ClientURLs {
+	for _, cu := range m.GetClientURLs() {
 		u, err := url.Parse(cu)
 		if err != nil || u.Hostname() == "" {
 			continue

@@ -1,0 +1,36 @@
+// Command vigil-agent is the worker agent on its own: stable local
+// endpoints for the API server and etcd, the same command as vigil agent,
+// in a binary that links neither client-go nor gRPC (about half the
+// memory; bench/agent/README.md).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/agent"
+)
+
+// version, when set with -ldflags "-X main.version=...", overrides the
+// VERSION file's (vigil.Version).
+var version string
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := agent.Command("vigil-agent")
+	cmd.Version = vigil.Version
+	if version != "" {
+		cmd.Version = version
+	}
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "vigil-agent:", err)
+		stop()
+		os.Exit(1)
+	}
+}
