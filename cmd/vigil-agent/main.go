@@ -1,7 +1,7 @@
 // Command vigil-agent is the worker agent on its own: stable local
 // endpoints for the API server and etcd, the same command as vigil agent,
-// in a binary that links neither client-go nor gRPC (about half the
-// memory; bench/agent/README.md).
+// in a binary that links neither client-go nor gRPC: 15 MiB resident with
+// 10 backends, against 22 MiB for vigil agent (bench/agent/README.md).
 package main
 
 import (

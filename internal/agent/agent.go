@@ -41,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
@@ -185,14 +186,12 @@ type Agent struct {
 	metricsLn net.Listener
 	reg       *prometheus.Registry
 	m         *agentMetrics
-	disc      *discoverer // nil without etcd seeds; set under mu by Run
+	disc      *discovery.Discovery // nil without a source; set under mu by Run
+	members   *memberSource        // nil without etcd seeds; set under mu by Run
 	startedAt time.Time
 
-	mu       sync.Mutex // guards disc (written by Run), etcdURLs, apiFromEtcd and apiFromKube
+	mu       sync.Mutex // guards disc and members (written by Run), etcdURLs
 	etcdURLs []string   // learned etcd client URLs, for the member list client
-	// The API servers each source gave last; the learned set is their
-	// union.
-	apiFromEtcd, apiFromKube []string
 }
 
 // New validates cfg and opens every listener, so that a port conflict or a
@@ -326,24 +325,20 @@ func (a *Agent) Run(ctx context.Context) error {
 		u.waitFirstUsable(ctx, a.cfg.HealthTimeout+100*time.Millisecond)
 		wg.Go(func() { _ = u.bal.Run(ctx) })
 	}
-	if len(a.cfg.EtcdSeeds) > 0 {
-		d, err := newDiscoverer(a)
-		if err != nil {
-			cancel()
-			wg.Wait()
-			for _, u := range ups {
-				u.checker.Close()
-			}
-			return err
+	d, ms, err := a.newDiscovery()
+	if err != nil {
+		cancel()
+		wg.Wait()
+		for _, u := range ups {
+			u.checker.Close()
 		}
-		a.mu.Lock() // Status may run already (a caller's goroutine)
-		a.disc = d
-		a.mu.Unlock()
-		wg.Go(func() { d.run(ctx) })
+		return err
 	}
-	if a.cfg.Kube != nil {
-		ks := kubelite.NewAPIServers(a.cfg.Kube, a.learnPublished, a.log)
-		wg.Go(func() { _ = ks.Run(ctx) })
+	if d != nil {
+		a.mu.Lock() // Status may run already (a caller's goroutine)
+		a.disc, a.members = d, ms
+		a.mu.Unlock()
+		wg.Go(func() { _ = d.Run(ctx) })
 	}
 	wg.Go(func() { a.rankLoop(ctx) })
 	if a.metricsLn != nil {
@@ -363,56 +358,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, u := range ups {
 		u.checker.Close()
 	}
-	if a.disc != nil {
-		a.disc.close()
+	if ms != nil {
+		ms.l.Close()
 	}
 	return nil
-}
-
-// learn applies backends learned from the etcd member list and caches
-// them.
-func (a *Agent) learn(api, etcd, etcdURLs []string) {
-	a.mu.Lock()
-	urlsChanged := !slices.Equal(a.etcdURLs, etcdURLs)
-	a.etcdURLs = slices.Clone(etcdURLs)
-	a.apiFromEtcd = slices.Clone(api)
-	union := a.apiUnion()
-	a.mu.Unlock()
-	changed := a.api.setLearned(union)
-	if changed {
-		a.api.apply()
-	}
-	if a.etcd != nil && a.etcd.setLearned(etcd) {
-		a.etcd.apply()
-		changed = true
-	}
-	if changed || urlsChanged {
-		a.log.Info("backends learned from the etcd member list", "apiservers", union, "etcd", etcd)
-		a.saveCache()
-	}
-}
-
-// learnPublished applies the API servers published in the kubernetes
-// Service. An empty set (the last API server shutting down removes itself)
-// keeps the last one: health checks decide meanwhile.
-func (a *Agent) learnPublished(api []string) {
-	if len(api) == 0 {
-		return
-	}
-	a.mu.Lock()
-	a.apiFromKube = slices.Clone(api)
-	union := a.apiUnion()
-	a.mu.Unlock()
-	if a.api.setLearned(union) {
-		a.api.apply()
-		a.log.Info("API servers learned from the kubernetes EndpointSlices", "apiservers", union)
-		a.saveCache()
-	}
-}
-
-// apiUnion is the learned API server set; a.mu must be held.
-func (a *Agent) apiUnion() []string {
-	return slices.Compact(slices.Sorted(slices.Values(slices.Concat(a.apiFromEtcd, a.apiFromKube))))
 }
 
 func addrString(a net.Addr) string {

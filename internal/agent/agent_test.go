@@ -452,10 +452,10 @@ func TestChurnLeaksNothing(t *testing.T) {
 			set = append(set, dead[i%2])
 		}
 		slices.Sort(set)
-		a.learn(set, nil, nil)
+		a.learnAPIServers(set)
 		time.Sleep(2 * time.Millisecond)
 	}
-	a.learn(backs[1:3], nil, nil)
+	a.learnAPIServers(backs[1:3])
 	time.Sleep(500 * time.Millisecond)
 	cancel()
 	wg.Wait()
@@ -553,7 +553,7 @@ func TestPrefersLocalThenSeed(t *testing.T) {
 		Server:     "https://" + seed.srv.Listener.Addr().String(),
 		LocalAddrs: func() ([]net.IP, error) { return []net.IP{net.ParseIP(etcdtest.Host(1))}, nil },
 	})
-	a.learn([]string{local, remote}, nil, nil)
+	a.learnAPIServers([]string{local, remote})
 	waitFor(t, 5*time.Second, "both learned backends up and ranked", func() bool {
 		a.rank()
 		return len(upBackends(a, "apiserver", "cluster")) == 2

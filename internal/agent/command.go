@@ -35,7 +35,7 @@ func Command(use string) *cobra.Command {
 
 Every worker runs the agent: vigil-agent, a small binary of its own, or the
 same command as "vigil agent" in the vigil binary (vigil-agent links neither
-client-go nor gRPC, and needs half the memory). It listens on
+client-go nor gRPC, and needs a third less memory). It listens on
 --apiserver-listen (and, with --etcd-listen, on a local etcd endpoint) and
 forwards each TCP connection, TLS untouched, to a healthy control-plane
 backend. Point kubelet, kube-proxy

@@ -2,87 +2,129 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/etcdmember"
+	"github.com/vigil-ha/vigil/internal/kubelite"
 )
 
-// discoverer follows the etcd member list through the agent's one etcd
-// client, an etcdmember.Lister: etcd's JSON gateway, one connection to one
-// member at a time. It starts from the learned client URLs and the seeds,
-// follows the URLs the members advertise and keeps the seeds as a last
-// resort. (Not etcdcluster: the gRPC client it is built on would cost the
-// agent 7 MiB of its 20 MiB, bench/agent/README.md.)
-type discoverer struct {
-	a  *Agent
-	cl *etcdmember.Lister
+// The agent learns its backends through discovery, as vigil run does: the
+// etcd member list and the kubernetes EndpointSlices, one union, a source
+// that fails or goes empty keeping its last answer, failures logged once
+// per outage. What is the agent's own: the seeds (a last-resort tier of
+// the balancers, not a discovery source), the etcd upstream and the list of
+// client URLs made from each member list (OnMembers), and the cache.
+
+// memberSource is the agent's etcd client, an etcdmember.Lister (etcd's
+// JSON gateway, one connection to one member at a time), counted and
+// remembered for /metrics and /status. Not etcdcluster: the gRPC client it
+// is built on cost the agent 7 MiB of resident memory (bench/agent/README.md).
+type memberSource struct {
+	l *etcdmember.Lister
+	m *agentMetrics
 
 	mu       sync.Mutex
 	lastRead time.Time
 	lastErr  string
 }
 
-func newDiscoverer(a *Agent) (*discoverer, error) {
-	cl, err := etcdmember.NewLister(etcdmember.ListerConfig{
+func newMemberSource(a *Agent) (*memberSource, error) {
+	l, err := etcdmember.NewLister(etcdmember.ListerConfig{
 		Endpoints: a.memberListEndpoints(),
 		TLS:       a.cfg.EtcdTLS,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &discoverer{a: a, cl: cl}, nil
+	return &memberSource{l: l, m: a.m}, nil
 }
 
-func (d *discoverer) close() { d.cl.Close() }
+// Serving implements discovery.MemberLister.
+func (s *memberSource) Serving(ctx context.Context) (etcdmember.Serving, error) {
+	sv, err := s.l.Serving(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.m.reads.WithLabelValues("error").Inc()
+		s.lastErr = err.Error()
+		return sv, err
+	}
+	s.m.reads.WithLabelValues("ok").Inc()
+	s.lastRead, s.lastErr = time.Now(), ""
+	return sv, nil
+}
 
-// run reads the member list every DiscoveryInterval. A failed read keeps
-// the backends as they are: an etcd outage must not empty the agent.
-func (d *discoverer) run(ctx context.Context) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+func (s *memberSource) state() (time.Time, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastRead, s.lastErr
+}
+
+// newDiscovery wires the sources the configuration names; nil when it names
+// none (the seeds are then the only backends).
+func (a *Agent) newDiscovery() (*discovery.Discovery, *memberSource, error) {
+	cfg := discovery.Config{
+		Port:      a.cfg.BackendPort,
+		Interval:  a.cfg.DiscoveryInterval,
+		OnChange:  a.learnAPIServers,
+		OnMembers: a.learnEtcd,
+	}
+	var ms *memberSource
+	if len(a.cfg.EtcdSeeds) > 0 {
+		var err error
+		if ms, err = newMemberSource(a); err != nil {
+			return nil, nil, err
 		}
-		rctx, cancel := context.WithTimeout(ctx, min(d.a.cfg.DiscoveryInterval, 3*time.Second))
-		s, err := d.cl.Serving(rctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			d.a.m.reads.WithLabelValues("error").Inc()
-			d.mu.Lock()
-			d.lastErr = err.Error()
-			d.mu.Unlock()
-			if !failing {
-				d.a.log.Warn("cannot read the etcd member list; keeping the current backends", "err", err)
-				failing = true
-			}
-		default:
-			d.a.m.reads.WithLabelValues("ok").Inc()
-			if failing {
-				d.a.log.Info("etcd member list readable again")
-				failing = false
-			}
-			d.mu.Lock()
-			d.lastRead, d.lastErr = time.Now(), ""
-			d.mu.Unlock()
-			if len(s.Hosts) > 0 {
-				d.a.learn(etcdmember.WithPort(s.Hosts, d.a.cfg.BackendPort), s.HostPorts, s.URLs)
-			}
+		cfg.Members = ms
+	}
+	var d *discovery.Discovery
+	if a.cfg.Kube != nil {
+		// d is set before Run starts the follower, the only caller.
+		cfg.Published = kubelite.NewAPIServers(a.cfg.Kube, func([]string) { d.PublishedChanged() }, a.log)
+	}
+	if cfg.Members == nil && cfg.Published == nil {
+		return nil, nil, nil
+	}
+	d, err := discovery.New(cfg, a.log)
+	if err != nil {
+		if ms != nil {
+			ms.l.Close()
 		}
-		t.Reset(discovery.Jitter(d.a.cfg.DiscoveryInterval))
+		return nil, nil, err
+	}
+	return d, ms, nil
+}
+
+// learnAPIServers applies the API server set discovery publishes (the union
+// of the member list's and the EndpointSlices') and caches it.
+func (a *Agent) learnAPIServers(api []string) {
+	if a.api.setLearned(api) {
+		a.api.apply()
+		a.log.Info("API servers learned from the cluster", "apiservers", api)
+		a.saveCache()
 	}
 }
 
-func (d *discoverer) state() (time.Time, string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.lastRead, d.lastErr
+// learnEtcd applies what a member list read says of etcd: the etcd
+// backends, and the client URLs the next start reads the list from.
+func (a *Agent) learnEtcd(s etcdmember.Serving) {
+	if len(s.Hosts) == 0 {
+		return // nothing started serves yet: keep what there is
+	}
+	a.mu.Lock()
+	urlsChanged := !slices.Equal(a.etcdURLs, s.URLs)
+	a.etcdURLs = slices.Clone(s.URLs)
+	a.mu.Unlock()
+	changed := false
+	if a.etcd != nil && a.etcd.setLearned(s.HostPorts) {
+		a.etcd.apply()
+		changed = true
+		a.log.Info("etcd members learned from the member list", "etcd", s.HostPorts)
+	}
+	if changed || urlsChanged {
+		a.saveCache()
+	}
 }

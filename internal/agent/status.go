@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/health"
 )
 
@@ -69,18 +70,22 @@ func (a *Agent) Status() Status {
 		s.Upstreams = append(s.Upstreams, us)
 	}
 	a.mu.Lock()
-	disc := a.disc
+	disc, ms := a.disc, a.members
 	a.mu.Unlock()
-	if disc != nil {
-		t, err := disc.state()
+	if ms != nil {
+		t, err := ms.state()
 		if !t.IsZero() {
 			s.LastMemberList = &t
 		}
 		s.MemberListErr = err
 	}
-	a.mu.Lock()
-	s.PublishedAPIServers = slices.Clone(a.apiFromKube)
-	a.mu.Unlock()
+	if disc != nil {
+		for _, src := range disc.Sources() {
+			if src.Name == discovery.SourceKubernetes {
+				s.PublishedAPIServers = src.Backends
+			}
+		}
+	}
 	return s
 }
 

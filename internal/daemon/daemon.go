@@ -240,7 +240,7 @@ func runNode(ctx context.Context, cfg Config, tc *tls.Config, log *slog.Logger, 
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		// disc is set before Run starts the follower, the only caller.
-		dcfg.Published = kubelite.NewAPIServers(hc, func([]string) { disc.Refresh() }, log)
+		dcfg.Published = kubelite.NewAPIServers(hc, func([]string) { disc.PublishedChanged() }, log)
 	}
 	// No source and no static backend (--discovery none, no --lb-port):
 	// nothing to check or balance, the VIP alone.

@@ -9,7 +9,7 @@
 //     Interval (etcd has no watch on membership). It works before any API
 //     server exists, which is what bootstrap needs.
 //   - the API servers published in the kubernetes Service's EndpointSlices
-//     (kube.APIServers, a watch): each kube-apiserver adds itself there, so
+//     (kubelite.APIServers, a watch): each kube-apiserver adds itself there, so
 //     this also finds API servers that run apart from etcd (external etcd).
 //
 // The backends are the union of what the sources said last: a source that
@@ -54,7 +54,7 @@ type MemberLister interface {
 }
 
 // Follower is a source that follows its backends by itself and says when
-// they change (kube.APIServers does).
+// they change (kubelite.APIServers does).
 type Follower interface {
 	// Run follows until ctx is cancelled.
 	Run(ctx context.Context) error
@@ -77,13 +77,19 @@ type Config struct {
 	// OnChange gets the new backend set, sorted, each time it changes. It is
 	// called from Run's goroutine.
 	OnChange func([]string)
+	// OnMembers, when set, gets everything the member list's voters serve
+	// after each successful read, before the backends are published: the
+	// worker agent makes its etcd backends and its cache of client URLs
+	// from it. Called from Run's goroutine.
+	OnMembers func(etcdmember.Serving)
 }
 
 // Discovery keeps the backend set current.
 type Discovery struct {
 	cfg     Config
 	log     *slog.Logger
-	poke    chan struct{}
+	poke    chan struct{} // read every source now
+	pokePub chan struct{} // the Published source changed
 	mu      sync.Mutex // guards cur, found and sources
 	cur     []string
 	found   bool // a set was published at least once
@@ -126,7 +132,7 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 	if cfg.Members == nil && cfg.Published == nil && len(cfg.Static) == 0 {
 		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", ErrInvalidConfig)
 	}
-	d := &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1), sources: map[string]*SourceState{}}
+	d := &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1), pokePub: make(chan struct{}, 1), sources: map[string]*SourceState{}}
 	if cfg.Members != nil {
 		d.sources[SourceEtcd] = &SourceState{Name: SourceEtcd}
 	}
@@ -174,11 +180,20 @@ func (d *Discovery) Backends() []string {
 }
 
 // Refresh asks Run to read the sources now: for callers that just changed
-// the member list (a member removal must take its backend away at once),
-// and for the Published source's change notifications.
+// the member list (a member removal must take its backend away at once).
 func (d *Discovery) Refresh() {
 	select {
 	case d.poke <- struct{}{}:
+	default:
+	}
+}
+
+// PublishedChanged tells Run that the Published source has a new set: it
+// is taken at once, without a member list read (N agents would otherwise
+// all read the member list when one EndpointSlice changes).
+func (d *Discovery) PublishedChanged() {
+	select {
+	case d.pokePub <- struct{}{}:
 	default:
 	}
 }
@@ -200,13 +215,16 @@ func (d *Discovery) Run(ctx context.Context) error {
 	defer t.Stop()
 	failing := false
 	for {
+		readMembers := true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		case <-d.poke:
+		case <-d.pokePub:
+			readMembers = false
 		}
-		if d.cfg.Members != nil {
+		if d.cfg.Members != nil && readMembers {
 			rctx, cancel := context.WithTimeout(ctx, d.cfg.Interval)
 			serving, err := d.cfg.Members.Serving(rctx)
 			cancel()
@@ -224,6 +242,9 @@ func (d *Discovery) Run(ctx context.Context) error {
 					d.log.Info("etcd member list readable again")
 					failing = false
 				}
+				if d.cfg.OnMembers != nil {
+					d.cfg.OnMembers(serving)
+				}
 				d.record(SourceEtcd, etcdmember.WithPort(serving.Hosts, d.cfg.Port), nil)
 			}
 		}
@@ -235,7 +256,9 @@ func (d *Discovery) Run(ctx context.Context) error {
 		if b, names := d.union(); len(b) > 0 {
 			d.publish(b, names)
 		}
-		t.Reset(Jitter(d.cfg.Interval))
+		if readMembers {
+			t.Reset(Jitter(d.cfg.Interval))
+		}
 	}
 }
 

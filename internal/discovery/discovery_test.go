@@ -207,15 +207,23 @@ func (p *published) publish(b ...string) {
 
 // members is a member list that can fail.
 type members struct {
-	mu   sync.Mutex
-	list []*pb.Member
-	err  error
+	mu    sync.Mutex
+	list  []*pb.Member
+	err   error
+	reads int
 }
 
 func (m *members) Serving(context.Context) (etcdmember.Serving, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.reads++
 	return etcdmember.ServingOf(m.list), m.err
+}
+
+func (m *members) readCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reads
 }
 
 func (m *members) fail(err error) {
@@ -225,21 +233,34 @@ func (m *members) fail(err error) {
 }
 
 // The backends are the union of both sources; a source that fails or
-// publishes nothing keeps its last answer.
+// publishes nothing keeps its last answer. A change of the published set
+// costs no member list read; OnMembers sees each read's whole answer.
 func TestMergesPublishedWithMembers(t *testing.T) {
 	ml := &members{list: []*pb.Member{{ClientURLs: []string{"https://10.0.0.11:2379"}}, {ClientURLs: []string{"https://10.0.0.12:2379"}}}}
 	pub := &published{}
-	// An hour: only Refresh (the follower's notification) makes Run read.
-	d, s := run(t, Config{Members: ml, Published: pub, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: time.Hour})
-	pub.poke = d.Refresh
+	var served []etcdmember.Serving
+	var servedMu sync.Mutex
+	// An hour: only the follower's notification and Refresh make Run read.
+	d, s := run(t, Config{Members: ml, Published: pub, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: time.Hour,
+		OnMembers: func(sv etcdmember.Serving) { servedMu.Lock(); served = append(served, sv); servedMu.Unlock() }})
+	pub.poke = d.PublishedChanged
 	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443"})
+	servedMu.Lock()
+	if len(served) != 1 || !slices.Equal(served[0].HostPorts, []string{"10.0.0.11:2379", "10.0.0.12:2379"}) {
+		t.Errorf("OnMembers got %+v, want one read's answer", served)
+	}
+	servedMu.Unlock()
 
 	// An API server apart from etcd (external etcd topology) joins.
 	pub.publish("10.0.0.12:6443", "10.0.0.21:6443")
 	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"})
+	if n := ml.readCount(); n != 1 {
+		t.Errorf("%d member list reads after a published change, want only the first", n)
+	}
 
 	// etcd unreachable and the slices emptied: both last answers stay.
 	ml.fail(errors.New("etcd down"))
+	d.Refresh()
 	pub.publish()
 	time.Sleep(200 * time.Millisecond)
 	if got := s.last(); !slices.Equal(got, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"}) {
@@ -263,7 +284,7 @@ func TestMergesPublishedWithMembers(t *testing.T) {
 func TestPublishedOnly(t *testing.T) {
 	pub := &published{}
 	d, s := run(t, Config{Published: pub, Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: time.Hour})
-	pub.poke = d.Refresh
+	pub.poke = d.PublishedChanged
 	s.wait(t, 5*time.Second, []string{"192.0.2.1:6443"})
 	pub.publish("10.0.0.21:6443")
 	s.wait(t, 5*time.Second, []string{"10.0.0.21:6443"})

@@ -167,7 +167,7 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings, in kubeadmInputs) error
 		if err := l.installAgent(ctx); err != nil {
 			return err
 		}
-		l.progress("vigil agent DaemonSet serving on every worker: %v", time.Since(t).Round(time.Second))
+		l.progress("vigil-agent DaemonSet serving on every worker: %v", time.Since(t).Round(time.Second))
 	}
 	if _, err := l.waitStable(ctx, time.Minute); err != nil {
 		return err

@@ -268,7 +268,7 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 						Name:  AgentName,
 						Image: image(o.Image),
 						// The worker's own binary, beside vigil in the
-						// image: no client-go, no gRPC, half the memory.
+						// image: no client-go, no gRPC, a third less memory.
 						Command: []string{"/usr/local/bin/vigil-agent"},
 						Args: []string{
 							"--server", o.Server,
