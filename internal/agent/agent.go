@@ -120,6 +120,7 @@ type Config struct {
 type upstream struct {
 	name    string // "apiserver" or "etcd"
 	bal     *lb.Balancer
+	picker  *tieredPicker
 	checker *health.Checker
 	seeds   []string // host:port
 
@@ -244,22 +245,19 @@ func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
 }
 
 func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Config) (*upstream, error) {
-	u := &upstream{name: name, seeds: seeds}
+	u := &upstream{name: name, seeds: seeds, picker: &tieredPicker{}}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": name}, a.reg)
 	var err error
 	u.bal, err = lb.New(lb.Config{
-		Listen:    listen,
-		Policy:    lb.LeastConn,
-		ReusePort: true,
-		// Health checks failing everywhere at once say more about this
-		// host than about the control plane: try the backends anyway.
-		TryAllWhenNoneUsable: true,
-		DrainTimeout:         a.cfg.DrainTimeout,
-		MaxConns:             a.cfg.MaxConns,
-		MaxConnsPerSource:    a.cfg.MaxConnsPerSource,
-		IdleTimeout:          a.cfg.IdleTimeout,
-		OnDialError:          func(b string, err error) { u.checker.DialFailed(b, err) },
-		Metrics:              reg,
+		Listen:            listen,
+		Picker:            u.picker,
+		ReusePort:         true,
+		DrainTimeout:      a.cfg.DrainTimeout,
+		MaxConns:          a.cfg.MaxConns,
+		MaxConnsPerSource: a.cfg.MaxConnsPerSource,
+		IdleTimeout:       a.cfg.IdleTimeout,
+		OnDialError:       func(b string, err error) { u.checker.DialFailed(b, err) },
+		Metrics:           reg,
 	}, a.log.With("upstream", name))
 	if err != nil {
 		if errors.Is(err, lb.ErrPortInUse) {

@@ -3,7 +3,10 @@ package agent
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/lb"
 )
 
 // Preference tiers: new connections go to the lowest tier with a usable
@@ -43,8 +46,61 @@ func (a *Agent) rank() {
 		}
 	}
 	for _, u := range a.upstreams() {
-		u.bal.SetTiers(tiers(u, local))
+		u.picker.setTiers(tiers(u, local))
 	}
+}
+
+// tieredPicker is the agent's lb.Picker. A new connection goes to the
+// lowest tier that has a usable backend, least connections within it. When
+// no backend at all passes its checks, it goes to any backend, least
+// connections first, instead of being reset: checks can all fail at once
+// for reasons that are not the backends' (an overloaded or briefly cut-off
+// worker), and a client turned away backs off, often for many seconds
+// (gRPC's reconnect backoff), while a dial would have worked. A backend
+// that refuses still fails fast.
+type tieredPicker struct {
+	tiers atomic.Pointer[map[string]int] // written by rank, read by Pick
+	next  int                            // Pick's turn; the balancer serialises Pick
+}
+
+func (*tieredPicker) String() string { return "least-conn within tiers (local, near, far, seed)" }
+
+func (p *tieredPicker) setTiers(t map[string]int) { p.tiers.Store(&t) }
+
+// tier of addr: tierLocal until rank has placed it (rank runs every second
+// and right after the backends change).
+func (p *tieredPicker) tier(addr string) int {
+	if m := p.tiers.Load(); m != nil {
+		return (*m)[addr]
+	}
+	return tierLocal
+}
+
+// Pick implements lb.Picker.
+func (p *tieredPicker) Pick(bs []lb.Candidate, tried map[string]bool) (int, bool) {
+	best, found, anyUsable := 0, false, false
+	for _, b := range bs {
+		if !b.Usable {
+			continue
+		}
+		anyUsable = true
+		if t := p.tier(b.Addr); !tried[b.Addr] && (!found || t < best) {
+			best, found = t, true
+		}
+	}
+	if found {
+		return lb.LeastConnFrom(bs, tried, &p.next, func(c lb.Candidate) bool { return p.tier(c.Addr) == best }), false
+	}
+	if anyUsable {
+		return -1, false // the usable ones were tried: give up
+	}
+	last := -1
+	for i, b := range bs {
+		if !tried[b.Addr] && (last < 0 || b.Active < bs[last].Active) {
+			last = i
+		}
+	}
+	return last, last >= 0
 }
 
 func tiers(u *upstream, local map[string]bool) map[string]int {

@@ -52,7 +52,7 @@ func (a *Agent) Status() Status {
 	for _, u := range a.upstreams() {
 		us := UpstreamState{Name: u.name, Listen: u.bal.Addr().String()}
 		for _, b := range u.bal.Backends() {
-			bs := BackendState{Address: b.Address, Source: "seed", Tier: b.Tier, Connections: b.Connections, State: health.Unknown.String()}
+			bs := BackendState{Address: b.Address, Source: "seed", Tier: u.picker.tier(b.Address), Connections: b.Connections, State: health.Unknown.String()}
 			if u.isLearned(b.Address) {
 				bs.Source = "cluster"
 			}

@@ -91,7 +91,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
 		bal, err = lb.New(lb.Config{
 			Listen:       netip.AddrPortFrom(cfg.VIP.Addr(), uint16(cfg.LBPort)).String(),
-			Policy:       policy,
+			Picker:       policy,
 			FreeBind:     true,
 			DrainTimeout: cfg.LBDrainTimeout,
 			MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,

@@ -90,7 +90,7 @@ type Discovery struct {
 	log     *slog.Logger
 	poke    chan struct{} // read every source now
 	pokePub chan struct{} // the Published source changed
-	mu      sync.Mutex // guards cur, found and sources
+	mu      sync.Mutex    // guards cur, found and sources
 	cur     []string
 	found   bool // a set was published at least once
 	sources map[string]*SourceState

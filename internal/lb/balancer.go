@@ -88,7 +88,8 @@ const (
 type Config struct {
 	// Listen is the address the balancer accepts on, VIP:port.
 	Listen string
-	Policy Policy
+	// Picker chooses the backend of each new connection (nil: LeastConn).
+	Picker Picker
 	// FreeBind lets the listener bind the VIP while this node does not hold
 	// it (IP_FREEBIND), so it is open, and any port conflict found, before
 	// the node ever leads.
@@ -107,14 +108,6 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// Standby starts the balancer not serving (see SetServing).
 	Standby bool
-	// TryAllWhenNoneUsable: when no backend passes its checks, try the
-	// known ones anyway (least connections first) instead of resetting the
-	// client. Health checks can all fail at once for reasons that are not
-	// the backends' (an overloaded or briefly cut-off client host); a
-	// client turned away then backs off, often for many seconds (gRPC's
-	// reconnect backoff), while a dial would have worked. Backends that
-	// refuse still fail fast.
-	TryAllWhenNoneUsable bool
 	// MaxConns bounds the client connections served at once (0:
 	// DefaultMaxConns, -1: no bound). A connection beyond it is reset at
 	// once: the process, and the VIP it holds, must not run out of memory
@@ -262,7 +255,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		cfg:     cfg,
 		log:     log.With("listen", cfg.Listen),
 		ln:      ln,
-		pool:    newPool(cfg.Policy),
+		pool:    newPool(cfg.Picker),
 		closing: map[string]*pendingClose{},
 		clients: map[net.Conn]struct{}{},
 		sources: map[netip.Addr]int{},
@@ -286,7 +279,7 @@ func (b *Balancer) Addr() net.Addr { return b.ln.Addr() }
 func (b *Balancer) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { b.ln.Close() })
 	defer stop()
-	b.log.Info("load balancer listening", "policy", b.cfg.Policy.String())
+	b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker))
 	var backoff time.Duration
 	for {
 		c, err := b.ln.Accept()
@@ -511,30 +504,17 @@ func (b *Balancer) CloseAll(reason string) {
 type BackendInfo struct {
 	Address     string `json:"address"`
 	Usable      bool   `json:"usable"`
-	Tier        int    `json:"tier"`
 	Connections int    `json:"connections"`
 }
 
-// SetTiers sets each named backend's preference tier (lower is preferred;
-// see pool). Backends not named keep their tier.
-func (b *Balancer) SetTiers(tiers map[string]int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for addr, t := range tiers {
-		if be, ok := b.pool.m[addr]; ok {
-			be.tier = t
-		}
-	}
-}
-
-// Backends returns the current backends in round-robin order.
+// Backends returns the current backends, sorted by address.
 func (b *Balancer) Backends() []BackendInfo {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make([]BackendInfo, 0, len(b.pool.order))
 	for _, a := range b.pool.order {
 		be := b.pool.m[a]
-		out = append(out, BackendInfo{Address: a, Usable: be.usable, Tier: be.tier, Connections: len(be.conns)})
+		out = append(out, BackendInfo{Address: a, Usable: be.usable, Connections: len(be.conns)})
 	}
 	return out
 }
@@ -587,10 +567,7 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 	tried := map[string]bool{}
 	for range b.cfg.Attempts {
 		b.mu.Lock()
-		be := b.pool.pick(tried)
-		if be == nil && b.cfg.TryAllWhenNoneUsable && b.pool.usableCount() == 0 {
-			be = b.pool.pickAny(tried)
-		}
+		be, anyway := b.pool.pick(tried)
 		b.mu.Unlock()
 		if be == nil {
 			break
@@ -613,7 +590,7 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 			}
 			continue
 		}
-		b.proxy(be, &proxyConn{client: client, server: server})
+		b.proxy(be, &proxyConn{client: client, server: server}, anyway)
 		return
 	}
 	b.m.rejected.Inc()
@@ -631,12 +608,12 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 }
 
 // proxy copies both ways until both sides are done or the pair is closed.
-func (b *Balancer) proxy(be *backend, pc *proxyConn) {
+// anyway: the picker chose be although it was not usable (a last resort).
+func (b *Balancer) proxy(be *backend, pc *proxyConn, anyway bool) {
 	b.mu.Lock()
 	// The backend may have gone down or been removed while we dialled,
 	// or this node may have stopped serving.
-	lastResort := b.cfg.TryAllWhenNoneUsable && b.pool.usableCount() == 0
-	if _, ok := b.clients[pc.client]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || (!be.usable && !lastResort) {
+	if _, ok := b.clients[pc.client]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || (!be.usable && !anyway) {
 		b.pool.done(be)
 		b.mu.Unlock()
 		pc.close()

@@ -199,9 +199,13 @@ func closedWithin(t *testing.T, r *bufio.Reader, c net.Conn, d time.Duration) ti
 
 func TestForwardsAndBalances(t *testing.T) {
 	bes := []*tcpBackend{newBackend(t, "a", false), newBackend(t, "b", false), newBackend(t, "c", false)}
-	for _, policy := range []Policy{LeastConn, RoundRobin} {
-		t.Run(policy.String(), func(t *testing.T) {
-			b, _ := startLB(t, Config{Policy: policy}, bes...)
+	for _, name := range []string{"least-conn", "round-robin"} {
+		t.Run(name, func(t *testing.T) {
+			policy, err := ParsePolicy(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := startLB(t, Config{Picker: policy}, bes...)
 			seen := map[string]int{}
 			var open []net.Conn
 			for range 9 { // kept open: least-conn must spread them evenly
@@ -240,7 +244,7 @@ func TestForwardsAndBalances(t *testing.T) {
 
 func TestRefusedBackendRetriedElsewhere(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
-	b, errs := startLB(t, Config{Policy: RoundRobin}, a, bb)
+	b, errs := startLB(t, Config{Picker: RoundRobin()}, a, bb)
 	a.kill() // still marked up: the balancer learns from the refusal
 	for range 6 {
 		_, _, name := dial(t, b, true)
@@ -279,7 +283,7 @@ func TestBackendResetMidStream(t *testing.T) {
 func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
 	const drain = 2 * time.Second
-	b, _ := startLB(t, Config{Policy: RoundRobin, DrainTimeout: drain}, a, bb)
+	b, _ := startLB(t, Config{Picker: RoundRobin(), DrainTimeout: drain}, a, bb)
 	ca, ra := dialTo(t, b, "a")
 	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Draining})
 	draining := time.Now()
@@ -316,7 +320,7 @@ func TestDrainingBackendKeepsConnectionsUntilTimeout(t *testing.T) {
 func TestUnreachableBackendKeepsConnectionsForGrace(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
 	const grace = 1500 * time.Millisecond
-	b, _ := startLB(t, Config{Policy: RoundRobin, UnreachableGrace: grace}, a, bb)
+	b, _ := startLB(t, Config{Picker: RoundRobin(), UnreachableGrace: grace}, a, bb)
 	ca, ra := dialTo(t, b, "a")
 	echo := func(step string) {
 		t.Helper()
@@ -373,7 +377,7 @@ func TestDrainingThenDeadClosesAtOnce(t *testing.T) {
 
 func TestRemovedBackendAndCloseAll(t *testing.T) {
 	a, bb := newBackend(t, "a", false), newBackend(t, "b", false)
-	b, _ := startLB(t, Config{Policy: RoundRobin}, a, bb)
+	b, _ := startLB(t, Config{Picker: RoundRobin()}, a, bb)
 	c1, r1, n1 := dial(t, b, true)
 	c2, r2, n2 := dial(t, b, true)
 	if n1 == n2 {
@@ -422,9 +426,23 @@ func TestNoUsableBackendClosesClient(t *testing.T) {
 	refused(t, b)
 }
 
-func TestTryAllWhenNoneUsable(t *testing.T) {
+// lastResort picks the first backend not tried, usable or not (anyway).
+type lastResort struct{}
+
+func (lastResort) Pick(bs []Candidate, tried map[string]bool) (int, bool) {
+	for i, b := range bs {
+		if !tried[b.Addr] {
+			return i, true
+		}
+	}
+	return -1, false
+}
+
+// A picker may send a connection to a backend that failed its checks (the
+// worker agent does when every check failed): the balancer serves it.
+func TestPickerLastResort(t *testing.T) {
 	a := newBackend(t, "a", false)
-	b, _ := startLB(t, Config{TryAllWhenNoneUsable: true}, a)
+	b, _ := startLB(t, Config{Picker: lastResort{}}, a)
 	// Every check failed (say the client host was overloaded), but the
 	// backend answers: the client is served, not reset.
 	b.Update(health.Status{Backend: a.addr(), State: health.Down, Cause: health.Dead})

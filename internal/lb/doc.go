@@ -18,4 +18,10 @@
 // Connections are tracked per backend, which is what lets the balancer close
 // them when the backend dies, is removed from the cluster, or when this node
 // loses the VIP.
+//
+// Which backend a new connection goes to is a Picker's choice (picker.go):
+// LeastConn or RoundRobin for vigil run (--lb-policy), and the worker
+// agent's own picker, with its preference tiers and its last resort when no
+// check passes. The balancer owns the backends, their health and their
+// connections; a picker sees a snapshot of them and owns only its choice.
 package lb

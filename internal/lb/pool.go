@@ -1,64 +1,30 @@
 package lb
 
-import (
-	"fmt"
-	"slices"
-)
-
-// Policy chooses among usable backends.
-type Policy int
-
-// Policies.
-const (
-	// LeastConn picks the backend with the fewest active connections, ties
-	// broken in turn. It suits the API server's mix of short requests and
-	// watches that last for hours: round robin would pile long watches on
-	// whichever backend came back up last.
-	LeastConn Policy = iota
-	// RoundRobin picks usable backends in turn.
-	RoundRobin
-)
-
-// ParsePolicy accepts "least-conn" and "round-robin".
-func ParsePolicy(s string) (Policy, error) {
-	switch s {
-	case "least-conn", "":
-		return LeastConn, nil
-	case "round-robin":
-		return RoundRobin, nil
-	}
-	return 0, fmt.Errorf("%w: unknown balancing policy %q (least-conn or round-robin)", ErrInvalidConfig, s)
-}
-
-func (p Policy) String() string {
-	if p == RoundRobin {
-		return "round-robin"
-	}
-	return "least-conn"
-}
+import "slices"
 
 // pool is the balancer's view of its backends. It is not safe for concurrent
 // use; the Balancer guards it with its mutex.
 type pool struct {
-	policy Policy
-	order  []string // sorted addresses, the round-robin order
+	picker Picker
+	order  []string // sorted addresses, the order the picker sees
 	m      map[string]*backend
-	next   int // round-robin position in order
+	cands  []Candidate // scratch for the picker, reused: no allocation per connection
 }
 
 type backend struct {
 	addr   string
 	usable bool // passed its checks; new connections may go here
-	// tier orders backends by preference: a new connection goes to the
-	// lowest tier that has a usable backend, and the policy chooses within
-	// it. All backends are tier 0 unless SetTiers says otherwise.
-	tier   int
-	active int // connections being dialled or proxied
+	active int  // connections being dialled or proxied
 	conns  map[*proxyConn]struct{}
 	m      backendMetrics
 }
 
-func newPool(p Policy) *pool { return &pool{policy: p, m: map[string]*backend{}} }
+func newPool(p Picker) *pool {
+	if p == nil {
+		p = LeastConn()
+	}
+	return &pool{picker: p, m: map[string]*backend{}}
+}
 
 // set makes the backends exactly addrs and returns those removed (with
 // their connections, which the caller closes). New backends start unusable
@@ -85,60 +51,21 @@ func (p *pool) set(addrs []string) (removed []*backend) {
 	return removed
 }
 
-// pick chooses a usable backend not in skip, from the lowest tier that has
-// one, and counts a connection on it; nil when there is none.
-func (p *pool) pick(skip map[string]bool) *backend {
-	n := len(p.order)
-	tier, any := 0, false
-	for _, b := range p.m {
-		if b.usable && !skip[b.addr] && (!any || b.tier < tier) {
-			tier, any = b.tier, true
-		}
-	}
-	if !any {
-		return nil
-	}
-	var best *backend
-	bestAt := 0
-	for i := range n {
-		at := (p.next + i) % n
-		b := p.m[p.order[at]]
-		if !b.usable || skip[b.addr] || b.tier != tier {
-			continue
-		}
-		if p.policy == RoundRobin {
-			best, bestAt = b, at
-			break
-		}
-		if best == nil || b.active < best.active {
-			best, bestAt = b, at
-		}
-	}
-	if best == nil {
-		return nil
-	}
-	p.next = (bestAt + 1) % n
-	best.active++
-	return best
-}
-
-// pickAny is the last resort when no backend is usable: any backend not in
-// skip, least connections first, checked or not. It counts a connection.
-func (p *pool) pickAny(skip map[string]bool) *backend {
-	var best *backend
+// pick asks the picker for a backend not in skip and counts a connection
+// on it; nil when the picker gives up. anyway: picked although not usable.
+func (p *pool) pick(skip map[string]bool) (b *backend, anyway bool) {
+	p.cands = p.cands[:0]
 	for _, a := range p.order {
-		b := p.m[a]
-		if skip[a] {
-			continue
-		}
-		if best == nil || b.active < best.active {
-			best = b
-		}
+		be := p.m[a]
+		p.cands = append(p.cands, Candidate{Addr: a, Usable: be.usable, Active: be.active})
 	}
-	if best != nil {
-		best.active++
+	i, anyway := p.picker.Pick(p.cands, skip)
+	if i < 0 || i >= len(p.order) || skip[p.order[i]] {
+		return nil, false
 	}
-	return best
+	b = p.m[p.order[i]]
+	b.active++
+	return b, anyway && !b.usable
 }
 
 // done ends a connection counted by pick.

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -9,7 +10,7 @@ import (
 func picks(p *pool, n int, skip map[string]bool) []string {
 	var out []string
 	for range n {
-		b := p.pick(skip)
+		b, _ := p.pick(skip)
 		if b == nil {
 			out = append(out, "-")
 			continue
@@ -26,7 +27,7 @@ func TestPoolPolicies(t *testing.T) {
 		}
 	}
 	t.Run("round robin skips unusable", func(t *testing.T) {
-		p := newPool(RoundRobin)
+		p := newPool(RoundRobin())
 		p.set([]string{"c:1", "a:1", "b:1"})
 		up(p, "a:1", "c:1")
 		if d := cmp.Diff([]string{"a:1", "c:1", "a:1", "c:1"}, picks(p, 4, nil)); d != "" {
@@ -34,7 +35,7 @@ func TestPoolPolicies(t *testing.T) {
 		}
 	})
 	t.Run("least conn prefers the idle backend", func(t *testing.T) {
-		p := newPool(LeastConn)
+		p := newPool(LeastConn())
 		p.set([]string{"a:1", "b:1", "c:1"})
 		up(p, "a:1", "b:1", "c:1")
 		p.m["a:1"].active = 5
@@ -50,12 +51,12 @@ func TestPoolPolicies(t *testing.T) {
 		}
 	})
 	t.Run("least conn spreads ties evenly", func(t *testing.T) {
-		p := newPool(LeastConn)
+		p := newPool(LeastConn())
 		p.set([]string{"a:1", "b:1", "c:1"})
 		up(p, "a:1", "b:1", "c:1")
 		got := map[string]int{}
 		for range 30 {
-			b := p.pick(nil)
+			b, _ := p.pick(nil)
 			got[b.addr]++
 			p.done(b) // short connections: all stay at 0
 		}
@@ -64,21 +65,21 @@ func TestPoolPolicies(t *testing.T) {
 		}
 	})
 	t.Run("skip and none usable", func(t *testing.T) {
-		p := newPool(LeastConn)
+		p := newPool(LeastConn())
 		p.set([]string{"a:1", "b:1"})
-		if b := p.pick(nil); b != nil {
+		if b, _ := p.pick(nil); b != nil {
 			t.Fatalf("picked %s, none is usable", b.addr)
 		}
 		up(p, "a:1", "b:1")
 		if d := cmp.Diff([]string{"b:1", "b:1"}, picks(p, 2, map[string]bool{"a:1": true})); d != "" {
 			t.Fatal(d)
 		}
-		if b := p.pick(map[string]bool{"a:1": true, "b:1": true}); b != nil {
+		if b, _ := p.pick(map[string]bool{"a:1": true, "b:1": true}); b != nil {
 			t.Fatalf("picked %s, both skipped", b.addr)
 		}
 	})
 	t.Run("set keeps state and returns removed", func(t *testing.T) {
-		p := newPool(RoundRobin)
+		p := newPool(RoundRobin())
 		p.set([]string{"a:1", "b:1"})
 		up(p, "a:1", "b:1")
 		removed := p.set([]string{"b:1", "c:1"})
@@ -94,15 +95,15 @@ func TestPoolPolicies(t *testing.T) {
 		if p.usableCount() != 1 {
 			t.Fatalf("usableCount = %d", p.usableCount())
 		}
-		if p.set(nil); p.pick(nil) != nil || len(p.order) != 0 {
+		if p.set(nil); len(picks(p, 1, nil)) != 1 || picks(p, 1, nil)[0] != "-" || len(p.order) != 0 {
 			t.Fatal("empty pool picked something")
 		}
 	})
 }
 
 func TestParsePolicy(t *testing.T) {
-	for s, want := range map[string]Policy{"": LeastConn, "least-conn": LeastConn, "round-robin": RoundRobin} {
-		if got, err := ParsePolicy(s); err != nil || got != want {
+	for s, want := range map[string]string{"": "least-conn", "least-conn": "least-conn", "round-robin": "round-robin"} {
+		if got, err := ParsePolicy(s); err != nil || fmt.Sprint(got) != want {
 			t.Errorf("ParsePolicy(%q) = %v, %v", s, got, err)
 		}
 	}
@@ -111,31 +112,17 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
-func TestPoolTiers(t *testing.T) {
-	p := newPool(LeastConn)
-	p.set([]string{"far:1", "near1:1", "near2:1", "seed:1"})
-	for _, b := range p.m {
-		b.usable = true
-	}
-	p.m["far:1"].tier = 1
-	p.m["near1:1"].tier = 0
-	p.m["near2:1"].tier = 0
-	p.m["seed:1"].tier = 3
-	// The nearest tier takes every connection, spread least-conn.
-	if d := cmp.Diff([]string{"near1:1", "near2:1", "near1:1", "near2:1"}, picks(p, 4, nil)); d != "" {
-		t.Fatal(d)
-	}
-	// A down backend of the nearest tier leaves the other; with the whole
-	// tier down the next tier serves, and the seed only after every other.
-	p.m["near1:1"].usable = false
-	if d := cmp.Diff([]string{"near2:1"}, picks(p, 1, nil)); d != "" {
-		t.Fatal(d)
-	}
-	p.m["near2:1"].usable = false
-	if d := cmp.Diff([]string{"far:1"}, picks(p, 1, nil)); d != "" {
-		t.Fatal(d)
-	}
-	if d := cmp.Diff([]string{"seed:1", "-"}, []string{picks(p, 1, map[string]bool{"far:1": true})[0], picks(p, 1, map[string]bool{"far:1": true, "seed:1": true})[0]}); d != "" {
-		t.Fatal(d)
+// A picker's answer outside the list, or one already tried, picks nothing.
+type badPicker int
+
+func (p badPicker) Pick([]Candidate, map[string]bool) (int, bool) { return int(p), false }
+
+func TestPoolGuardsThePicker(t *testing.T) {
+	for _, i := range []int{-1, 2, 0} {
+		p := newPool(badPicker(i))
+		p.set([]string{"a:1", "b:1"})
+		if d := cmp.Diff([]string{"-"}, picks(p, 1, map[string]bool{"a:1": true})); d != "" {
+			t.Fatalf("picker answering %d: %s", i, d)
+		}
 	}
 }
