@@ -1,0 +1,466 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/discovery"
+	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
+	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/kubelite"
+	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/membership"
+	"github.com/vigil-ha/vigil/internal/observe"
+	"github.com/vigil-ha/vigil/internal/vip"
+)
+
+// Run validates cfg, builds the node and runs it until ctx is cancelled.
+// Errors it returns are configuration or environment errors; an unreachable
+// etcd is not one of them (it is retried).
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	n, err := newNode(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	return n.Run(ctx)
+}
+
+// eventsFlushTimeout bounds how long a stopping vigil waits for its last
+// Events (the step-down) to reach the API server.
+const eventsFlushTimeout = 2 * time.Second
+
+// yieldFor is how long a node whose API server fails stands by before it
+// takes a free lock anyway. A healthy peer takes a released lock within a
+// retry period (it watches the key) and an expired one at the same moment as
+// the yielding node would; three lease durations leave it ample room.
+func yieldFor(lease time.Duration) time.Duration { return 3 * lease }
+
+// node is one vigil run. newNode builds every part, Run runs them and the
+// election, Close releases what newNode acquired.
+//
+// Build order: everything that can fail on bad input or a busy port (the
+// TLS files, the VIP's interface, the load balancer's and the metrics
+// listeners) comes before the guard, the etcd client or any goroutine, so a
+// refused start leaves nothing behind. The parts call back into each other
+// (the balancer tells the checker of failed dials, the checker tells the
+// balancer of health, discovery feeds both); every field is set before Run
+// starts anything that calls back.
+type node struct {
+	cfg Config
+	log *slog.Logger
+	m   *nodeMetrics
+
+	ann       *announce.Announcer
+	bal       *lb.Balancer    // nil without --lb-port
+	metricsLn net.Listener    // nil without --metrics-address
+	checker   *health.Checker // health of the API servers
+	guard     *guardProc      // nil with --guard=false
+	etcd      *etcdcluster.Cluster
+	etcdLock  *election.EtcdLock // nil without etcd
+	kc        kubernetes.Interface
+	events    *kube.Events         // nil without --kubeconfig
+	disc      *discovery.Discovery // nil without any backend source
+	observer  *membership.Observer // nil without etcd
+	h         *holder
+	el        *election.Elector
+	pl        *placement // nil without --health-grace
+
+	// closers release what was acquired, in the order acquired; Close runs
+	// them backwards.
+	closers []func()
+}
+
+func (n *node) onClose(f func()) { n.closers = append(n.closers, f) }
+
+// Close releases what newNode acquired, the last first. After Run, that
+// order is: the membership client; the Events queue, flushed (it holds the
+// step-down); the etcd client; the guard, once the VIP is gone (Run has
+// removed it); the health checker; the metrics and load balancer
+// listeners; the announcer's sockets. Safe to call more than once.
+func (n *node) Close() {
+	for i := len(n.closers) - 1; i >= 0; i-- {
+		n.closers[i]()
+	}
+	n.closers = nil
+}
+
+// newNode builds the node; on error it has released everything it took.
+func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	htc, err := cfg.healthTLS()
+	if err != nil {
+		return nil, err
+	}
+	log = log.With("node", cfg.NodeName)
+	n := &node{cfg: cfg, log: log, m: newNodeMetrics()}
+	defer func() { // a return nil, err releases what was taken so far
+		if err != nil {
+			n.Close()
+		}
+	}()
+
+	vm, err := vip.New(vip.Config{Address: cfg.VIP, Interface: cfg.Interface, Lifetime: cfg.VIPLifetime}, log)
+	if err != nil {
+		return nil, err
+	}
+	if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIP.Addr(), Interval: cfg.AnnounceInterval}, log); err != nil {
+		return nil, err
+	}
+	n.onClose(func() { n.ann.Close() })
+	if err := n.ann.Prepare(); err != nil {
+		log.Warn("cannot prepare announcements; will retry when leading", "err", err)
+	}
+	// A VIP left behind by a crash of this node must go before anything
+	// else: this process does not lead yet.
+	if err := vm.Remove("stale address from an earlier run; this node does not lead"); err != nil {
+		return nil, err
+	}
+	if err := n.openListeners(); err != nil {
+		return nil, err
+	}
+	if n.checker, err = health.New(health.Config{
+		Path: cfg.HealthPath, Port: cfg.HealthPort, TLS: htc,
+		Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
+		OnChange: func(st health.Status) {
+			if n.bal != nil {
+				n.bal.Update(st)
+			}
+		},
+		Metrics: n.m.reg,
+	}, log); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	n.onClose(n.checker.Close)
+	if err := n.startGuard(); err != nil {
+		return nil, err
+	}
+	if err := n.connect(tc); err != nil {
+		return nil, err
+	}
+	if err := n.newDiscovery(); err != nil {
+		return nil, err
+	}
+	n.h = &holder{ann: n.ann, bal: n.bal, m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
+	if cfg.ShedRaftLeadership && n.etcdLock != nil {
+		n.h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
+	}
+	n.h.keeper = vip.NewKeeper(vm, vip.KeeperConfig{
+		OnStray: func() {
+			n.m.strays.Inc()
+			if n.events != nil {
+				n.events.Emit(true, kube.ReasonStrayVIP, "%s removed the VIP %s from %s: it does not hold the lock, yet the address was there", cfg.NodeName, cfg.VIP, cfg.Interface)
+			}
+		},
+		OnRestored: func() {
+			n.m.restored.Inc()
+			if n.h.keeper.Valid() {
+				if err := n.ann.Once(); err != nil {
+					log.Warn("announcement failed", "err", err)
+				}
+			}
+		},
+	}, log)
+	if err := n.newObserver(); err != nil {
+		return nil, err
+	}
+	if err := n.newElector(); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// openListeners opens the load balancer's listener (bound to the VIP with
+// IP_FREEBIND, so a busy port is found now) and the metrics listener.
+func (n *node) openListeners() error {
+	cfg := n.cfg
+	if cfg.LBPort != 0 {
+		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
+		bal, err := lb.New(lb.Config{
+			Listen:       netip.AddrPortFrom(cfg.VIP.Addr(), uint16(cfg.LBPort)).String(),
+			Picker:       policy,
+			FreeBind:     true,
+			DrainTimeout: cfg.LBDrainTimeout,
+			MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,
+			// Passive checking: a refused connection ejects the backend
+			// before its next health check; a timed-out one counts as a
+			// failed check.
+			OnDialError: func(b string, err error) { n.checker.DialFailed(b, err) },
+			Metrics:     n.m.reg,
+			Standby:     true, // serving only while holding the VIP
+		}, n.log)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		n.bal = bal
+		n.onClose(bal.Close)
+	}
+	if cfg.MetricsAddress != "" {
+		ln, err := listenMetrics(cfg.MetricsAddress)
+		if err != nil {
+			return err
+		}
+		n.metricsLn = ln
+		n.onClose(func() { _ = ln.Close() })
+	}
+	return nil
+}
+
+// startGuard connects to the guard container's socket, or starts the guard
+// as a child. Either runs on its own context: the guard must outlive the
+// VIP's removal at shutdown, and is stopped only after it (Close).
+func (n *node) startGuard() error {
+	gctx, stopGuard := context.WithCancel(context.Background())
+	switch {
+	case n.cfg.GuardSocket != "":
+		n.guard = connectGuard(gctx, n.cfg.GuardSocket, n.cfg, n.log)
+	case n.cfg.GuardBinary != "":
+		g, err := startGuard(gctx, n.cfg.GuardBinary, n.cfg, n.log)
+		if err != nil {
+			stopGuard()
+			return err
+		}
+		n.guard = g
+	default:
+		stopGuard()
+		return nil
+	}
+	g := n.guard
+	n.onClose(func() { stopGuard(); g.Close() })
+	return nil
+}
+
+// connect makes the process's one etcd client (etcdcluster: the lock,
+// discovery and membership share it and its member list) and its
+// Kubernetes client, each when configured. etcd serves the etcd election,
+// API server discovery, membership checks and raft leadership shedding;
+// with the Kubernetes election it is optional. The Kubernetes API serves
+// the Lease election, Events, EndpointSlice discovery and Node deletion.
+func (n *node) connect(tc *tls.Config) error {
+	cfg := n.cfg
+	if len(cfg.EtcdEndpoints) > 0 {
+		etcd, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc, ListInterval: discovery.DefaultInterval}, n.log.With("component", "etcd"))
+		if err != nil {
+			return err
+		}
+		n.etcd = etcd
+		n.onClose(etcd.Close)
+		n.etcdLock = election.NewEtcdLockOn(etcd, cfg.LockKey, n.log)
+	}
+	if cfg.Kubeconfig != "" {
+		kc, err := kube.NewClient(cfg.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		n.kc = kc
+		ref := kube.NodeRef(cfg.NodeName)
+		if cfg.Election == ElectionKubernetes {
+			ref = kube.LeaseRef(cfg.LeaseNamespace, cfg.LeaseName)
+		}
+		n.events = kube.NewEvents(kc, ref, cfg.NodeName, n.log)
+		// After the elector has stepped down (the last Event is queued
+		// then), before the process ends.
+		n.onClose(func() { n.events.Close(eventsFlushTimeout) })
+	}
+	return nil
+}
+
+// newDiscovery wires the backend sources; none (--discovery none and no
+// --lb-port) leaves n.disc nil: nothing to check or balance, the VIP alone.
+func (n *node) newDiscovery() error {
+	cfg := n.cfg
+	dcfg := discovery.Config{
+		Port: cfg.BackendPort, Static: cfg.Backends,
+		OnChange: func(b []string) {
+			if n.bal != nil {
+				n.bal.SetBackends(b)
+			}
+			n.checker.Set(b)
+		},
+	}
+	if cfg.discovers(DiscoveryEtcd) {
+		dcfg.Members = n.etcd
+	}
+	if cfg.discovers(DiscoveryKubernetes) {
+		hc, err := kube.HTTPClient(cfg.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		dcfg.Published = kubelite.NewAPIServers(hc, func([]string) { n.disc.PublishedChanged() }, n.log)
+	}
+	if dcfg.Members == nil && dcfg.Published == nil && len(dcfg.Static) == 0 {
+		return nil
+	}
+	d, err := discovery.New(dcfg, n.log)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	n.disc = d
+	return nil
+}
+
+// newObserver: every node observes the etcd members and publishes its view;
+// the VIP holder also prunes what a majority agrees is gone.
+func (n *node) newObserver() error {
+	cfg := n.cfg
+	if n.etcdLock == nil {
+		return nil
+	}
+	mlog := n.log.With("component", "membership")
+	if cfg.PruneAfter > 0 && cfg.PruneAfter < QuietPruneAfter {
+		mlog.Warn("--prune-after is short: removing a powered-off member this soon after its death can stall etcd, and with it the VIP, for up to 5 s while etcd's leader times out its writes to that machine; use 30s or more (minutes in production)", "prune_after", cfg.PruneAfter)
+	}
+	members, err := membership.New(membership.Config{Etcd: n.etcd}, mlog)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	n.onClose(func() { _ = members.Close() })
+	w := &memberWatch{m: n.m, disc: n.disc, events: n.events, cfg: cfg, log: mlog}
+	if cfg.PruneDeleteNode {
+		w.nodes = newNodeReaper(n.kc, cfg.PruneAfter, mlog)
+	}
+	n.observer = membership.NewObserver(members, membership.ObserverConfig{
+		Node: cfg.NodeName, Member: cfg.EtcdMemberName, PruneAfter: cfg.PruneAfter,
+		Holding: n.h.holding, OnRound: w.observed, OnPruned: w.pruned,
+	}, mlog)
+	return nil
+}
+
+// newElector builds the election on the configured lock, with health-aware
+// placement when --health-grace is set, and the VIP conflict probe, which
+// asks the elector who should hold the VIP.
+func (n *node) newElector() error {
+	cfg := n.cfg
+	var lock election.Lock
+	var prober election.Prober
+	switch cfg.Election {
+	case ElectionKubernetes:
+		lock = election.NewLeaseLock(n.kc.CoordinationV1(), cfg.LeaseNamespace, cfg.LeaseName)
+	default:
+		lock, prober = n.etcdLock, n.etcdLock
+	}
+	var mac string
+	if ifi, err := net.InterfaceByName(cfg.Interface); err == nil {
+		mac = ifi.HardwareAddr.String()
+	}
+	h := n.h
+	ecfg := election.Config{
+		Identity:        cfg.NodeName,
+		MAC:             mac,
+		Eligible:        h.eligible,
+		Lock:            lock,
+		Prober:          prober,
+		LeaseDuration:   cfg.LeaseDuration,
+		RenewDeadline:   cfg.RenewDeadline,
+		RetryPeriod:     cfg.RetryPeriod,
+		ReleaseOnCancel: true,
+		Callbacks: election.Callbacks{
+			OnLease:          h.lease,
+			OnStartedLeading: h.start,
+			OnStoppedLeading: h.stop,
+			OnNewLeader: func(string) {
+				n.m.transitions.Inc()
+				h.holderChanged.Store(time.Now().UnixNano())
+			},
+			OnRenew: n.m.observeRenew,
+		},
+	}
+	if cfg.HealthGrace > 0 {
+		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, vip: cfg.VIP.Addr(), log: n.log, gauge: n.m.yielding}
+		ecfg.Yield = n.pl.yield
+		ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
+	}
+	el, err := election.New(ecfg, n.log)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	n.el = el
+	h.conflicts = &conflicts{
+		iface: cfg.Interface, vip: cfg.VIP.Addr(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
+		total: n.m.conflicts, gauge: n.m.conflict,
+		expected: func() (string, string, time.Time, bool) {
+			st := el.Status()
+			return st.Holder, st.HolderMAC, time.Unix(0, h.holderChanged.Load()), time.Since(st.Seen) < conflictFresh
+		},
+	}
+	return nil
+}
+
+// Run starts the parts, campaigns until ctx is cancelled, and steps down:
+// it returns once the VIP is gone and every goroutine it started has
+// ended.
+func (n *node) Run(ctx context.Context) error {
+	cfg, log, h := n.cfg, n.log, n.h
+	// Parts that must outlive the elector's shutdown (the balancer closes
+	// its connections only after the VIP is gone) run on their own
+	// context, cancelled after the elector has stepped down.
+	cctx, stopParts := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		stopParts()
+		wg.Wait()
+	}()
+	if n.bal != nil {
+		wg.Go(func() { _ = n.bal.Run(cctx) })
+	}
+	if n.disc != nil {
+		wg.Go(func() { _ = n.disc.Run(cctx) })
+	}
+	wg.Go(func() { _ = h.keeper.Run(cctx) })
+	if n.observer != nil {
+		wg.Go(func() { n.observer.Run(cctx) })
+	}
+	wg.Go(func() { h.conflicts.Run(cctx) })
+	if n.metricsLn != nil {
+		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts) }, log)
+		defer func() { stopParts(); <-done }()
+	}
+	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,
+		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
+		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
+	if cfg.Election == ElectionEtcd {
+		// A second process with this node name is refused here, before it
+		// campaigns. Revoked after the step-down, so a restart claims the
+		// name at once.
+		claim, err := n.etcdLock.ClaimName(ctx, cfg.NodeName, n.el.Instance(), log)
+		if errors.Is(err, election.ErrDuplicateIdentity) {
+			return err
+		}
+		if err == nil { // otherwise ctx is done and el.Run returns at once
+			defer claim.Close()
+		}
+	}
+	if cfg.Election == ElectionKubernetes && n.etcdLock != nil {
+		// Nodes still on the etcd election may hold the VIP. Retire that
+		// election first: it waits until its holder has released the lock or
+		// let it expire, and then marks it so no etcd candidate takes it
+		// again. Only then may this node campaign on the Lease.
+		if err := election.Retire(ctx, n.etcdLock, "lease "+cfg.LeaseNamespace+"/"+cfg.LeaseName, cfg.RetryPeriod, log); err != nil {
+			log.Debug("stopped before the etcd election was retired", "err", err) // ctx is done: Run returns at once
+		}
+	}
+	err := n.el.Run(ctx)
+	h.stop(election.StepDown{Cause: election.CauseShutdown, Detail: "shutting down"}) // idempotent; covers a Run that returned while leading
+	stopParts()
+	wg.Wait()
+	log.Info("vigil stopped")
+	return err
+}
