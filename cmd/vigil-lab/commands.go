@@ -31,7 +31,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
 	f.StringVar(&s.APIServer, "apiserver", lab.APIServerStandIn, "each node's API server: standin (the lab's, with drillable modes) or kube (the real kube-apiserver from bin/, built by hack/build-kube-apiserver.sh)")
 	f.StringVar(&s.Election, "election", lab.ElectionEtcd, "vigil --election on every node: etcd, or kubernetes (a Lease through the node's own kube-apiserver; needs --apiserver kube)")
-	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
+	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil-agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
 	f.BoolVar(&s.VIPLink, "vip-link", false, "give every node a second link (vip0) on the bridge that carries only the VIP, so the VIP's link can fail while etcd's stays up (chaos turns it on)")
 	f.StringVar(&s.EtcdLogLevel, "etcd-log-level", "warn", "etcd's --log-level (debug, info, warn, error); info shows raft leader changes and peer removals in each node's etcd.log")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; the prune-* drills need it, and replace-node then waits for vigil to prune instead of running vigil members prune")

@@ -694,5 +694,5 @@ func (l *Lab) waitAgentServes(ctx context.Context, w *Node, d time.Duration) err
 			return ctx.Err()
 		}
 	}
-	return fmt.Errorf("lab: vigil agent on %s does not serve the API after %v: %w", w.Name, d, last)
+	return fmt.Errorf("lab: vigil-agent on %s does not serve the API after %v: %w", w.Name, d, last)
 }
