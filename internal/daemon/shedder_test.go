@@ -21,7 +21,7 @@ func TestRaftShedderKeepsLeadershipOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	s := &raftShedder{lock: lock, member: c.Names[lead], log: slog.New(slog.DiscardHandler)}
+	s := &raftShedder{lock: lock, member: c.Names[lead], log: slog.New(slog.NewTextHandler(t.Output(), nil)).With("test", t.Name())}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
@@ -35,7 +35,14 @@ func TestRaftShedderKeepsLeadershipOff(t *testing.T) {
 	}()
 	off := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
+		start := time.Now()
+		defer func() {
+			t.Logf("leadership off %s %s after %v", c.Names[lead], what, time.Since(start).Round(time.Millisecond))
+		}()
+		// Bounded by a check (shedInterval), a move that times out
+		// (shedTimeout: seen when the hand-back below was the transfer
+		// just before) and the backoff after it (shedBackoff), twice over.
+		deadline := time.Now().Add(2 * (shedInterval + shedTimeout + shedBackoff))
 		for c.Leader() == lead || c.Leader() < 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("raft leadership still on %s %s", c.Names[lead], what)
