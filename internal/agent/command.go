@@ -38,22 +38,22 @@ same command as "vigil agent" in the vigil binary (vigil-agent links neither
 client-go nor gRPC, and needs a third less memory). It listens on
 --apiserver-listen (and, with --etcd-listen, on a local etcd endpoint) and
 forwards each TCP connection, TLS untouched, to a healthy control-plane
-backend. Point kubelet, kube-proxy
-and etcd clients such as flannel at these local endpoints once, and they never
-need a new address, a new config or a restart when control-plane nodes are
-added, removed or replaced.
+backend. Point kubelet, kube-proxy and etcd clients such as flannel at these
+local endpoints once, and they never need a new address, a new config or a
+restart when control-plane nodes are added, removed or replaced.
 
 Backends. With --etcd-endpoints the agent reads the etcd member list every
 --discovery-interval, over etcd's JSON gateway (POST /v3/cluster/member/list,
 one connection to one member at a time): each voting member's client URL
 is an etcd backend and its host with --backend-port an API server backend.
-With --kubeconfig or --in-cluster the agent also watches the kubernetes Service's EndpointSlices,
-where every kube-apiserver publishes its address; this is how a worker
-without etcd certificates (kubeadm's) learns the API servers. --server and
---etcd-endpoints are seeds: used to find the cluster and, when no learned
-backend is usable, as the last resort. The learned lists are cached in
---cache-dir, so a restarted agent serves at once, even while the seeds are
-down.
+With --kubeconfig or --in-cluster the agent also watches the kubernetes
+Service's EndpointSlices, where every kube-apiserver publishes its address;
+this is how a worker without etcd certificates (kubeadm's) learns the API
+servers. A kubeconfig may give a client certificate or a token (exec plugins
+are refused). --server and --etcd-endpoints are seeds: used to find the
+cluster and, when no learned backend is usable, as the last resort. The
+learned lists are cached in --cache-dir, so a restarted agent serves at once,
+even while the seeds are down.
 
 Health. API servers: HTTPS GET --health-path (/readyz); etcd members: GET
 /health?serializable=true with the etcd client certificate; over kept-alive
@@ -62,7 +62,8 @@ at once; a silent one is out after --health-interval + --health-timeout.
 Connections to a backend that dies or leaves the cluster are closed so that
 their clients reconnect, through the agent, to one that is still there.
 Connections go to the nearest usable backends (on this host, then the lowest
-measured latency), least connections among them.
+measured latency, then the seeds), least connections among them; when no
+backend passes its checks, to any of them rather than none.
 
 Certificates. The client still verifies the API server's certificate, whose
 SANs do not include 127.0.0.1 by default in kubeadm. Either add 127.0.0.1 to
