@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -212,6 +213,13 @@ func TestKubeadmLab(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			r := l.Drill(ctx, kind, 1)
 			t.Log(r)
+			// On any failure below, what vigil and its guard logged on
+			// every machine: the lab is gone once the test ends.
+			defer func() {
+				if t.Failed() {
+					t.Log(vigilPodLogs(l, 40))
+				}
+			}()
 			if !r.OK() || r.Kubeadm == nil {
 				t.Fatalf("drill failed: %s", r)
 			}
@@ -506,4 +514,38 @@ func TestChaos(t *testing.T) {
 	if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
 		t.Errorf("namespaces left after chaos: %v", nss)
 	}
+}
+
+// vigilPodLogs returns the last lines of the vigil and guard containers'
+// logs on every machine of a kubeadm lab: the current and the previous
+// container of each (kubelet's /var/log/pods, kept in the machine's
+// directory).
+func vigilPodLogs(l *Lab, lines int) string {
+	var b strings.Builder
+	for _, n := range l.st.Nodes {
+		for _, c := range []string{"vigil", "guard"} {
+			files, _ := filepath.Glob(filepath.Join(l.nodeDir(n), "machine", "var-log-pods", "kube-system_vigil-*", c, "*.log"))
+			slices.SortFunc(files, func(a, b string) int {
+				ia, _ := os.Stat(a)
+				ib, _ := os.Stat(b)
+				if ia == nil || ib == nil {
+					return strings.Compare(a, b)
+				}
+				return ia.ModTime().Compare(ib.ModTime())
+			})
+			if len(files) > 2 {
+				files = files[len(files)-2:]
+			}
+			for _, f := range files {
+				data, err := os.ReadFile(f)
+				if err != nil {
+					continue
+				}
+				all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+				fmt.Fprintf(&b, "== %s %s (%s), last %d lines\n", n.Name, c, f, min(lines, len(all)))
+				b.WriteString(strings.Join(all[max(0, len(all)-lines):], "\n") + "\n")
+			}
+		}
+	}
+	return b.String()
 }
