@@ -15,23 +15,32 @@ import (
 // ErrConfig wraps every configuration error of this package.
 var ErrConfig = errors.New("kube: invalid configuration")
 
+// load reads a kubeconfig file; errors name the flag.
+func load(kubeconfig string) (*rest.Config, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+	}
+	return rc, nil
+}
+
 // NewClient builds a clientset from a kubeconfig file. The client-side rate
 // limit is raised well above vigil's needs (a Lease read or write every
 // retry period, plus rare lists): client-go's default of 5 requests per
 // second would delay renewals.
 func NewClient(kubeconfig string) (kubernetes.Interface, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := load(kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+		return nil, err
 	}
 	return newClient(rc, "--kubeconfig "+kubeconfig)
 }
 
 // Server returns the API server URL a kubeconfig points at.
 func Server(kubeconfig string) (string, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := load(kubeconfig)
 	if err != nil {
-		return "", fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+		return "", err
 	}
 	return rc.Host, nil
 }
@@ -40,9 +49,9 @@ func Server(kubeconfig string) (string, error) {
 // authenticates as the kubeconfig says (client-go's: exec plugins and all),
 // for kubelite.APIServers.
 func HTTPClient(kubeconfig string) (*kubelite.Client, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := load(kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+		return nil, err
 	}
 	rc.UserAgent = "vigil"
 	hc, err := rest.HTTPClientFor(rc)
