@@ -224,3 +224,31 @@ func TestMoveAndShedLeadership(t *testing.T) {
 		t.Fatal("leadership stayed on the shed member")
 	}
 }
+
+// Unaware names the answering members that do not list an ID: every one
+// for an ID nobody added, none once an addition is applied everywhere, and
+// never a dead member.
+func TestUnaware(t *testing.T) {
+	e := etcdtest.StartDistinct(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints})
+	if got := c.Unaware(ctx(t), 12345); !slices.Equal(got, sorted(e.Endpoints)) {
+		t.Fatalf("Unaware(unknown ID) = %v, want every member %v", got, sorted(e.Endpoints))
+	}
+	var add *clientv3.MemberAddResponse
+	etcdtest.Retry(t, 20*time.Second, "etcd to accept the learner", func() (err error) {
+		add, err = OnLeader(ctx(t), c, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberAddResponse, error) {
+			return cli.MemberAddAsLearner(ctx, []string{"http://127.0.0.99:2380"})
+		})
+		return err
+	})
+	etcdtest.Retry(t, 10*time.Second, "every member to list the learner", func() error {
+		if u := c.Unaware(ctx(t), add.Member.ID); len(u) > 0 {
+			return fmt.Errorf("%v do not list it", u)
+		}
+		return nil
+	})
+	e.Kill(2)
+	if got := c.Unaware(ctx(t), 12345); !slices.Equal(got, sorted(e.Endpoints[:2])) {
+		t.Fatalf("Unaware(unknown ID) with member 3 dead = %v, want the live ones %v", got, sorted(e.Endpoints[:2]))
+	}
+}

@@ -246,3 +246,42 @@ func VoterLabel(name string, id uint64) string {
 	}
 	return name
 }
+
+// Unaware returns the endpoints of the connected members that answered and
+// do not list member id yet (serializable reads: what each member has
+// applied). A member that does not answer is not counted: it cannot answer
+// a new member either.
+//
+// A new member's etcd fetches the cluster from the first peer that answers
+// and refuses to start if that peer's list lacks it ("member count is
+// unequal"), so its start-up command is printed only once every member
+// knows it.
+func (c *Cluster) Unaware(ctx context.Context, id uint64) []string {
+	members := c.Members()
+	ch := make(chan string, len(members))
+	var wg sync.WaitGroup
+	for _, m := range members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := m.Client.MemberList(ctx, clientv3.WithSerializable())
+			if err != nil {
+				return
+			}
+			for _, x := range resp.Members {
+				if x.ID == id {
+					return
+				}
+			}
+			ch <- m.Endpoint
+		}()
+	}
+	wg.Wait()
+	close(ch)
+	var out []string
+	for ep := range ch {
+		out = append(out, ep)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -279,6 +279,9 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say Reporter
 	slices.Sort(initial)
 	ic := strings.Join(initial, ",")
 	if existing.Learner {
+		if err := c.awaitKnown(ctx, existing.ID, rc.NewName, say); err != nil {
+			return Member{}, err
+		}
 		say.say(EventStartEtcd, rc.NewName, "start etcd on the new node with: --name %s --initial-advertise-peer-urls %s --initial-cluster %s --initial-cluster-state existing", rc.NewName, rc.NewPeer, ic)
 		if rc.OnAdded != nil {
 			rc.OnAdded(ic)
@@ -286,6 +289,36 @@ func (c *Cluster) addLearner(ctx context.Context, rc ReplaceConfig, say Reporter
 	}
 	return *existing, nil
 }
+
+// awaitKnown waits until every member that answers lists the new member:
+// its etcd asks one of them for the cluster when it starts and gives up
+// when that one has not applied the addition yet. Applying takes
+// milliseconds; a member still behind after knownWait is reported and
+// left, since waiting on does not help a member that is stuck.
+func (c *Cluster) awaitKnown(ctx context.Context, id uint64, name string, say Reporter) error {
+	deadline := time.Now().Add(knownWait)
+	for {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		behind := c.cl.Unaware(actx, id)
+		cancel()
+		if len(behind) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			say.say(EventWaiting, name, "%v do not list %s yet; if its etcd refuses to start (\"member count is unequal\"), start it again", behind, name)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// knownWait bounds awaitKnown: members apply an addition within
+// milliseconds of its commit when they are healthy.
+const knownWait = 5 * time.Second
 
 // addAsLearner announces peer as a learner, through one member only: the
 // same addition through two would add two members.
