@@ -6,6 +6,9 @@ package vigil
 
 import (
 	_ "embed"
+	"fmt"
+	"runtime"
+	"runtime/debug"
 	"strings"
 )
 
@@ -21,3 +24,48 @@ const ImageRepository = "ghcr.io/vigil-ha/vigil"
 
 // Image is the image reference of this version: ImageRepository:v<Version>.
 func Image() string { return ImageRepository + ":v" + Version }
+
+// Build describes the running binary: the release version, the VCS
+// revision it was built from, and the Go release that built it.
+type Build struct {
+	Version   string `json:"version"`
+	Revision  string `json:"revision"` // "unknown" when built without VCS information; "-dirty" marks local changes
+	GoVersion string `json:"goVersion"`
+}
+
+// revision is set by hack/build.sh (-ldflags "-X
+// github.com/vigil-ha/vigil.revision=..."), for builds where Go records no
+// VCS information (-buildvcs=false, a tree without .git).
+var revision string
+
+// BuildInfo reads the running binary's Build from Version, the revision
+// hack/build.sh stamped, or else the VCS information Go embeds.
+func BuildInfo() Build {
+	b := Build{Version: Version, Revision: "unknown", GoVersion: runtime.Version()}
+	if revision != "" {
+		b.Revision = revision
+		return b
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return b
+	}
+	dirty := false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.Revision = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty && b.Revision != "unknown" {
+		b.Revision += "-dirty"
+	}
+	return b
+}
+
+// String is the line `vigil --version` prints after the program's name.
+func (b Build) String() string {
+	return fmt.Sprintf("%s (revision %s, %s)", b.Version, b.Revision, b.GoVersion)
+}

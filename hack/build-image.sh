@@ -25,7 +25,7 @@ mkdir -p bin/image
 args=()
 for arch in amd64 arm64; do
   for cmd in vigil vigil-agent; do
-    GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w -buildid=" \
+    GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w -buildid= -X github.com/vigil-ha/vigil.revision=$revision" \
       -o "bin/image/$cmd-linux-$arch" ./cmd/$cmd
   done
   # vigil is the entrypoint; vigil-agent, the worker's smaller binary,

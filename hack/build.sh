@@ -8,4 +8,10 @@ export GOTOOLCHAIN=local
 mkdir -p bin
 # Static binaries (no cgo): they run on any distribution, and vigil-agent on
 # every worker does not map libc.
-CGO_ENABLED=0 go build -trimpath -o bin/ ./cmd/vigil ./cmd/vigil-agent ./cmd/vigil-lab
+# The revision `vigil --version` and vigil_build_info report; Go's own VCS
+# stamp is often off (-buildvcs=false in GOFLAGS, or no .git).
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+  revision="$revision-dirty"
+fi
+CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/vigil-ha/vigil.revision=$revision" -o bin/ ./cmd/vigil ./cmd/vigil-agent ./cmd/vigil-lab

@@ -15,18 +15,12 @@ import (
 	"github.com/vigil-ha/vigil/internal/agent"
 )
 
-// version, when set with -ldflags "-X main.version=...", overrides the
-// VERSION file's (vigil.Version).
-var version string
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cmd := agent.Command("vigil-agent")
-	cmd.Version = vigil.Version
-	if version != "" {
-		cmd.Version = version
-	}
+	cmd.Version = vigil.BuildInfo().String()
+	cmd.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "vigil-agent:", err)

@@ -39,8 +39,19 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 	if _, err := os.Stat(kubelite.ServiceAccountDir); err != nil { // not inside a pod
 		extra = append(extra, badCase{[]string{"agent", "--server", "https://10.0.0.100:6443", "--in-cluster"}, "is the pod's service-account token mounted?"})
 	}
+	agentConf := filepath.Join(cache, "agent.yaml")
+	if err := os.WriteFile(agentConf, []byte("apiVersion: vigil.dev/v1alpha1\nkind: VigilConfiguration\nagent:\n  server: https://10.0.0.100:6443\n  healthIntervall: 1s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	serverOnly := filepath.Join(cache, "server.yaml")
+	if err := os.WriteFile(serverOnly, []byte("apiVersion: vigil.dev/v1alpha1\nkind: VigilConfiguration\nagent:\n  server: 10.0.0.100:6443\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range append([]badCase{
 		{[]string{"agent"}, "--server is required"},
+		{[]string{"agent", "--config", agentConf}, "unknown key agent.healthIntervall"},
+		{[]string{"agent", "--config", serverOnly}, "must be an https URL"}, // the file's value reaches the check
+		{[]string{"config", "print-defaults", "extra"}, "unknown command"},
 		{[]string{"agent", "--server", "10.0.0.100:6443"}, "must be an https URL"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--etcd-listen", "127.0.0.1:2379"}, "needs --etcd-endpoints"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--cache-dir", cache, "--apiserver-listen", apiAddr,

@@ -7,17 +7,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vigil-ha/vigil"
 )
-
-// version, when set with -ldflags "-X main.version=...", overrides the
-// VERSION file's (vigil.Version).
-var version string
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -33,32 +28,22 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "vigil",
 		Short:         "Keep a Kubernetes control plane reachable through one virtual IP",
+		Version:       vigil.BuildInfo().String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newManifestCmd(), newStatusCmd(), newVersionCmd(), newGuardCmd())
+	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
+	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newManifestCmd(), newStatusCmd(), newVersionCmd(), newGuardCmd(), newConfigCmd())
 	return root
 }
 
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the version",
+		Short: "Print the version, the revision it was built from and the Go release (as --version does)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v := version
-			if v == "" {
-				v = vigil.Version
-			}
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				for _, s := range bi.Settings {
-					if s.Key == "vcs.revision" {
-						v += "+" + s.Value
-					}
-				}
-				v += " " + bi.GoVersion
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), "vigil", v)
+			fmt.Fprintln(cmd.OutOrStdout(), "vigil", vigil.BuildInfo())
 			return nil
 		},
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/membership"
-	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -44,7 +43,7 @@ func (f *etcdFlags) cluster() (*membership.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", membership.ErrInvalid, err)
 	}
-	log, err := observe.NewLogger(f.logLevel, "text")
+	log, err := newLogger(f.logLevel, "text")
 	if err != nil {
 		return nil, err
 	}

@@ -12,11 +12,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/config"
 	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
-	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -113,9 +113,15 @@ any rights. See docs/kubeadm.md.`,
     --lb-port 8443 --backend-port 6443`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := observe.NewLogger(logLevel, logFormat)
+			if err := config.Apply(cmd.Flags(), config.SectionRun, os.Getenv); err != nil {
+				return err
+			}
+			log, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
+			}
+			if cfg.NodeName == "" {
+				cfg.NodeName, _ = os.Hostname() // "" if unknown; Validate then asks for --node-name
 			}
 			if cfg.VIP, err = daemon.ParseVIP(vipFlag); err != nil {
 				return err
@@ -129,10 +135,10 @@ any rights. See docs/kubeadm.md.`,
 		},
 	}
 	f := cmd.Flags()
+	config.AddFlag(f, string(config.SectionRun))
 	f.StringVar(&vipFlag, "vip", "", "virtual IP with prefix length, e.g. 10.250.0.100/24 (a bare address means /32 or /128)")
 	f.StringVar(&cfg.Interface, "interface", "", "interface that carries the VIP, e.g. eth0")
-	host, _ := os.Hostname() // "" if unknown; Validate then asks for --node-name
-	f.StringVar(&cfg.NodeName, "node-name", host, "this node's name in the election; unique per control-plane node")
+	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name in the election; unique per control-plane node (default: the host name)")
 	f.StringVar(&cfg.Election, "election", daemon.ElectionEtcd, "election backend: etcd (works before the API server exists) or kubernetes (a coordination.k8s.io/v1 Lease)")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API: required by --election kubernetes (this node's own API server), optional otherwise (Events, EndpointSlice discovery, --prune-delete-node); its user needs the rules from vigil manifest rbac")
 	f.StringVar(&cfg.LeaseNamespace, "lease-namespace", election.DefaultLeaseNamespace, "namespace of the election Lease (--election kubernetes)")

@@ -206,6 +206,7 @@ func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
 	}
 	a = &Agent{cfg: cfg, log: log, reg: prometheus.NewRegistry(), startedAt: time.Now()}
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	observe.RegisterBuildInfo(a.reg)
 	a.m = newAgentMetrics(a.reg)
 	var opened []func()
 	defer func() {
@@ -340,7 +341,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { a.rankLoop(ctx) })
 	if a.metricsLn != nil {
-		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, a.log)
+		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, observe.Probes{Ready: a.Ready}, a.log)
 		defer func() { <-done }()
 	}
 	// Start-up is over: give back the executable pages only it needed.
@@ -349,6 +350,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	} else {
 		a.log.Debug("released start-up pages of the executable", "bytes", n)
 	}
+	wg.Go(func() { observe.Systemd(ctx, nil, a.log) })
 	a.log.Info("agent serving", "apiserver", a.APIServerAddr().String(), "etcd", addrString(a.EtcdAddr()),
 		"seed", a.cfg.Server, "etcd_seeds", a.cfg.EtcdSeeds)
 	<-ctx.Done()

@@ -578,3 +578,34 @@ func TestPrefersLocalThenSeed(t *testing.T) {
 	sr.kill()
 	expect(seed.name)
 }
+
+// /readyz over the agent's own server: not ready while its only API server
+// fails its checks, ready once one passes; /livez and vigil_build_info
+// answer throughout.
+func TestReadyz(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	metrics := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	a := startAgent(t, Config{Server: "https://" + addr, MetricsAddress: metrics})
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + metrics + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, 5*time.Second, "the metrics server", func() bool { c, _ := get("/livez"); return c == 200 })
+	time.Sleep(500 * time.Millisecond) // several failed checks
+	if c, body := get("/readyz"); c != http.StatusServiceUnavailable || !strings.Contains(body, "no apiserver backend passes its health checks") {
+		t.Fatalf("/readyz with the API server down = %d %q", c, body)
+	}
+	if err := a.Ready(time.Now()); err == nil {
+		t.Fatal("Ready with the API server down = nil")
+	}
+	newStandIn(t, addr)
+	waitFor(t, 5*time.Second, "/readyz 200 with the API server up", func() bool { c, _ := get("/readyz"); return c == 200 })
+	if _, body := get("/metrics"); !strings.Contains(body, `vigil_build_info{goversion="`) {
+		t.Fatal("/metrics lacks vigil_build_info")
+	}
+}

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
+	"github.com/vigil-ha/vigil/internal/config"
 	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
@@ -76,6 +78,9 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
     --etcd-cert /etc/vigil/etcd-client.crt --etcd-key /etc/vigil/etcd-client.key`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := config.Apply(cmd.Flags(), config.SectionAgent, os.Getenv); err != nil {
+				return err
+			}
 			log, err := observe.NewLogger(logLevel, logFormat)
 			if err != nil {
 				return err
@@ -116,6 +121,7 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 		},
 	}
 	f := cmd.Flags()
+	config.AddFlag(f, string(config.SectionAgent))
 	f.StringVar(&cfg.Server, "server", "", "the control plane's API server URL (the VIP), https://HOST:PORT: the seed and last-resort backend (required)")
 	f.StringVar(&cfg.APIServerListen, "apiserver-listen", DefaultAPIServerListen, "local API server endpoint, IP:PORT")
 	f.StringVar(&cfg.EtcdListen, "etcd-listen", "", "local etcd endpoint, IP:PORT such as 127.0.0.1:2379 (empty: none); needs --etcd-endpoints")

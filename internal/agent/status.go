@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -44,6 +45,25 @@ type BackendState struct {
 	Tier          int     `json:"tier"`
 	LatencyMillis float64 `json:"latencyMillis,omitempty"`
 	Connections   int     `json:"connections"`
+}
+
+// Ready reports whether every local endpoint has a backend whose checks
+// pass: until then a client of that endpoint is served, if at all, by a
+// backend nobody has seen healthy.
+func (a *Agent) Ready(time.Time) error {
+	for _, u := range a.upstreams() {
+		up := false
+		for _, b := range u.bal.Backends() {
+			if st, ok := u.checker.Status(b.Address); ok && st.State == health.Up {
+				up = true
+				break
+			}
+		}
+		if !up {
+			return fmt.Errorf("no %s backend passes its health checks yet", u.name)
+		}
+	}
+	return nil
 }
 
 // Status reports the agent's state.

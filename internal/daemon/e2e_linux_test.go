@@ -48,27 +48,39 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		}
 		return append(out, flag, value)
 	}
+	conf := func(name, body string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte("apiVersion: vigil.dev/v1alpha1\nkind: VigilConfiguration\n"+body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
 	tests := []struct {
 		name string
 		args []string
 		want string
+		env  []string
 	}{
-		{"unknown interface", with("--interface", "nosuch0"), "interface not found"},
-		{"malformed vip", with("--vip", "192.0.2.300/24"), "is not an IP address"},
-		{"renew deadline not below lease", with("--renew-deadline", "2s"), "must be shorter than the lease duration"},
-		{"missing cert files", append(with("--etcd-cert", filepath.Join(dir, "nope.crt")), "--etcd-key", filepath.Join(dir, "nope.key")), "no such file"},
-		{"unknown backend", with("--election", "zookeeper"), "unknown --election backend"},
-		{"unknown flag", append(good, "--frobnicate"), "unknown flag"},
-		{"bad endpoint", with("--etcd-endpoints", "127.0.0.1:2379"), "must look like https://HOST:PORT"},
-		{"lb port in use (apiserver on 0.0.0.0)", with("--lb-port", "16443"), "--bind-address"},
-		{"metrics port in use", with("--metrics-address", "127.0.0.1:16444"), "--metrics-address 127.0.0.1:16444"},
-		{"backend port out of range", with("--backend-port", "70000"), "--backend-port 70000 is out of range"},
-		{"malformed health path", with("--health-path", "readyz"), "must be an absolute path"},
-		{"unknown lb policy", with("--lb-policy", "random"), "unknown balancing policy"},
-		{"static backend without port", with("--backend", "10.0.0.1"), "must be HOST:PORT"},
-		{"kubernetes discovery without kubeconfig", with("--discovery", "kubernetes"), "--discovery kubernetes needs --kubeconfig"},
-		{"delete node without prune", append(good, "--prune-delete-node"), "--prune-delete-node needs --prune-after"},
-		{"missing kubeconfig with etcd election", with("--kubeconfig", filepath.Join(dir, "nope.conf")), "--kubeconfig"},
+		{"unknown key in --config", append(good, "--config", conf("typo.yaml", "run:\n  leaseDurration: 2s\n")), "unknown key run.leaseDurration", nil},
+		{"bad value from --config", append(good, "--config", conf("renew.yaml", "run:\n  renewDeadline: 2s\n")), "must be shorter than the lease duration", nil},
+		{"missing --config file", append(good, "--config", filepath.Join(dir, "nope.yaml")), "nope.yaml", nil},
+		{"bad VIGIL_ variable", good, "VIGIL_LB_PORT", []string{"VIGIL_LB_PORT=x"}},
+		{"unknown interface", with("--interface", "nosuch0"), "interface not found", nil},
+		{"malformed vip", with("--vip", "192.0.2.300/24"), "is not an IP address", nil},
+		{"renew deadline not below lease", with("--renew-deadline", "2s"), "must be shorter than the lease duration", nil},
+		{"missing cert files", append(with("--etcd-cert", filepath.Join(dir, "nope.crt")), "--etcd-key", filepath.Join(dir, "nope.key")), "no such file", nil},
+		{"unknown backend", with("--election", "zookeeper"), "unknown --election backend", nil},
+		{"unknown flag", append(good, "--frobnicate"), "unknown flag", nil},
+		{"bad endpoint", with("--etcd-endpoints", "127.0.0.1:2379"), "must look like https://HOST:PORT", nil},
+		{"lb port in use (apiserver on 0.0.0.0)", with("--lb-port", "16443"), "--bind-address", nil},
+		{"metrics port in use", with("--metrics-address", "127.0.0.1:16444"), "--metrics-address 127.0.0.1:16444", nil},
+		{"backend port out of range", with("--backend-port", "70000"), "--backend-port 70000 is out of range", nil},
+		{"malformed health path", with("--health-path", "readyz"), "must be an absolute path", nil},
+		{"unknown lb policy", with("--lb-policy", "random"), "unknown balancing policy", nil},
+		{"static backend without port", with("--backend", "10.0.0.1"), "must be HOST:PORT", nil},
+		{"kubernetes discovery without kubeconfig", with("--discovery", "kubernetes"), "--discovery kubernetes needs --kubeconfig", nil},
+		{"delete node without prune", append(good, "--prune-delete-node"), "--prune-delete-node needs --prune-after", nil},
+		{"missing kubeconfig with etcd election", with("--kubeconfig", filepath.Join(dir, "nope.conf")), "--kubeconfig", nil},
 	}
 	// What holds the ports: kube-apiserver bound to 0.0.0.0:16443, and
 	// something on the metrics port.
@@ -83,6 +95,7 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
 			cmd := exec.Command("ip", append([]string{"netns", "exec", p.A, vigil}, tc.args...)...)
+			cmd.Env = append(os.Environ(), tc.env...)
 			cmd.Stderr = &stderr
 			err := cmd.Run()
 			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {

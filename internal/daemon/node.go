@@ -430,9 +430,13 @@ func (n *node) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { h.conflicts.Run(cctx) })
 	if n.metricsLn != nil {
-		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts) }, log)
+		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts) },
+			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, log)
 		defer func() { stopParts(); <-done }()
 	}
+	// Listeners are open and the parts run: ready as far as systemd is
+	// concerned, before etcd answers (kubeadm init starts etcd after vigil).
+	wg.Go(func() { observe.Systemd(cctx, n.el.Live, log) })
 	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)

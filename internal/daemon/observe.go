@@ -91,6 +91,7 @@ func newNodeMetrics() *nodeMetrics {
 	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
 		m.strays, m.restored, m.conflicts, m.conflict, m.memberDown,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	observe.RegisterBuildInfo(m.reg)
 	return m
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -175,6 +176,8 @@ type Elector struct {
 
 	mu     sync.Mutex // guards status
 	status Status
+
+	beat atomic.Int64 // unix nanoseconds of the last turn of a campaign or renewal loop
 }
 
 // New returns an Elector, or an error wrapping ErrInvalidConfig.
@@ -205,11 +208,57 @@ func (e *Elector) Status() Status {
 	return e.status
 }
 
+// Ready reports whether this node has a consistent view of the election:
+// the lock was read or renewed within readyWindow. A follower reads it at
+// least once per lease duration, a leader renews it every retry period, so
+// a view older than two lease durations means the store cannot be read.
+func (e *Elector) Ready(now time.Time) error {
+	seen := e.Status().Seen
+	switch {
+	case seen.IsZero():
+		return errors.New("the holder is unknown: the lock has not been read since start, or since this node stepped down")
+	case now.Sub(seen) > e.readyWindow():
+		return fmt.Errorf("the lock was last read %v ago (the store is unreachable?)", now.Sub(seen).Round(time.Millisecond))
+	}
+	return nil
+}
+
+func (e *Elector) readyWindow() time.Duration {
+	return 2 * (e.cfg.LeaseDuration + e.opTimeout())
+}
+
+// Live reports whether the election loop still turns: every read, renewal
+// or wait ends within a lease duration plus a backoff, so a loop that has
+// not turned for liveWindow is stuck, and restarting the process is the
+// cure. It says nothing about the store, which a restart cannot fix. Before
+// Run it is live.
+func (e *Elector) Live(now time.Time) error {
+	b := e.beat.Load()
+	if b == 0 {
+		return nil
+	}
+	if d := now.Sub(time.Unix(0, b)); d > e.liveWindow() {
+		return fmt.Errorf("the election loop has not turned for %v", d.Round(time.Millisecond))
+	}
+	return nil
+}
+
+func (e *Elector) liveWindow() time.Duration {
+	return max(minLiveWindow, 4*(e.cfg.LeaseDuration+maxReadBackoff+e.opTimeout()))
+}
+
+// minLiveWindow keeps liveness generous: a false "stuck" restarts the
+// VIP holder, which costs a failover.
+const minLiveWindow = 30 * time.Second
+
+func (e *Elector) tick() { e.beat.Store(time.Now().UnixNano()) }
+
 // Run campaigns, leads and campaigns again until ctx is cancelled. Losing the
 // lock never ends Run. It returns nil after a clean shutdown, and an error
 // wrapping ErrDuplicateIdentity when another process renews the lock under
 // this node's name.
 func (e *Elector) Run(ctx context.Context) error {
+	e.tick()
 	for {
 		l, obs, err := e.campaign(ctx)
 		if errors.Is(err, ErrDuplicateIdentity) {
@@ -240,6 +289,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 	changes, stopWatch := watchLock(ctx, e.cfg.Lock)
 	defer stopWatch()
 	for {
+		e.tick()
 		if err := ctx.Err(); err != nil {
 			return lease{}, Observation{}, err
 		}
@@ -457,6 +507,7 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 		case <-timer.C:
 		}
 		for {
+			e.tick()
 			now := time.Now()
 			if l.expired(now) {
 				return StepDown{CauseExpired, fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline)}

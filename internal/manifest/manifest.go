@@ -181,7 +181,9 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 				},
 				Resources:                resources("50m", "32Mi", "128Mi"),
 				Env:                      goMemLimit("100MiB"),
-				LivenessProbe:            healthz(metricsPortDaemon),
+				StartupProbe:             startup(metricsPortDaemon),
+				LivenessProbe:            probe(metricsPortDaemon, "/livez", 10, 3),
+				ReadinessProbe:           probe(metricsPortDaemon, "/readyz", 5, 3),
 				VolumeMounts:             mounts,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}, {
@@ -284,9 +286,11 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 							AllowPrivilegeEscalation: ptr(false),
 							ReadOnlyRootFilesystem:   ptr(true),
 						},
-						Resources:     resources("10m", "24Mi", "64Mi"),
-						Env:           goMemLimit("50MiB"),
-						LivenessProbe: healthz(metricsPortAgent),
+						Resources:      resources("10m", "24Mi", "64Mi"),
+						Env:            goMemLimit("50MiB"),
+						StartupProbe:   startup(metricsPortAgent),
+						LivenessProbe:  probe(metricsPortAgent, "/livez", 10, 3),
+						ReadinessProbe: probe(metricsPortAgent, "/readyz", 5, 3),
 						VolumeMounts: []corev1.VolumeMount{
 							{Name: "ca", MountPath: PKIDir + "/ca.crt", ReadOnly: true},
 							{Name: "cache", MountPath: DefaultAgentCache},
@@ -449,14 +453,26 @@ func resources(cpu, mem, memLimit string) corev1.ResourceRequirements {
 	}
 }
 
-func healthz(port int) *corev1.Probe {
+// probe checks path on the metrics port every period seconds; failures in
+// a row fail it.
+//   - /livez fails only when the process is stuck (vigil run: its election
+//     loop has not turned for 30 s or more); the kubelet then restarts it.
+//   - /readyz fails while vigil run has no current view of the election
+//     (etcd or the Lease unreadable), or while no agent endpoint has a
+//     healthy backend. The pods use host networking and no Service selects
+//     them, so readiness only reports, in kubectl get pods and in alerts.
+func probe(port int, path string, period, failures int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-			Host: "127.0.0.1", Path: "/healthz", Port: intstr.FromInt32(int32(port)),
+			Host: "127.0.0.1", Path: path, Port: intstr.FromInt32(int32(port)),
 		}},
-		PeriodSeconds: 10, FailureThreshold: 3, TimeoutSeconds: 2,
+		PeriodSeconds: period, FailureThreshold: failures, TimeoutSeconds: 2,
 	}
 }
+
+// startup holds liveness back until the metrics server answers, for up to
+// a minute: a slow start is not a stuck process.
+func startup(port int) *corev1.Probe { return probe(port, "/livez", 1, 60) }
 
 // daemonPKIFiles are the files of /etc/kubernetes/pki that vigil run
 // reads: the etcd CA and the API server's etcd client pair for the

@@ -1,6 +1,7 @@
 // Package observe serves a process's metrics and status over HTTP: /metrics
-// (Prometheus), /healthz, /status (JSON) and /debug/pprof/. vigil run and
-// vigil agent both use it, on a localhost address by default.
+// (Prometheus), /livez, /readyz (and /healthz, the same as /livez),
+// /status (JSON) and /debug/pprof/. vigil run and vigil agent both use it,
+// on a localhost address by default.
 package observe
 
 import (
@@ -16,7 +17,46 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vigil-ha/vigil"
 )
+
+// Probes answer /livez and /readyz; a nil one always passes.
+//   - Live fails when the process is stuck and a restart would help: the
+//     kubelet's liveness probe and systemd's watchdog act on it.
+//   - Ready fails while the process cannot do its job yet (vigil run: no
+//     consistent view of the election; the agent: no usable backend).
+type Probes struct {
+	Live  func(now time.Time) error
+	Ready func(now time.Time) error
+}
+
+// RegisterBuildInfo adds vigil_build_info{version,revision,goversion}, always
+// 1, as Prometheus conventions have it: a query joins on it to see which
+// build each process runs.
+func RegisterBuildInfo(reg prometheus.Registerer) {
+	b := vigil.BuildInfo()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vigil_build_info",
+		Help: "The running build: release version, VCS revision and Go version; always 1.",
+	}, []string{"version", "revision", "goversion"})
+	g.WithLabelValues(b.Version, b.Revision, b.GoVersion).Set(1)
+	reg.MustRegister(g)
+}
+
+func probe(check func(time.Time) error, what string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if check != nil {
+			if err := check(time.Now()); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "not %s: %v\n", what, err)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	}
+}
 
 // Listen opens addr at start, so a port conflict fails the start instead
 // of surfacing later in a log line. flag names the flag in the error.
@@ -28,15 +68,15 @@ func Listen(addr, flag string) (net.Listener, error) {
 	return ln, nil
 }
 
-// Serve serves /metrics, /healthz and /status on ln until ctx is cancelled;
-// the returned channel closes when the server has stopped. status returns
-// the value /status encodes as JSON.
-func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, status func() any, log *slog.Logger) <-chan struct{} {
+// Serve serves /metrics, /livez, /readyz, /healthz and /status on ln until
+// ctx is cancelled; the returned channel closes when the server has
+// stopped. status returns the value /status encodes as JSON.
+func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, status func() any, probes Probes, log *slog.Logger) <-chan struct{} {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	mux.HandleFunc("GET /livez", probe(probes.Live, "live"))
+	mux.HandleFunc("GET /healthz", probe(probes.Live, "live")) // the name before /livez; probes and scripts use it
+	mux.HandleFunc("GET /readyz", probe(probes.Ready, "ready"))
 	// Profiles, for a process that uses more CPU than it should. The
 	// address is localhost by default; whoever can reach it can see these.
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
@@ -60,6 +100,6 @@ func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, statu
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
-	log.Info("serving /metrics, /healthz and /status", "address", ln.Addr().String())
+	log.Info("serving /metrics, /livez, /readyz and /status", "address", ln.Addr().String())
 	return done
 }

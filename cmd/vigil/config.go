@@ -1,0 +1,63 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vigil-ha/vigil/internal/agent"
+	"github.com/vigil-ha/vigil/internal/config"
+)
+
+func newConfigCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Work with vigil's configuration file (--config)",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "print-defaults",
+		Short: "Print a configuration file with every setting at its default",
+		Long: `Print a configuration document (apiVersion ` + config.APIVersion + `, kind
+` + config.Kind + `) with every flag of vigil run (section run) and vigil agent
+(section agent) at its default. Keys are the flag names in camelCase; the
+flags' help explains each. Keep the settings you change and drop the rest:
+
+  vigil config print-defaults > /etc/vigil/config.yaml
+  vigil run --config /etc/vigil/config.yaml
+
+Flags on the command line override the file, and so do these environment
+variables, for the settings that differ per node:
+` + envHelp(),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			doc := config.Defaults(map[config.Section]*pflag.FlagSet{
+				config.SectionRun:   newRunCmd().Flags(),
+				config.SectionAgent: agent.Command("agent").Flags(),
+			})
+			b, err := yaml.Marshal(doc)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "# vigil configuration: every setting at its default (vigil config print-defaults)\n%s", b)
+			return err
+		},
+	})
+	return cmd
+}
+
+func envHelp() string {
+	s := ""
+	for _, sec := range []config.Section{config.SectionRun, config.SectionAgent} {
+		s += fmt.Sprintf("\n  vigil %s:", sec)
+		for i, f := range config.Env[sec] {
+			if i%3 == 0 {
+				s += "\n   "
+			}
+			s += " " + config.EnvName(f)
+		}
+	}
+	return s
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// The real binary: --version and the version command print one line, the
+// same one, with the release, the revision and the Go release.
+func TestVersionFlag(t *testing.T) {
+	bin := nstest.Binary(t, "vigil")
+	flag, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("vigil --version: %v", err)
+	}
+	cmd, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		t.Fatalf("vigil version: %v", err)
+	}
+	if string(flag) != string(cmd) {
+		t.Fatalf("vigil --version printed %q, vigil version %q", flag, cmd)
+	}
+	re := regexp.MustCompile(`^vigil ` + regexp.QuoteMeta(vigil.Version) + ` \(revision ([0-9a-f]{40}(-dirty)?|unknown), go[0-9.a-z]+\)\n$`)
+	if !re.Match(flag) {
+		t.Fatalf("vigil --version printed %q, want %s", flag, re)
+	}
+	// hack/build.sh stamps the revision; CI's binary comes from it.
+	if os.Getenv("VIGIL_BIN") != "" && strings.Contains(string(flag), "revision unknown") {
+		t.Errorf("%s (from hack/build.sh) has no revision: %q", bin, flag)
+	}
+}
+
+// client-go's klog lines come out through vigil's logger, in its format.
+func TestKlogGoesThroughSlog(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	_, err = newLogger("info", "json")
+	os.Stderr = stderr
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer klog.ClearLogger()
+	klog.InfoS("from client-go", "key", "value")
+	klog.Flush()
+	w.Close()
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil {
+		t.Fatalf("nothing logged: %v", err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(line), &rec); err != nil {
+		t.Fatalf("klog's line is not vigil's JSON: %q", line)
+	}
+	if rec["msg"] != "from client-go" || rec["key"] != "value" || rec["level"] != "INFO" {
+		t.Fatalf("klog's line = %v", rec)
+	}
+}
+
+// What print-defaults prints, both commands read back: each then stops at
+// the first setting that has no default (the VIP, the server), not at the
+// file.
+func TestPrintDefaultsReadsBack(t *testing.T) {
+	bin := nstest.Binary(t, "vigil")
+	out, err := exec.Command(bin, "config", "print-defaults").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"apiVersion: vigil.dev/v1alpha1\n", "kind: VigilConfiguration\n", "\nrun:\n", "\nagent:\n", "  leaseDuration: 800ms\n", "  nodeName: \"\"\n"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("print-defaults lacks %q", want)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "defaults.yaml")
+	if err := os.WriteFile(file, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for cmd, want := range map[string]string{"run": "--vip is required", "agent": "--server is required"} {
+		b, err := exec.Command(bin, cmd, "--config", file).CombinedOutput()
+		if err == nil || !strings.Contains(string(b), want) {
+			t.Errorf("vigil %s --config <defaults> = %v, %q; want it to stop at %q", cmd, err, b, want)
+		}
+	}
+}
+
+// The units in deploy/systemd pass systemd's own check, pointed at the
+// real binaries.
+func TestSystemdUnitsVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (Debian package systemd); the unit files are not checked")
+	}
+	bin := nstest.Binary(t, "vigil")
+	agentBin := filepath.Join(filepath.Dir(bin), "vigil-agent")
+	if _, err := os.Stat(agentBin); err != nil {
+		agentBin = bin // vigil agent is the same command
+	}
+	dir := t.TempDir()
+	for unit, exe := range map[string]string{"vigil.service": bin, "vigil-agent.service": agentBin} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", unit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		for _, want := range []string{"Type=notify", "WatchdogSec=", "--config /etc/vigil/config.yaml"} {
+			if !strings.Contains(text, want) {
+				t.Errorf("%s lacks %q", unit, want)
+			}
+		}
+		text = regexp.MustCompile(`/usr/local/bin/vigil(-agent)?`).ReplaceAllString(text, exe)
+		path := filepath.Join(dir, unit)
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(analyze, "verify", path).CombinedOutput()
+		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+			t.Errorf("systemd-analyze verify %s: %v\n%s", unit, err, out)
+		}
+	}
+}
+
+// Under a Type=notify unit the real binary says READY=1, pings the
+// watchdog at half WATCHDOG_USEC, and says STOPPING=1 when stopped.
+func TestSystemdNotify(t *testing.T) {
+	bin := nstest.Binary(t, "vigil")
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cmd := exec.Command(bin, "agent", "--server", "https://127.0.0.1:1", "--apiserver-listen", "127.0.0.1:0",
+		"--metrics-address", "", "--cache-dir", filepath.Join(dir, "cache"))
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=200000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	got := map[string]int{}
+	buf := make([]byte, 512)
+	deadline := time.Now().Add(10 * time.Second)
+	_ = conn.SetReadDeadline(deadline)
+	for got["READY=1"] == 0 || got["WATCHDOG=1"] < 3 {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		got[string(buf[:n])]++
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for got["STOPPING=1"] == 0 {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("no STOPPING=1 after SIGTERM: %v (got %v)", err, got)
+		}
+		got[string(buf[:n])]++
+	}
+}
