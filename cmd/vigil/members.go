@@ -64,7 +64,7 @@ func newMembersCmd() *cobra.Command {
 	var ef etcdFlags
 	cmd := &cobra.Command{
 		Use:   "members",
-		Short: "Inspect and safely change etcd membership (list, remove, prune, replace)",
+		Short: "Inspect and safely change etcd membership (list, remove, prune, replace, preflight)",
 		Long: `Inspect and change the control plane's etcd membership without risking quorum.
 
 Every change first reads the member list and asks each member for its status
@@ -85,7 +85,7 @@ The connection flags are those of vigil run. With kubeadm:
   --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key`,
 	}
 	ef.add(cmd)
-	cmd.AddCommand(newMembersListCmd(&ef), newMembersRemoveCmd(&ef), newMembersPruneCmd(&ef), newMembersReplaceCmd(&ef))
+	cmd.AddCommand(newMembersListCmd(&ef), newMembersRemoveCmd(&ef), newMembersPruneCmd(&ef), newMembersReplaceCmd(&ef), newMembersPreflightCmd(&ef))
 	return cmd
 }
 

@@ -146,6 +146,32 @@ func TestMembersDeleteNode(t *testing.T) {
 		_, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		return err == nil
 	}
+	// preflight --for-join looks for a Ready Node of that name.
+	nodeCheck := func(name string) membership.Finding {
+		t.Helper()
+		out, stderr, _ := run("preflight", "-o", "json", "--for-join", name, "--kubeconfig", adminKC)
+		var p struct{ Findings []membership.Finding }
+		if err := json.Unmarshal([]byte(out), &p); err != nil {
+			t.Fatalf("preflight: %v\n%s%s", err, out, stderr)
+		}
+		for _, f := range p.Findings {
+			if f.Check == "no Ready Node named "+name {
+				return f
+			}
+		}
+		t.Fatalf("preflight did not check the Node: %s", out)
+		return membership.Finding{}
+	}
+	if f := nodeCheck("m1"); f.OK || f.Skip || len(f.Fix) != 1 || !strings.Contains(f.Fix[0], "kubectl delete node m1") {
+		t.Fatalf("preflight --for-join m1 (Ready Node): %+v", f)
+	}
+	if f := nodeCheck("m3"); !f.OK || !strings.Contains(f.Detail, "not Ready") {
+		t.Fatalf("preflight --for-join m3 (NotReady Node): %+v", f)
+	}
+	if f := nodeCheck("m9"); !f.OK || !strings.Contains(f.Detail, "no Node has this name") {
+		t.Fatalf("preflight --for-join m9 (no Node): %+v", f)
+	}
+
 	// What vigil run does on m1 (and later m2): observe the members and
 	// publish its view.
 	observe := func(member string) {

@@ -3,9 +3,11 @@ package lab
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -95,6 +97,9 @@ type KubeadmResult struct {
 	// failure.
 	DeadMemberLeft   bool `json:"deadMemberLeft"`
 	MembersAfterJoin int  `json:"membersAfterJoin,omitempty"`
+	// Preflights are vigil members preflight's answers on the way: no
+	// after the power-off; before the join, yes once pruned.
+	Preflights []Preflight `json:"preflights,omitempty"`
 	// Requests through the VIP during the drill (GET /version, a new
 	// connection each), and those that failed outside the failover window
 	// (from the fault until the VIP answered again, plus a second).
@@ -146,6 +151,9 @@ func (k *KubeadmResult) String() string {
 	s += fmt.Sprintf("; requests through the VIP %d, failed %d (%d outside the %.0fms failover window)", k.Requests, k.Failed, k.FailedOutside, k.FailoverMs)
 	for _, e := range k.OutsideErrors {
 		s += "\n      outside: " + e
+	}
+	for _, p := range k.Preflights {
+		s += fmt.Sprintf("\n      vigil members preflight %s: %s", p.When, preflightLine(p))
 	}
 	return s
 }
@@ -716,6 +724,17 @@ func (l *Lab) replaceMachine(ctx context.Context, victim *Node, w *vipWatch, k *
 	}
 	k.movedAt = time.Now()
 	phase("failover", "VIP on "+holder)
+	// What an operator asks before joining a replacement: with a member
+	// powered off, the answer must be no, naming it and the fix.
+	pf, err := l.preflight(ctx, "after the power-off", "")
+	if err != nil {
+		return err
+	}
+	k.Preflights = append(k.Preflights, pf)
+	phase("vigil members preflight", preflightLine(pf))
+	if pf.Join || !slices.ContainsFunc(pf.Failed, func(f string) bool { return strings.Contains(f, victim.Name) }) || len(pf.Fixes) == 0 {
+		return fmt.Errorf("preflight after %s was powered off said %+v; want no, naming it, with a fix", victim.Name, pf)
+	}
 	if k.Pruning {
 		bound := l.st.Settings.PruneAfter + 90*time.Second
 		if err := l.waitMemberGone(ctx, victim.Name, bound); err != nil {
@@ -729,6 +748,17 @@ func (l *Lab) replaceMachine(ctx context.Context, victim *Node, w *vipWatch, k *
 	}
 	k.NewNode = n.Name
 	phase("new machine "+n.Name, "containerd, images, kubelet")
+	// Pruned: the join will pass, and preflight must say so. Not pruned:
+	// the dead member is still there, and preflight must say no.
+	pf, err = l.preflight(ctx, "before kubeadm join", n.Name)
+	if err != nil {
+		return err
+	}
+	k.Preflights = append(k.Preflights, pf)
+	phase("vigil members preflight --for-join "+n.Name, preflightLine(pf))
+	if pf.Join != k.Pruning {
+		return fmt.Errorf("preflight before the join (pruning %v) said %+v", k.Pruning, pf)
+	}
 	out, err := l.kubeadmJoinOutput(ctx, n, true)
 	if err != nil {
 		k.JoinFailed = true
@@ -975,4 +1005,86 @@ func (l *Lab) kubeadmCA() (*x509.CertPool, error) {
 		}
 	}
 	return nil, errors.New("lab: no control-plane node has the cluster CA")
+}
+
+// preflightLine sums a preflight up for the drill's phases.
+func preflightLine(p Preflight) string {
+	if p.Join {
+		return "yes"
+	}
+	line := "no: " + strings.Join(p.Failed, "; ")
+	if len(p.Fixes) > 0 {
+		line += "; fix: " + p.Fixes[0]
+	}
+	return line
+}
+
+// Preflight is one run of vigil members preflight during a drill.
+type Preflight struct {
+	When string `json:"when"`
+	Join bool   `json:"join"` // it said yes (exit 0)
+	// Failed are the checks it failed, each with its detail.
+	Failed []string `json:"failed,omitempty"`
+	// Fixes are the commands it printed for them.
+	Fixes []string `json:"fixes,omitempty"`
+}
+
+// preflight runs vigil members preflight from the client namespace, as an
+// operator about to run kubeadm join would, with kubeadm's etcd client
+// certificate and admin.conf of a surviving control-plane node.
+func (l *Lab) preflight(ctx context.Context, when, joining string) (Preflight, error) {
+	var pki, admin string
+	var eps []string
+	for _, n := range l.st.Nodes {
+		dir := filepath.Join(l.machineDir(n), "etc-kubernetes")
+		if _, err := os.Stat(filepath.Join(dir, "pki", "apiserver-etcd-client.crt")); err != nil {
+			continue
+		}
+		if pki == "" {
+			pki, admin = filepath.Join(dir, "pki"), filepath.Join(dir, filepath.Base(kubeadmAdmin))
+		}
+		eps = append(eps, fmt.Sprintf("https://%s:2379", n.IP))
+	}
+	if pki == "" {
+		return Preflight{}, errors.New("lab: no control-plane node has kubeadm's etcd client certificate")
+	}
+	args := []string{"netns", "exec", clientNS, l.vigilBin, "members", "preflight", "-o", "json",
+		"--etcd-endpoints", strings.Join(eps, ","), "--etcd-cacert", filepath.Join(pki, "etcd", "ca.crt"),
+		"--etcd-cert", filepath.Join(pki, "apiserver-etcd-client.crt"), "--etcd-key", filepath.Join(pki, "apiserver-etcd-client.key"),
+		"--kubeconfig", admin}
+	if joining != "" {
+		args = append(args, "--for-join", joining)
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, "ip", args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	if err != nil && !(errors.As(err, &ee) && ee.ExitCode() == 1) {
+		return Preflight{}, fmt.Errorf("lab: vigil members preflight: %w: %s", err, stderr.String())
+	}
+	var res struct {
+		Join     bool
+		Findings []struct {
+			Check, Detail string
+			OK, Skipped   bool
+			Fix           []string
+		}
+	}
+	if jerr := json.Unmarshal(out, &res); jerr != nil {
+		return Preflight{}, fmt.Errorf("lab: vigil members preflight printed no JSON (%v): %s%s", jerr, out, stderr.String())
+	}
+	p := Preflight{When: when, Join: res.Join}
+	for _, f := range res.Findings {
+		if !f.OK && !f.Skipped {
+			p.Failed = append(p.Failed, f.Check+": "+f.Detail)
+			p.Fixes = append(p.Fixes, f.Fix...)
+		}
+	}
+	if p.Join != (err == nil) {
+		return p, fmt.Errorf("lab: vigil members preflight said join=%v but exited with %v", p.Join, err)
+	}
+	return p, nil
 }

@@ -209,6 +209,38 @@ func TestKubeadmLab(t *testing.T) {
 	if r := l.Drill(ctx, DrillKillLeader, 1); r.Error == "" {
 		t.Fatalf("%s ran in the kubeadm lab, which has no lab-run vigil to kill", DrillKillLeader)
 	}
+	// The real kubelet probes vigil's /readyz (and its startup and
+	// liveness probes /livez): every vigil pod comes to be Ready.
+	podsReady := func() error {
+		c, err := l.kubeClient()
+		if err != nil {
+			return err
+		}
+		for _, n := range l.st.Nodes {
+			pod, err := c.CoreV1().Pods("kube-system").Get(ctx, "vigil-"+n.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			ready := false
+			for _, cond := range pod.Status.Conditions {
+				ready = ready || (cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue)
+			}
+			if !ready || pod.Spec.Containers[0].ReadinessProbe == nil {
+				return fmt.Errorf("pod %s not Ready: %+v", pod.Name, pod.Status.Conditions)
+			}
+		}
+		return nil
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		err := podsReady()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vigil pods not Ready after 2m: %v", err)
+		}
+		time.Sleep(time.Second)
+	}
 	for _, kind := range KubeadmDrills {
 		t.Run(kind, func(t *testing.T) {
 			r := l.Drill(ctx, kind, 1)
@@ -242,6 +274,10 @@ func TestKubeadmLab(t *testing.T) {
 			case DrillKubeadmReplace:
 				if k.JoinFailed || k.DeadMemberLeft || k.EtcdUnhealthyAtJoin || k.MembersAfterJoin != 3 {
 					t.Fatalf("replacement with pruning: %+v", k)
+				}
+				// vigil members preflight: no with the node off, yes once pruned.
+				if len(k.Preflights) != 2 || k.Preflights[0].Join || len(k.Preflights[0].Fixes) == 0 || !k.Preflights[1].Join {
+					t.Fatalf("preflights: %+v", k.Preflights)
 				}
 			case DrillKubeadmLease:
 				if k.LeaseHolder == "" || len(k.Order) != 3 || k.Order[2] != r.Target {

@@ -106,6 +106,9 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 	return &Cluster{cfg: cfg, cl: cl, own: true, log: log}, nil
 }
 
+// Etcd is the connection the Cluster works through.
+func (c *Cluster) Etcd() *etcdcluster.Cluster { return c.cl }
+
 // Close closes the connection if New made it.
 func (c *Cluster) Close() error {
 	if c.own {
