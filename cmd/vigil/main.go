@@ -33,7 +33,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
-	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newManifestCmd(), newStatusCmd(), newVersionCmd(), newGuardCmd(), newConfigCmd())
+	root.AddCommand(newRunCmd(), newAgentCmd(), newMembersCmd(), newManifestCmd(), newStatusCmd(), newVersionCmd(), newGuardCmd(), newConfigCmd(), newHandoffCmd())
 	return root
 }
 

@@ -27,6 +27,9 @@ type holder struct {
 	ann     *announce.Announcer
 	bal     *lb.Balancer // nil without --lb-port
 	shedder *raftShedder // nil without --shed-raft-leadership or etcd
+	// handoffs holds this node out of the election while vigil handoff
+	// --hold says so; nil without etcd.
+	handoffs *handoffs
 	m       *nodeMetrics
 	events  *kube.Events // nil without --kubeconfig
 	cfg     Config
@@ -70,12 +73,25 @@ func (h *holder) lease(deadline time.Time) {
 // microseconds; the bound matters only for a guard that stopped reading.
 const guardArmWait = 100 * time.Millisecond
 
+// leading tells whether this node holds the lock (from its first lease
+// until the step-down).
+func (h *holder) leading() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.serving
+}
+
 // eligible is why this node cannot hold the VIP now: the keeper's reasons
 // (interface down or gone, adding the address fails) or, with a guard, that
 // no guard listens to this vigil.
 func (h *holder) eligible() error {
 	if err := h.keeper.Eligible(); err != nil {
 		return err
+	}
+	if h.handoffs != nil {
+		if err := h.handoffs.eligible(); err != nil {
+			return err
+		}
 	}
 	if h.guard != nil {
 		return h.guard.Eligible()

@@ -17,6 +17,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
+	"github.com/vigil-ha/vigil/internal/handoff"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/kubelite"
@@ -383,10 +384,16 @@ func (n *node) newElector() error {
 			OnRenew: n.m.observeRenew,
 		},
 	}
+	// Planned handoffs (vigil handoff) come through etcd; the stand-by
+	// they cause is bounded as placement's is.
+	ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
+	if n.etcd != nil {
+		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, n.bal, h.leading, n.log)
+		ecfg.HandOff = h.handoffs.handOff
+	}
 	if cfg.HealthGrace > 0 {
 		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, vip: cfg.VIP.Addr(), log: n.log, gauge: n.m.yielding}
 		ecfg.Yield = n.pl.yield
-		ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
 	}
 	el, err := election.New(ecfg, n.log)
 	if err != nil {
@@ -429,6 +436,9 @@ func (n *node) Run(ctx context.Context) error {
 		wg.Go(func() { n.observer.Run(cctx) })
 	}
 	wg.Go(func() { h.conflicts.Run(cctx) })
+	if h.handoffs != nil {
+		wg.Go(func() { h.handoffs.Run(cctx) })
+	}
 	if n.metricsLn != nil {
 		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts) },
 			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, log)

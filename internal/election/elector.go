@@ -126,6 +126,25 @@ type Config struct {
 	//     imperfect node beats no VIP, and flapping helps nobody.
 	Yield    func() (reason string, yield bool)
 	YieldFor time.Duration
+	// HandOff, when set, is asked where Yield is, for a planned handoff
+	// (vigil handoff). While it says yes, a candidate stands by as for
+	// Yield, and a leader steps down and releases the lock even in a
+	// tenure taken while yielding: an operator asked for it. Needs
+	// YieldFor.
+	HandOff func() (reason string, yield bool)
+}
+
+// yieldNow asks HandOff, then Yield.
+func (c Config) yieldNow() (reason string, yield bool) {
+	if c.HandOff != nil {
+		if reason, yield := c.HandOff(); yield {
+			return reason, true
+		}
+	}
+	if c.Yield != nil {
+		return c.Yield()
+	}
+	return "", false
 }
 
 // Validate checks the timing rules; see MinSafetyMargin.
@@ -135,7 +154,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: identity (node name) is empty", ErrInvalidConfig)
 	case c.Lock == nil:
 		return fmt.Errorf("%w: no lock", ErrInvalidConfig)
-	case c.Yield != nil && c.YieldFor <= 0:
+	case (c.Yield != nil || c.HandOff != nil) && c.YieldFor <= 0:
 		return fmt.Errorf("%w: yield needs a positive stand-by time", ErrInvalidConfig)
 	}
 	return ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
@@ -344,8 +363,8 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		if !ok {
 			yielding, yieldOnce = time.Time{}, false // a peer holds it: stand-by starts anew
 		}
-		if ok && e.cfg.Yield != nil {
-			reason, yield := e.cfg.Yield()
+		if ok && (e.cfg.Yield != nil || e.cfg.HandOff != nil) {
+			reason, yield := e.cfg.yieldNow()
 			switch {
 			case !yield:
 				yielding, yieldOnce = time.Time{}, false
@@ -539,6 +558,11 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 					if err := e.cfg.Eligible(); err != nil {
 						e.setIneligible(err.Error())
 						return StepDown{CauseIneligible, "this node cannot hold the VIP: " + err.Error()}
+					}
+				}
+				if e.cfg.HandOff != nil {
+					if why, yield := e.cfg.HandOff(); yield {
+						return StepDown{CauseYield, "handing off: " + why}
 					}
 				}
 				if l.mayYield && e.cfg.Yield != nil {

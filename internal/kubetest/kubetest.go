@@ -31,10 +31,14 @@ import (
 	"github.com/vigil-ha/vigil/internal/sakey"
 )
 
-// Tokens of the two users.
+// Tokens of the users: admin (system:masters), nobody (no rights), and
+// the users vigil's RBAC binds (vigil manifest rbac): vigil and
+// vigil-agent, who have the rights of those bindings once applied.
 const (
 	AdminToken  = "vigil-test-admin-token"
 	NobodyToken = "vigil-test-nobody-token"
+	VigilToken  = "vigil-test-vigil-token"
+	AgentToken  = "vigil-test-vigil-agent-token"
 )
 
 // RequireEnv makes a missing kube-apiserver binary a test failure instead of
@@ -65,10 +69,13 @@ type Server struct {
 	URL    string // https://127.0.0.1:PORT
 	CAFile string // the self-signed serving certificate, as a CA
 	Dir    string
-	netns  string
-	cmd    *exec.Cmd
-	done   chan struct{}
-	t      testing.TB
+	// AuditLog is the audit log (one JSON event per line) with
+	// Options.Audit; "" without.
+	AuditLog string
+	netns    string
+	cmd      *exec.Cmd
+	done     chan struct{}
+	t        testing.TB
 }
 
 // Options say where and how StartWith runs the server.
@@ -88,6 +95,8 @@ type Options struct {
 	// EndpointSlices (--endpoint-reconciler-type=lease). It needs a
 	// non-loopback AdvertiseAddress; off, nothing writes those slices.
 	Reconcile bool
+	// Audit logs every request's metadata to Server.AuditLog.
+	Audit bool
 	// CertFile and KeyFile serve TLS, verified with CAFile; all empty: a
 	// self-signed certificate from --cert-dir (for 127.0.0.1).
 	CertFile, KeyFile, CAFile string
@@ -119,7 +128,8 @@ func StartWith(t testing.TB, opts Options) *Server {
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "tokens.csv"), []byte(
-		AdminToken+",admin,admin-uid,system:masters\n"+NobodyToken+",nobody,nobody-uid\n"), 0o600); err != nil {
+		AdminToken+",admin,admin-uid,system:masters\n"+NobodyToken+",nobody,nobody-uid\n"+
+			VigilToken+",vigil,vigil-uid\n"+AgentToken+",vigil-agent,vigil-agent-uid\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := sakey.Write(filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")); err != nil {
@@ -150,6 +160,14 @@ func StartWith(t testing.TB, opts Options) *Server {
 		"--enable-priority-and-fairness=false",
 		"--endpoint-reconciler-type=" + reconciler,
 		"--v=0",
+	}
+	if opts.Audit {
+		policy := filepath.Join(dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s.AuditLog = filepath.Join(dir, "audit.log")
+		args = append(args, "--audit-policy-file="+policy, "--audit-log-path="+s.AuditLog, "--audit-log-mode=blocking")
 	}
 	if opts.CertFile != "" {
 		args = append(args, "--tls-cert-file="+opts.CertFile, "--tls-private-key-file="+opts.KeyFile)

@@ -32,7 +32,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -61,7 +61,7 @@ func DrillsFor(s Settings) []string {
 	if s.Impl != ImplVigil {
 		return failoverDrills
 	}
-	out := []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
+	out := []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
 	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() {
 		out = append(out, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled)
 	}
@@ -106,6 +106,8 @@ type Result struct {
 	Prune *PruneResult `json:"prune,omitempty"`
 	// Kubeadm is set by the kubeadm lab's drills.
 	Kubeadm *KubeadmResult `json:"kubeadm,omitempty"`
+	// Handoff is set by the handoff drill.
+	Handoff *HandoffResult `json:"handoff,omitempty"`
 	Error   string         `json:"error,omitempty"`
 }
 
@@ -148,6 +150,9 @@ func (r Result) String() string {
 	if r.Kubeadm != nil {
 		s += "\n    " + r.Kubeadm.String()
 	}
+	if r.Handoff != nil {
+		s += "\n    " + r.Handoff.String()
+	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
 	}
@@ -162,11 +167,12 @@ func (r Result) String() string {
 
 // drillRun is the state of one drill in progress.
 type drillRun struct {
-	l      *Lab
-	mu     sync.Mutex // guards dead
-	dead   map[string]bool
-	w      *vipWatch
-	target *Node
+	l       *Lab
+	handoff []string   // what vigil handoff printed
+	mu      sync.Mutex // guards dead
+	dead    map[string]bool
+	w       *vipWatch
+	target  *Node
 }
 
 // live returns the nodes whose processes run (a partitioned node is live).
@@ -258,6 +264,17 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	defer pr.close()
 	mon := startMonitor(w, d.live, probeInterval)
 	defer mon.close()
+	var kac *keepAliveClients
+	if kind == DrillHandoff && l.st.Settings.LBPort != 0 {
+		if kac, err = l.startKeepAliveClients(l.st.Settings.LBPort); err != nil {
+			return err
+		}
+		defer func() {
+			res := kac.stop()
+			res.Output = d.handoff
+			r.Handoff = &res
+		}()
+	}
 	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
 		return ctx.Err()
 	}
@@ -321,6 +338,10 @@ func (d *drillRun) inject(ctx context.Context, kind string) error {
 		return l.killNode(ctx, t)
 	case DrillGraceful:
 		return l.signal(ctx, t, l.daemonRole(), syscall.SIGTERM, 10*time.Second)
+	case DrillHandoff:
+		var err error
+		d.handoff, err = l.runHandoff(ctx, t.Name)
+		return err
 	case DrillPartitionLeader:
 		if err := l.setNodePorts(ctx, t, false); err != nil {
 			return err
@@ -357,6 +378,8 @@ func (d *drillRun) heal(ctx context.Context, kind string) error {
 			return err
 		}
 		d.setDead(t.Name, false)
+	case DrillHandoff:
+		return nil // nothing broke
 	case DrillGraceful, DrillKillDaemon:
 		if l.st.Settings.Impl == ImplVigil {
 			return l.startVigil(t)

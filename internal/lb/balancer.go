@@ -183,7 +183,27 @@ type proxyConn struct {
 	once           sync.Once
 	// finished counts the directions whose source ended cleanly (EOF).
 	finished atomic.Int32
+	// lastUp and lastDown are when the client's and the backend's last
+	// bytes were read (unix nanoseconds); bulk counts the directions that
+	// are splicing, whose reads are not timed. Busy reads them.
+	lastUp, lastDown atomic.Int64
+	bulk             atomic.Int32
 }
+
+// busy tells whether the pair is in the middle of an exchange at now: the
+// client sent after the backend last answered, less than inFlight ago (a
+// request in flight; a client that sent last long ago waits on a stream,
+// as a watch whose client acknowledged the last event does), a byte moved
+// within quiet, or a bulk transfer runs.
+func (c *proxyConn) busy(now int64, quiet time.Duration) bool {
+	up, down := c.lastUp.Load(), c.lastDown.Load()
+	return (up > down && now-up < int64(inFlight)) || now-max(up, down) < int64(quiet) || c.bulk.Load() > 0
+}
+
+// inFlight bounds how long a client's unanswered bytes count as a request
+// in flight: API requests are answered in milliseconds; what waits longer
+// is a watch or a stream, which no moment of the move would spare.
+const inFlight = time.Second
 
 // touch pushes both read deadlines d out: the pair carried a byte.
 func (c *proxyConn) touch(d time.Duration) {
@@ -500,6 +520,26 @@ func (b *Balancer) CloseAll(reason string) {
 	closeAll(conns)
 }
 
+// Busy counts the proxied connections in the middle of an exchange (see
+// proxyConn.busy) and returns how many there are in all. A planned
+// handoff moves the VIP when none is busy: a connection idle at the move
+// is closed cleanly (its client reconnects), one with a request in flight
+// would lose it.
+func (b *Balancer) Busy(quiet time.Duration) (busy, total int) {
+	now := time.Now().UnixNano()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, be := range b.pool.m {
+		for c := range be.conns {
+			total++
+			if c.busy(now, quiet) {
+				busy++
+			}
+		}
+	}
+	return busy, total
+}
+
 // BackendInfo describes one backend for status output.
 type BackendInfo struct {
 	Address     string `json:"address"`
@@ -629,9 +669,9 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn, anyway bool) {
 	}
 	done := make(chan int64, 1)
 	go func() {
-		done <- b.pipe(&copier{dst: pc.server, src: pc.client, idle: b.cfg.IdleTimeout, pc: pc})
+		done <- b.pipe(&copier{dst: pc.server, src: pc.client, idle: b.cfg.IdleTimeout, pc: pc, last: &pc.lastUp})
 	}()
-	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc})
+	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc, last: &pc.lastDown})
 	up := <-done
 	pc.close()
 	b.m.toBackend.Add(float64(up))

@@ -508,3 +508,48 @@ func TestStandbyAndSetServing(t *testing.T) {
 	t.Logf("client reset %v after SetServing(false)", took)
 	waitConns(t, b, 0)
 }
+
+// Busy: a connection whose client sent last (a request in flight) is busy;
+// once the backend answered and quiet passed it is not; a hung backend
+// keeps its connection busy.
+func TestBusy(t *testing.T) {
+	echo, hung := newBackend(t, "echo", false), newBackend(t, "hung", true)
+	b, _ := startLB(t, Config{Picker: RoundRobin()}, echo, hung)
+	if busy, total := b.Busy(time.Millisecond); busy != 0 || total != 0 {
+		t.Fatalf("no connections: busy %d of %d", busy, total)
+	}
+	c, r := dialTo(t, b, "echo") // greeted: the backend answered last
+	time.Sleep(20 * time.Millisecond)
+	if busy, total := b.Busy(10 * time.Millisecond); busy != 0 || total != 1 {
+		t.Fatalf("answered and quiet: busy %d of %d", busy, total)
+	}
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		t.Fatal(err)
+	}
+	if busy, _ := b.Busy(time.Hour); busy != 1 {
+		t.Fatalf("within quiet of a byte: busy %d, want 1", busy)
+	}
+	if _, err := r.ReadString('\n'); err != nil { // the echo
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if busy, _ := b.Busy(10 * time.Millisecond); busy != 0 {
+		t.Fatalf("echoed and quiet: busy %d", busy)
+	}
+	// A request that is never answered stays busy, however long. Round
+	// robin sends one of two new connections to each backend.
+	dial(t, b, false)
+	dial(t, b, false)
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, total := b.Busy(0); total == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the two new connections were not proxied")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if busy, _ := b.Busy(10 * time.Millisecond); busy != 1 {
+		t.Fatalf("a request to a hung backend: busy %d, want 1", busy)
+	}
+}

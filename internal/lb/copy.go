@@ -30,6 +30,8 @@ type copier struct {
 	// directions' read deadlines this far out (see proxyConn.touch).
 	idle time.Duration
 	pc   *proxyConn
+	// last is when src's last bytes were read (pc.lastUp or pc.lastDown).
+	last *atomic.Int64
 
 	// For read, set up once per direction rather than per read: src's raw
 	// connection (nil if it has none), the read callback bound to this
@@ -60,6 +62,7 @@ func (c *copier) copy() (int64, error) {
 	for {
 		bp, n, rerr := c.read()
 		if n > 0 {
+			c.last.Store(time.Now().UnixNano())
 			c.touch()
 			w, werr := c.dst.Write((*bp)[:n])
 			total += int64(w)
@@ -87,6 +90,8 @@ func (c *copier) copy() (int64, error) {
 	// cannot; that path copies through io.Copy's own buffer instead.
 	var n int64
 	var err error
+	c.pc.bulk.Add(1)
+	defer c.pc.bulk.Add(-1)
 	if c.idle > 0 {
 		n, err = io.Copy(struct{ io.Writer }{c.dst}, touchReader{c})
 	} else {

@@ -307,82 +307,65 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 	}, nil
 }
 
-// RBAC returns what vigil needs from the API server, no more:
+// RBAC returns what vigil needs from the API server, no more (cmd/vigil's
+// TestRBACIsWhatVigilUses compares it with a real API server's audit log of
+// every call vigil makes):
 //   - vigil run (ServiceAccount kube-system/vigil, or the user "vigil" of a
 //     kubeconfig made with `kubeadm kubeconfig user --client-name vigil`):
-//     its election Lease in kube-system; EndpointSlices (read) to find API
-//     servers; Events (create) to report leadership; Nodes (get, delete)
-//     and node Leases in kube-node-lease (get), used only by the opt-in
-//     removal of a pruned member's Node;
+//     its election Lease in kube-system (get, watch, create, update); in
+//     the default namespace, the kubernetes Service's EndpointSlices (list,
+//     watch) to find API servers and Events on its Node (create); Nodes
+//     (get, delete) and node Leases in kube-node-lease (get), used only by
+//     the opt-in removal of a pruned member's Node. Nodes are the one
+//     cluster-wide grant: they have no namespace.
 //   - vigil agent (ServiceAccount kube-system/vigil-agent, or the user
-//     "vigil-agent"): EndpointSlices (read).
+//     "vigil-agent"): the EndpointSlices in default (list, watch).
 func RBAC() []runtime.Object {
 	daemonSubjects := []rbacv1.Subject{
 		{Kind: rbacv1.ServiceAccountKind, Name: DaemonName, Namespace: Namespace},
 		{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: DaemonName},
 	}
-	read := []string{"get", "list", "watch"}
-	return []runtime.Object{
-		serviceAccount(DaemonName),
-		serviceAccount(AgentName),
-		&rbacv1.Role{
-			TypeMeta:   typeMeta("Role"),
-			ObjectMeta: meta(DaemonName),
-			Rules: []rbacv1.PolicyRule{{
-				APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"},
-				Verbs: []string{"get", "list", "watch", "create", "update"},
-			}},
-		},
-		&rbacv1.RoleBinding{
-			TypeMeta: typeMeta("RoleBinding"), ObjectMeta: meta(DaemonName),
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: DaemonName},
-			Subjects: daemonSubjects,
-		},
-		&rbacv1.Role{
-			TypeMeta:   typeMeta("Role"),
-			ObjectMeta: metav1.ObjectMeta{Name: DaemonName + "-node-leases", Namespace: "kube-node-lease"},
-			Rules: []rbacv1.PolicyRule{{
-				APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get"},
-			}},
-		},
-		&rbacv1.RoleBinding{
-			TypeMeta:   typeMeta("RoleBinding"),
-			ObjectMeta: metav1.ObjectMeta{Name: DaemonName + "-node-leases", Namespace: "kube-node-lease"},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: DaemonName + "-node-leases"},
-			Subjects:   daemonSubjects,
-		},
+	agentSubjects := []rbacv1.Subject{
+		{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace},
+		{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: AgentName},
+	}
+	sliceRule := rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}
+	role := func(name, ns string, subjects []rbacv1.Subject, rules ...rbacv1.PolicyRule) []runtime.Object {
+		om := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{appLabel: DaemonName}}
+		return []runtime.Object{
+			&rbacv1.Role{TypeMeta: typeMeta("Role"), ObjectMeta: om, Rules: rules},
+			&rbacv1.RoleBinding{TypeMeta: typeMeta("RoleBinding"), ObjectMeta: om,
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects},
+		}
+	}
+	out := []runtime.Object{serviceAccount(DaemonName), serviceAccount(AgentName)}
+	out = append(out, role(DaemonName, Namespace, daemonSubjects, rbacv1.PolicyRule{
+		APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get", "watch", "create", "update"},
+	})...)
+	out = append(out, role(DaemonName+"-node-leases", "kube-node-lease", daemonSubjects, rbacv1.PolicyRule{
+		APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get"},
+	})...)
+	out = append(out, role(DaemonName, ServiceNamespace, daemonSubjects, sliceRule,
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}})...)
+	out = append(out,
 		&rbacv1.ClusterRole{
 			TypeMeta:   typeMeta("ClusterRole"),
-			ObjectMeta: metav1.ObjectMeta{Name: DaemonName},
-			Rules: []rbacv1.PolicyRule{
-				{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read},
-				{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
-				{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
-				{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "delete"}},
-			},
+			ObjectMeta: metav1.ObjectMeta{Name: DaemonName, Labels: map[string]string{appLabel: DaemonName}},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "delete"}}},
 		},
 		&rbacv1.ClusterRoleBinding{
 			TypeMeta:   typeMeta("ClusterRoleBinding"),
-			ObjectMeta: metav1.ObjectMeta{Name: DaemonName},
+			ObjectMeta: metav1.ObjectMeta{Name: DaemonName, Labels: map[string]string{appLabel: DaemonName}},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: DaemonName},
 			Subjects:   daemonSubjects,
-		},
-		&rbacv1.ClusterRole{
-			TypeMeta:   typeMeta("ClusterRole"),
-			ObjectMeta: metav1.ObjectMeta{Name: AgentName},
-			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: read}},
-		},
-		&rbacv1.ClusterRoleBinding{
-			TypeMeta:   typeMeta("ClusterRoleBinding"),
-			ObjectMeta: metav1.ObjectMeta{Name: AgentName},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: AgentName},
-			Subjects: []rbacv1.Subject{
-				{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace},
-				{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: AgentName},
-			},
-		},
-	}
+		})
+	out = append(out, role(AgentName, ServiceNamespace, agentSubjects, sliceRule)...)
+	return out
 }
+
+// ServiceNamespace holds the kubernetes Service, its EndpointSlices, and
+// the Events about Nodes.
+const ServiceNamespace = "default"
 
 // YAML prints objects as one YAML stream, with a header comment.
 func YAML(header string, objs ...runtime.Object) ([]byte, error) {

@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/handoff"
+	"github.com/vigil-ha/vigil/internal/lb"
+)
+
+// handoffs follows vigil handoff's records for this node and answers the
+// elector from what it last read: HandOff (a request makes this node step
+// down or stand by) and eligibility (a hold keeps it out).
+//
+// The holder named in a request waits, before it steps down, for a moment
+// when no connection through its load balancer is in an exchange
+// (lb.Balancer.Busy): connections idle at the move are closed cleanly and
+// their clients reconnect to the new holder, while one with a request in
+// flight would lose it. It waits handoffDrainMax at most, then steps down
+// anyway: a planned move must not hang on a client that never pauses.
+type handoffs struct {
+	store   *handoff.Store
+	self    string
+	bal     busyCounter // nil without --lb-port
+	leading func() bool // whether this node holds the lock now
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	st       handoff.State
+	read     bool              // st was read at least once
+	draining string            // the request this holder drains for
+	since    time.Time         // since when
+	status   *handoff.Status   // to report, nil when reported
+	reported map[string]string // request ID -> last phase reported
+	started  time.Time
+}
+
+const (
+	// handoffPoll is how often the records are read: a handoff starts
+	// within this of the command's request.
+	handoffPoll = 250 * time.Millisecond
+	// handoffQuiet: a connection that moved a byte this recently is in an
+	// exchange.
+	handoffQuiet = 2 * time.Millisecond
+	// handoffDrainMax bounds the wait for a quiet moment.
+	handoffDrainMax = 3 * time.Second
+	// holdReadWait bounds how long a starting node waits to read its hold.
+	holdReadWait = 2 * time.Second
+	// statusTTL keeps a status record as long as a handoff can take.
+	statusTTL = 10 * time.Minute
+)
+
+// busyCounter is lb.Balancer.Busy.
+type busyCounter interface {
+	Busy(quiet time.Duration) (busy, total int)
+}
+
+func newHandoffs(store *handoff.Store, self string, bal *lb.Balancer, leading func() bool, log *slog.Logger) *handoffs {
+	var bc busyCounter
+	if bal != nil {
+		bc = bal // a nil *lb.Balancer in the interface would not be nil
+	}
+	return &handoffs{store: store, self: self, bal: bc, leading: leading, log: log.With("part", "handoff"), reported: map[string]string{}, started: time.Now()}
+}
+
+// Run reads the records every handoffPoll, and writes this holder's status
+// for the command, until ctx ends.
+func (h *handoffs) Run(ctx context.Context) {
+	t := time.NewTicker(handoffPoll)
+	defer t.Stop()
+	failing := false
+	for {
+		rctx, cancel := context.WithTimeout(ctx, handoffPoll*4)
+		st, err := h.store.Read(rctx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if !failing {
+				h.log.Debug("cannot read the handoff records; keeping the last", "err", err)
+				failing = true
+			}
+		case err == nil:
+			failing = false
+			h.set(st)
+		}
+		h.report(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (h *handoffs) set(st handoff.State) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	was := h.st
+	h.st, h.read = st, true
+	if st.Request != nil && (was.Request == nil || was.Request.ID != st.Request.ID) {
+		h.log.Info("handoff requested", "id", st.Request.ID, "from", st.Request.From, "to", st.Request.To, "by", st.Request.By)
+	}
+	if _, held := st.Holds[h.self]; held {
+		if _, was := was.Holds[h.self]; !was {
+			h.log.Info("held out of the election by vigil handoff --hold", "until", st.Holds[h.self].Until)
+		}
+	} else if _, was := was.Holds[h.self]; was {
+		h.log.Info("hold released: campaigning again")
+	}
+}
+
+// report writes the pending status, if any.
+func (h *handoffs) report(ctx context.Context) {
+	h.mu.Lock()
+	st := h.status
+	h.status = nil
+	h.mu.Unlock()
+	if st == nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := h.store.Report(wctx, *st, statusTTL); err != nil {
+		h.log.Debug("cannot report the handoff's status", "id", st.ID, "err", err)
+	}
+}
+
+// note queues a status for the command, once per request and phase.
+func (h *handoffs) note(st handoff.Status) {
+	if h.reported[st.ID] == st.Phase {
+		return
+	}
+	h.reported[st.ID] = st.Phase
+	h.status = &st
+}
+
+// handOff is election.Config.HandOff.
+func (h *handoffs) handOff() (string, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	reason, yield := h.st.Yield(h.self)
+	if !yield {
+		h.draining = ""
+		return "", false
+	}
+	r := h.st.Request
+	if r.From != h.self || !h.leading() {
+		return reason, true // a candidate stands by
+	}
+	now := time.Now()
+	if h.draining != r.ID {
+		h.draining, h.since = r.ID, now
+	}
+	busy, total := 0, 0
+	if h.bal != nil {
+		busy, total = h.bal.Busy(handoffQuiet)
+	}
+	st := handoff.Status{ID: r.ID, At: now, Busy: busy, Total: total}
+	waited := now.Sub(h.since)
+	switch {
+	case busy == 0:
+		st.Phase = "released"
+	case waited >= handoffDrainMax:
+		st.Phase, st.ForcedAfter = "released", waited
+		h.log.Warn("handing off without a quiet moment", "id", r.ID, "busy", busy, "connections", total, "waited", waited.Round(time.Millisecond))
+	default:
+		st.Phase = "draining"
+		h.note(st)
+		return "", false
+	}
+	h.note(st)
+	h.log.Info("handing the VIP off", "id", r.ID, "to", r.To, "connections", total, "waited", waited.Round(time.Millisecond))
+	return reason, true
+}
+
+// eligible is an error while a hold keeps this node out, and at start
+// until the records are read (a node held for a reboot must not take the
+// VIP in the moment before it learns of its hold), for holdReadWait at
+// most: etcd may be down, and a Lease election goes on without it.
+func (h *handoffs) eligible() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.read && time.Since(h.started) < holdReadWait {
+		return errors.New("reading vigil handoff's holds")
+	}
+	return h.st.Eligible(h.self, time.Now())
+}

@@ -1,0 +1,212 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/handoff"
+)
+
+// handoffNode is one candidate as vigil run wires it: an elector whose
+// HandOff and eligibility come from handoffs.
+type handoffNode struct {
+	name    string
+	leading atomic.Bool
+	h       *handoffs
+	el      *election.Elector
+	stop    func() // stops its elector
+}
+
+// startHandoffNodes runs candidates on one etcd, each with its own
+// connection, and returns them with a store for the test's requests.
+func startHandoffNodes(t *testing.T, names ...string) ([]*handoffNode, *handoff.Store, *election.EtcdLock) {
+	t.Helper()
+	e := etcdtest.Start(t, 1)
+	log := slog.New(slog.DiscardHandler)
+	var nodes []*handoffNode
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, name := range names {
+		cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: e.Endpoints}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		n := &handoffNode{name: name}
+		n.h = newHandoffs(handoff.NewStore(cl, ""), name, nil, n.leading.Load, log)
+		lock := election.NewEtcdLockOn(cl, "", log)
+		n.el, err = election.New(election.Config{
+			Identity: name, Lock: lock, Eligible: n.h.eligible, HandOff: n.h.handOff,
+			LeaseDuration: 800 * time.Millisecond, RenewDeadline: 500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
+			YieldFor: yieldFor(800 * time.Millisecond), ReleaseOnCancel: true,
+			Callbacks: election.Callbacks{
+				OnLease:          func(time.Time) { n.leading.Store(true) },
+				OnStoppedLeading: func(election.StepDown) { n.leading.Store(false) },
+			},
+		}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ectx, stop := context.WithCancel(ctx)
+		n.stop = stop
+		wg.Go(func() { n.h.Run(ctx) })
+		wg.Go(func() { _ = n.el.Run(ectx) })
+		nodes = append(nodes, n)
+	}
+	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: e.Endpoints}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return nodes, handoff.NewStore(cl, ""), election.NewEtcdLockOn(cl, "", log)
+}
+
+func holderOf(t *testing.T, lock *election.EtcdLock) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	o, err := lock.Get(ctx)
+	if err != nil {
+		return "?"
+	}
+	return o.Holder()
+}
+
+func waitHolder(t *testing.T, lock *election.EtcdLock, d time.Duration, ok func(string) bool, what string) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		h := holderOf(t, lock)
+		if ok(h) {
+			return h
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v the holder is %q; want %s", d, h, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A request moves the lock off its holder to the named peer, not to the
+// third; the old holder does not take it back while the request stands;
+// a hold keeps a node out until released.
+func TestHandoffMovesTheLock(t *testing.T) {
+	nodes, store, lock := startHandoffNodes(t, "a", "b", "c")
+	first := waitHolder(t, lock, 20*time.Second, func(h string) bool { return h != "" && h != "?" }, "a holder")
+	to := map[string]string{"a": "c", "b": "a", "c": "b"}[first]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := store.Begin(ctx, handoff.Request{ID: "t1", From: first, To: to, By: "test", At: time.Now()}, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Begin(ctx, handoff.Request{ID: "t2", From: first, By: "test"}, 30*time.Second); err == nil {
+		t.Fatal("a second request was accepted while the first stands")
+	}
+	start := time.Now()
+	waitHolder(t, lock, 10*time.Second, func(h string) bool { return h == to }, to)
+	t.Logf("%s -> %s in %v", first, to, time.Since(start).Round(time.Millisecond))
+	st, err := store.StatusOf(ctx, "t1")
+	if err != nil || st == nil || st.Phase != "released" {
+		// The status is written by the old holder's poll loop: give it a
+		// poll period.
+		time.Sleep(2 * handoffPoll)
+		if st, err = store.StatusOf(ctx, "t1"); err != nil || st == nil || st.Phase != "released" {
+			t.Fatalf("status of t1 = %+v, %v; want released", st, err)
+		}
+	}
+	time.Sleep(2 * time.Second) // well past a lease: nobody takes it back
+	if h := holderOf(t, lock); h != to {
+		t.Fatalf("holder %s after the handoff settled, want %s", h, to)
+	}
+	if err := store.End(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Hold the holder: it steps down (ineligible) and a peer takes over;
+	// it does not come back while held, and campaigns again once released.
+	if err := store.PutHold(ctx, handoff.Hold{Node: to, By: "test", Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	next := waitHolder(t, lock, 10*time.Second, func(h string) bool { return h != to && h != "" && h != "?" }, "a node other than the held "+to)
+	// Only the held node left: the lock goes free, and it stays out.
+	for _, n := range nodes {
+		if n.name != to {
+			n.stop()
+		}
+	}
+	waitHolder(t, lock, 10*time.Second, func(h string) bool { return h == "" }, "the lock released by the stopped nodes")
+	time.Sleep(2 * time.Second)
+	if h := holderOf(t, lock); h != "" {
+		t.Fatalf("%s took the lock while held out", h)
+	}
+	if had, err := store.Release(ctx, to); err != nil || !had {
+		t.Fatalf("Release = %v, %v", had, err)
+	}
+	waitHolder(t, lock, 10*time.Second, func(h string) bool { return h == to }, to+" campaigning again once released")
+	t.Logf("held %s: the VIP went to %s, and back once released", to, next)
+}
+
+type fakeBusy struct{ busy, total int }
+
+func (f *fakeBusy) Busy(time.Duration) (int, int) { return f.busy, f.total }
+
+// The holder named in a request waits for a quiet moment, reporting
+// "draining", and gives up waiting after handoffDrainMax; a candidate
+// named as From stands by at once; others stand by only for a named To.
+func TestHandOffDrains(t *testing.T) {
+	leading := true
+	fb := &fakeBusy{busy: 2, total: 5}
+	h := &handoffs{self: "a", bal: fb, leading: func() bool { return leading }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
+	h.set(handoff.State{Request: &handoff.Request{ID: "r1", From: "a", To: "b"}})
+	if _, y := h.handOff(); y {
+		t.Fatal("yielded with 2 connections busy")
+	}
+	if h.status == nil || h.status.Phase != "draining" || h.status.Busy != 2 {
+		t.Fatalf("status %+v, want draining with 2 busy", h.status)
+	}
+	h.status = nil
+	fb.busy = 0
+	if why, y := h.handOff(); !y || why == "" {
+		t.Fatal("did not yield once quiet")
+	}
+	if h.status == nil || h.status.Phase != "released" || h.status.ForcedAfter != 0 {
+		t.Fatalf("status %+v, want released", h.status)
+	}
+	// A new request, never quiet: released after handoffDrainMax.
+	h.set(handoff.State{Request: &handoff.Request{ID: "r2", From: "a"}})
+	fb.busy = 1
+	if _, y := h.handOff(); y {
+		t.Fatal("yielded at once while busy")
+	}
+	h.since = time.Now().Add(-handoffDrainMax)
+	if _, y := h.handOff(); !y || h.status.ForcedAfter < handoffDrainMax {
+		t.Fatalf("not forced after the drain wait: %+v", h.status)
+	}
+	// As a candidate, From stands by at once, whatever is busy.
+	leading = false
+	if _, y := h.handOff(); !y {
+		t.Fatal("From as a candidate does not stand by")
+	}
+	// Others: only a named To makes them stand by.
+	o := &handoffs{self: "c", leading: func() bool { return false }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
+	o.set(handoff.State{Request: &handoff.Request{ID: "r3", From: "a"}})
+	if _, y := o.handOff(); y {
+		t.Fatal("a peer stands by for a request without --to")
+	}
+	o.set(handoff.State{Request: &handoff.Request{ID: "r4", From: "a", To: "b"}})
+	if _, y := o.handOff(); !y {
+		t.Fatal("a peer other than --to does not stand by")
+	}
+	o.set(handoff.State{Holds: map[string]handoff.Hold{"c": {Node: "c", Until: time.Now().Add(time.Minute)}}})
+	if o.eligible() == nil {
+		t.Fatal("a held node is eligible")
+	}
+}
