@@ -30,10 +30,10 @@ type holder struct {
 	// handoffs holds this node out of the election while vigil handoff
 	// --hold says so; nil without etcd.
 	handoffs *handoffs
-	m       *nodeMetrics
-	events  *kube.Events // nil without --kubeconfig
-	cfg     Config
-	log     *slog.Logger
+	m        *nodeMetrics
+	events   *kube.Events // nil without --kubeconfig
+	cfg      Config
+	log      *slog.Logger
 
 	conflicts *conflicts
 	// holderChanged is when the observed holder last changed (UnixNano).
