@@ -32,6 +32,7 @@ type handoffs struct {
 	st       handoff.State
 	read     bool              // st was read at least once
 	draining string            // the request this holder drains for
+	released string            // the request this holder gave the lock up for
 	since    time.Time         // since when
 	status   *handoff.Status   // to report, nil when reported
 	reported map[string]string // request ID -> last phase reported
@@ -147,8 +148,14 @@ func (h *handoffs) handOff() (string, bool) {
 		return "", false
 	}
 	r := h.st.Request
-	if r.From != h.self || !h.leading() {
-		return reason, true // a candidate stands by
+	if !h.leading() {
+		return reason, true // a candidate stands by (for YieldFor at most)
+	}
+	// A leader gives the lock up only if it is From, and once per request:
+	// a node that took the lock anyway (nobody else did within YieldFor)
+	// keeps it, or the VIP would flap until the request expires.
+	if r.From != h.self || h.released == r.ID {
+		return "", false
 	}
 	now := time.Now()
 	if h.draining != r.ID {
@@ -172,6 +179,7 @@ func (h *handoffs) handOff() (string, bool) {
 		return "", false
 	}
 	h.note(st)
+	h.released = r.ID
 	h.log.Info("handing the VIP off", "id", r.ID, "to", r.To, "connections", total, "waited", waited.Round(time.Millisecond))
 	return reason, true
 }

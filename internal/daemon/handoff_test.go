@@ -195,6 +195,19 @@ func TestHandOffDrains(t *testing.T) {
 	if _, y := h.handOff(); !y {
 		t.Fatal("From as a candidate does not stand by")
 	}
+	// Leading again under the same request (nobody else took the lock):
+	// it keeps it, or the VIP would flap until the request expires.
+	leading = true
+	fb.busy = 0
+	if _, y := h.handOff(); y {
+		t.Fatal("From gave the lock up twice for one request")
+	}
+	// A leader that is not From keeps the lock, even when it is not --to.
+	p := &handoffs{self: "c", leading: func() bool { return true }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
+	p.set(handoff.State{Request: &handoff.Request{ID: "r5", From: "a", To: "b"}})
+	if _, y := p.handOff(); y {
+		t.Fatal("a leader other than From gave the lock up")
+	}
 	// Others: only a named To makes them stand by.
 	o := &handoffs{self: "c", leading: func() bool { return false }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
 	o.set(handoff.State{Request: &handoff.Request{ID: "r3", From: "a"}})
