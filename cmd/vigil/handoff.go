@@ -220,17 +220,7 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 			return fmt.Errorf("%w: not done within --timeout %v: %s", errHandoff, timeout, where)
 		case <-tick.C:
 		}
-		if s, err := h.store.StatusOf(ctx, id); err == nil && s != nil && s.Phase != phase {
-			phase = s.Phase
-			switch {
-			case phase == "draining":
-				h.say.line("%s waits for a quiet moment: %d of its %d proxied connections are in an exchange", holder, s.Busy, s.Total)
-			case s.ForcedAfter > 0:
-				h.say.line("%s gave the VIP up after %v without a quiet moment (%d of %d connections busy)", holder, s.ForcedAfter.Round(time.Millisecond), s.Busy, s.Total)
-			default:
-				h.say.line("%s gave the VIP up; its load balancer closes its %d idle connections", holder, s.Total)
-			}
-		}
+		phase = h.sayStatus(ctx, id, holder, phase)
 		o, err := h.lock.Get(ctx)
 		if err != nil {
 			continue
@@ -244,7 +234,13 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 				h.say.line("the VIP is on %s", cur)
 			}
 		case newOwner != "" && cur == newOwner && o.Revision > firstRev:
-			h.say.line("%s renews the lock: done in %v", newOwner, time.Since(start).Round(time.Millisecond))
+			took := time.Since(start)
+			// The old holder reports how it let go on its next poll of
+			// the records (every 250 ms): wait for that line a moment.
+			for end := time.Now().Add(time.Second); phase != "released" && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				phase = h.sayStatus(ctx, id, holder, phase)
+			}
+			h.say.line("%s renews the lock: done in %v", newOwner, took.Round(time.Millisecond))
 			if hold {
 				return h.hold(ctx, node, holdFor)
 			}
@@ -253,6 +249,26 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 			newOwner, firstRev = "", 0 // moved again; follow it
 		}
 	}
+}
+
+// sayStatus prints the old holder's report on request id when its phase
+// differs from the last printed, and returns the phase.
+func (h *handoffRun) sayStatus(ctx context.Context, id, holder, last string) string {
+	s, err := h.store.StatusOf(ctx, id)
+	if err != nil || s == nil || s.Phase == last {
+		return last
+	}
+	switch {
+	case s.Phase == "draining":
+		h.say.line("%s waits for a quiet moment: %d of its %d proxied connections are in an exchange", holder, s.Busy, s.Total)
+	case s.ForcedAfter > 0:
+		h.say.line("%s gave the VIP up after %v without a quiet moment (%d of %d connections busy) at %s", holder, s.ForcedAfter.Round(time.Millisecond), s.Busy, s.Total, s.At.Format("15:04:05.000"))
+	case s.Total == 0:
+		h.say.line("%s gave the VIP up at %s (no connection through its load balancer)", holder, s.At.Format("15:04:05.000"))
+	default:
+		h.say.line("%s gave the VIP up at %s, with none of its %d proxied connections in an exchange; it closes them, and their clients reconnect", holder, s.At.Format("15:04:05.000"), s.Total)
+	}
+	return s.Phase
 }
 
 func (h *handoffRun) hold(ctx context.Context, node string, d time.Duration) error {

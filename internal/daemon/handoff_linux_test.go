@@ -1,0 +1,74 @@
+package daemon
+
+import (
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// The real binaries: vigil handoff refuses while no peer runs vigil, then
+// moves the VIP from n1 to n2 and, with --hold, keeps n1 out even when n2
+// stops; --release lets it campaign again.
+func TestHandoffCommand(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdOn(t, p.A, "192.0.2.1")
+	vigil := nstest.Binary(t, "vigil")
+	handoff := func(args ...string) (string, int) {
+		t.Helper()
+		var out bytes.Buffer
+		cmd := exec.Command("ip", append([]string{"netns", "exec", p.A, vigil, "handoff", "--etcd-endpoints", "http://127.0.0.1:2379", "--node-name", "n1", "--timeout", "20s"}, args...)...)
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := runWithin(cmd, 40*time.Second)
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), code
+	}
+	startIn(t, p.A, "vigil-n1.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "a0",
+		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
+	waitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
+
+	// Alone: refused, nothing changes.
+	out, code := handoff()
+	if code != 1 || !strings.Contains(out, "no healthy peer") {
+		t.Fatalf("handoff without a peer: exit %d\n%s", code, out)
+	}
+	if !hasVIP(t, p.A) || lockHolder(t, p.A) != "n1" {
+		t.Fatal("a refused handoff moved the VIP")
+	}
+
+	n2 := startIn(t, p.B, "vigil-n2.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
+		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
+	time.Sleep(3 * time.Second) // n2 publishes its first views
+	out, code = handoff("--to", "n2", "--hold", "--hold-for", "5m")
+	t.Logf("vigil handoff --to n2 --hold:\n%s", out)
+	if code != 0 || !strings.Contains(out, "n2 renews the lock: done in") || !strings.Contains(out, "n1 is held out of the election until") {
+		t.Fatalf("handoff: exit %d", code)
+	}
+	if hasVIP(t, p.A) || !hasVIPOn(t, p.B, "b0") || lockHolder(t, p.A) != "n2" {
+		t.Fatal("the VIP did not move to n2")
+	}
+
+	// n2 goes: n1 is held and must not take the VIP.
+	_ = n2.Process.Kill()
+	time.Sleep(4 * time.Second) // several lease durations
+	if hasVIP(t, p.A) {
+		t.Fatal("held n1 took the VIP")
+	}
+	out, code = handoff("--release")
+	if code != 0 || !strings.Contains(out, "released the hold on n1") {
+		t.Fatalf("release: exit %d\n%s", code, out)
+	}
+	waitFor(t, 10*time.Second, "n1 to take the VIP once released", func() bool { return hasVIP(t, p.A) })
+}
+
+func hasVIPOn(t *testing.T, ns, dev string) bool {
+	return strings.Contains(nstest.IP(t, "-n", ns, "addr", "show", "dev", dev), " "+testVIP+"/")
+}
