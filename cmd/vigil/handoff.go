@@ -262,11 +262,11 @@ func (h *handoffRun) sayStatus(ctx context.Context, id, holder, last string) str
 	case s.Phase == "draining":
 		h.say.line("%s waits for a quiet moment: %d of its %d proxied connections are in an exchange", holder, s.Busy, s.Total)
 	case s.ForcedAfter > 0:
-		h.say.line("%s gave the VIP up after %v without a quiet moment (%d of %d connections busy) at %s", holder, s.ForcedAfter.Round(time.Millisecond), s.Busy, s.Total, s.At.Format("15:04:05.000"))
+		h.say.line("%s gave the VIP up after %v without a quiet moment (%d of %d connections busy) at %s", holder, s.ForcedAfter.Round(time.Millisecond), s.Busy, s.Total, s.At.Format("15:04:05.000000"))
 	case s.Total == 0:
-		h.say.line("%s gave the VIP up at %s (no connection through its load balancer)", holder, s.At.Format("15:04:05.000"))
+		h.say.line("%s gave the VIP up at %s (no connection through its load balancer)", holder, s.At.Format("15:04:05.000000"))
 	default:
-		h.say.line("%s gave the VIP up at %s, with none of its %d proxied connections in an exchange; it closes them, and their clients reconnect", holder, s.At.Format("15:04:05.000"), s.Total)
+		h.say.line("%s gave the VIP up at %s, with none of its %d proxied connections in an exchange; it closes them, and their clients reconnect", holder, s.At.Format("15:04:05.000000"), s.Total)
 	}
 	return s.Phase
 }

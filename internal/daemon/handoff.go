@@ -54,9 +54,10 @@ const (
 	statusTTL = 10 * time.Minute
 )
 
-// busyCounter is lb.Balancer.Busy.
+// busyCounter is what handoffs needs of the load balancer.
 type busyCounter interface {
 	Busy(quiet time.Duration) (busy, total int)
+	CloseAll(reason string)
 }
 
 func newHandoffs(store *handoff.Store, self string, bal *lb.Balancer, leading func() bool, log *slog.Logger) *handoffs {
@@ -180,6 +181,13 @@ func (h *handoffs) handOff() (string, bool) {
 	}
 	h.note(st)
 	h.released = r.ID
+	if h.bal != nil {
+		// Now, at the quiet moment, before the VIP goes: each client
+		// learns of the close within a round trip and sends its next
+		// request on a new connection, to the new holder. Closed any
+		// later, a request sent meanwhile would be cut.
+		h.bal.CloseAll("handoff")
+	}
 	h.log.Info("handing the VIP off", "id", r.ID, "to", r.To, "connections", total, "waited", waited.Round(time.Millisecond))
 	return reason, true
 }

@@ -154,9 +154,10 @@ func TestHandoffMovesTheLock(t *testing.T) {
 	t.Logf("held %s: the VIP went to %s, and back once released", to, next)
 }
 
-type fakeBusy struct{ busy, total int }
+type fakeBusy struct{ busy, total, closed int }
 
 func (f *fakeBusy) Busy(time.Duration) (int, int) { return f.busy, f.total }
+func (f *fakeBusy) CloseAll(string)               { f.closed++ }
 
 // The holder named in a request waits for a quiet moment, reporting
 // "draining", and gives up waiting after handoffDrainMax; a candidate
@@ -179,6 +180,9 @@ func TestHandOffDrains(t *testing.T) {
 	}
 	if h.status == nil || h.status.Phase != "released" || h.status.ForcedAfter != 0 {
 		t.Fatalf("status %+v, want released", h.status)
+	}
+	if fb.closed != 1 {
+		t.Fatalf("connections closed %d times at the release, want once", fb.closed)
 	}
 	// A new request, never quiet: released after handoffDrainMax.
 	h.set(handoff.State{Request: &handoff.Request{ID: "r2", From: "a"}})

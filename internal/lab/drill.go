@@ -272,6 +272,7 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 		defer func() {
 			res := kac.stop()
 			res.Output = d.handoff
+			res.classify(time.Now())
 			r.Handoff = &res
 		}()
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -32,21 +33,67 @@ type HandoffResult struct {
 	// Requests were sent by the keep-alive clients during the drill.
 	Requests int `json:"requests"`
 	// LostInFlight counts requests that failed on a connection that had
-	// carried earlier requests, after the request was written: the
-	// connection was cut with the request in flight.
-	LostInFlight int `json:"lostInFlight"`
+	// carried earlier requests, written before the old holder let go (the
+	// time vigil handoff prints): the connection was cut with the request
+	// in flight. LostRacingClose counts those written after it: the
+	// connection was idle when the old holder closed it, and the client
+	// sent on it before it saw the close (the race of every server that
+	// closes an idle keep-alive connection; clients retry idempotent
+	// requests on it).
+	LostInFlight    int `json:"lostInFlight"`
+	LostRacingClose int `json:"lostRacingClose"`
+	// Released is when the old holder let go, from vigil handoff's output.
+	Released time.Time `json:"released,omitempty"`
 	// FailedNew counts requests that failed on a new connection (the VIP
 	// moving under the dial); IdleClosed counts connections that ended
 	// between requests, cleanly, and were replaced.
 	FailedNew  int      `json:"failedNew"`
 	Conns      int      `json:"conns"`
 	FirstLosts []string `json:"firstLosts,omitempty"`
+	// FirstFailedNew are the first failures on new connections.
+	FirstFailedNew []string `json:"firstFailedNew,omitempty"`
+
+	lost []time.Time // when each lost request was written
+}
+
+var releasedAt = regexp.MustCompile(`gave the VIP up (?:after \S+ without a quiet moment \(.*\) )?at (\d\d:\d\d:\d\d\.\d+)`)
+
+// classify splits the lost requests at the release time that vigil
+// handoff printed (a time of day, on day).
+func (h *HandoffResult) classify(day time.Time) {
+	for _, line := range h.Output {
+		m := releasedAt.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		t, err := time.ParseInLocation("15:04:05.000000", m[1], time.Local)
+		if err != nil {
+			continue
+		}
+		y, mo, d := day.Date()
+		h.Released = time.Date(y, mo, d, t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.Local)
+	}
+	if h.Released.IsZero() {
+		h.LostInFlight = len(h.lost) // no release time: count every loss as in flight
+		return
+	}
+	h.LostInFlight, h.LostRacingClose = 0, 0
+	for _, w := range h.lost {
+		if w.Before(h.Released) {
+			h.LostInFlight++
+		} else {
+			h.LostRacingClose++
+		}
+	}
 }
 
 func (h HandoffResult) String() string {
-	s := fmt.Sprintf("keep-alive clients: %d requests on %d connections, %d lost in flight, %d failed on a new connection", h.Requests, h.Conns, h.LostInFlight, h.FailedNew)
+	s := fmt.Sprintf("keep-alive clients: %d requests on %d connections; lost: %d in flight, %d sent on a connection closed while idle; %d failed on a new connection", h.Requests, h.Conns, h.LostInFlight, h.LostRacingClose, h.FailedNew)
 	for _, e := range h.FirstLosts {
 		s += "\n      lost: " + e
+	}
+	for _, e := range h.FirstFailedNew {
+		s += "\n      failed on a new connection: " + e
 	}
 	for _, o := range h.Output {
 		s += "\n      vigil handoff: " + o
@@ -113,9 +160,10 @@ func (l *Lab) startKeepAliveClients(port int) (*keepAliveClients, error) {
 // reused connection) and records how it went.
 func (k *keepAliveClients) one(ctx context.Context, c *http.Client, url string) {
 	var reused, wrote bool
+	var wroteAt time.Time
 	trace := &httptrace.ClientTrace{
 		GotConn:      func(i httptrace.GotConnInfo) { reused = i.Reused },
-		WroteRequest: func(httptrace.WroteRequestInfo) { wrote = true },
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote, wroteAt = true, time.Now() },
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, url, strings.NewReader("{}"))
 	if err != nil {
@@ -138,12 +186,15 @@ func (k *keepAliveClients) one(ctx context.Context, c *http.Client, url string) 
 	switch {
 	case err == nil:
 	case reused && wrote:
-		k.res.LostInFlight++
+		k.res.lost = append(k.res.lost, wroteAt)
 		if len(k.res.FirstLosts) < 3 {
-			k.res.FirstLosts = append(k.res.FirstLosts, fmt.Sprintf("%s %v", time.Now().Format("15:04:05.000"), err))
+			k.res.FirstLosts = append(k.res.FirstLosts, fmt.Sprintf("written %s, failed %s: %v", wroteAt.Format("15:04:05.000000"), time.Now().Format("15:04:05.000000"), err))
 		}
 	default:
 		k.res.FailedNew++
+		if len(k.res.FirstFailedNew) < 3 {
+			k.res.FirstFailedNew = append(k.res.FirstFailedNew, fmt.Sprintf("%s (reused %v, written %v): %v", time.Now().Format("15:04:05.000000"), reused, wrote, err))
+		}
 	}
 }
 

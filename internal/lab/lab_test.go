@@ -86,6 +86,15 @@ func TestDrills(t *testing.T) {
 				if kind != DrillReplaceNode && r.After != r.Before {
 					t.Fatalf("the VIP moved from %s to %s during a planned replacement", r.Before, r.After)
 				}
+			case DrillHandoff:
+				// A planned move: to another node, in well under a lease
+				// duration (bench/handoff records the figures), through
+				// vigil handoff's steps.
+				h := r.Handoff
+				if h == nil || r.After == r.Before || r.OutageMillis > 500 || h.Requests < 100 || h.Released.IsZero() ||
+					!slices.ContainsFunc(h.Output, func(l string) bool { return strings.Contains(l, "renews the lock: done in") }) {
+					t.Fatalf("handoff: VIP %s -> %s, outage %.0fms, %+v", r.Before, r.After, r.OutageMillis, h)
+				}
 			case DrillScaleWorkers:
 				// OK() covered restarts, errors outside the failover
 				// windows, missing keys and the watch; here: the workers

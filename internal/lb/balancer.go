@@ -194,10 +194,14 @@ type proxyConn struct {
 // client sent after the backend last answered, less than inFlight ago (a
 // request in flight; a client that sent last long ago waits on a stream,
 // as a watch whose client acknowledged the last event does), a byte moved
-// within quiet, or a bulk transfer runs.
+// within quiet, a bulk transfer runs, or the kernel holds bytes of the
+// exchange (see queued).
 func (c *proxyConn) busy(now int64, quiet time.Duration) bool {
 	up, down := c.lastUp.Load(), c.lastDown.Load()
-	return (up > down && now-up < int64(inFlight)) || now-max(up, down) < int64(quiet) || c.bulk.Load() > 0
+	if (up > down && now-up < int64(inFlight)) || now-max(up, down) < int64(quiet) || c.bulk.Load() > 0 {
+		return true
+	}
+	return queued(c.client, false) || queued(c.server, true)
 }
 
 // inFlight bounds how long a client's unanswered bytes count as a request
@@ -528,16 +532,19 @@ func (b *Balancer) CloseAll(reason string) {
 func (b *Balancer) Busy(quiet time.Duration) (busy, total int) {
 	now := time.Now().UnixNano()
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	var conns []*proxyConn
 	for _, be := range b.pool.m {
 		for c := range be.conns {
-			total++
-			if c.busy(now, quiet) {
-				busy++
-			}
+			conns = append(conns, c)
 		}
 	}
-	return busy, total
+	b.mu.Unlock()
+	for _, c := range conns { // the kernel queues outside the lock
+		if c.busy(now, quiet) {
+			busy++
+		}
+	}
+	return busy, len(conns)
 }
 
 // BackendInfo describes one backend for status output.
