@@ -1,0 +1,97 @@
+package handoff
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...) }
+
+func TestRules(t *testing.T) {
+	now := time.Now()
+	st := State{Request: &Request{ID: "r", From: "a", To: "b"}, Holds: map[string]Hold{"c": {Node: "c", Until: now.Add(time.Minute)}, "d": {Node: "d", Until: now.Add(-time.Second)}}}
+	for node, want := range map[string]bool{"a": true, "b": false, "c": true, "e": true} {
+		if _, y := st.Yield(node); y != want {
+			t.Errorf("Yield(%s) = %v, want %v", node, y, want)
+		}
+	}
+	st.Request.To = ""
+	if _, y := st.Yield("c"); y {
+		t.Error("without --to, a peer stands by")
+	}
+	if st.Eligible("c", now) == nil || st.Eligible("d", now) != nil || st.Eligible("a", now) != nil {
+		t.Error("holds: c held, d expired, a free")
+	}
+}
+
+// One request at a time; End removes only its own request; holds come
+// and go; records on etcd leases expire by themselves.
+func TestStore(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: e.Endpoints}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	s := NewStore(cl, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Begin(ctx, Request{ID: "r1", From: "a"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Begin(ctx, Request{ID: "r2", From: "b"}, time.Minute); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second Begin = %v, want ErrBusy", err)
+	}
+	if err := s.End(ctx, "r2"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Read(ctx); err != nil || st.Request == nil || st.Request.ID != "r1" {
+		t.Fatalf("End of another request removed r1: %+v, %v", st.Request, err)
+	}
+	if err := s.Report(ctx, Status{ID: "r1", Phase: "released"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.StatusOf(ctx, "r1"); err != nil || st == nil || st.Phase != "released" {
+		t.Fatalf("StatusOf = %+v, %v", st, err)
+	}
+	if err := s.End(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Read(ctx); st.Request != nil {
+		t.Fatalf("request after End: %+v", st.Request)
+	}
+	if st, _ := s.StatusOf(ctx, "r1"); st != nil {
+		t.Fatalf("status after End: %+v", st)
+	}
+
+	if err := s.PutHold(ctx, Hold{Node: "c", Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Read(ctx); st.Eligible("c", time.Now()) == nil {
+		t.Fatal("c not held")
+	}
+	if had, err := s.Release(ctx, "c"); err != nil || !had {
+		t.Fatalf("Release = %v, %v", had, err)
+	}
+	if had, _ := s.Release(ctx, "c"); had {
+		t.Fatal("released twice")
+	}
+	// A request of a command that died ends with its lease.
+	if err := s.Begin(ctx, Request{ID: "r3", From: "a"}, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.Retry(t, 10*time.Second, "the request's lease to expire", func() error {
+		if st, err := s.Read(ctx); err != nil || st.Request != nil {
+			return errors.New("still there")
+		}
+		return nil
+	})
+}
