@@ -28,23 +28,30 @@ type Status struct {
 // the existing connections, and returns the answers that arrived before ctx
 // ended.
 func (c *Cluster) StatusAll(ctx context.Context) []Status {
+	return eachMember(c, func(m *Member) (Status, bool) {
+		st, err := m.status(ctx)
+		return st, err == nil
+	})
+}
+
+// eachMember runs f on every connected member in parallel and returns the
+// results it kept (ok), in no particular order.
+func eachMember[T any](c *Cluster, f func(*Member) (T, bool)) []T {
 	members := c.Members()
-	ch := make(chan Status, len(members))
+	ch := make(chan T, len(members))
 	var wg sync.WaitGroup
 	for _, m := range members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if st, err := m.status(ctx); err == nil {
-				ch <- st
+		wg.Go(func() {
+			if v, ok := f(m); ok {
+				ch <- v
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(ch)
-	var out []Status
-	for s := range ch {
-		out = append(out, s)
+	var out []T
+	for v := range ch {
+		out = append(out, v)
 	}
 	return out
 }
@@ -257,31 +264,18 @@ func VoterLabel(name string, id uint64) string {
 // unequal"), so its start-up command is printed only once every member
 // knows it.
 func (c *Cluster) Unaware(ctx context.Context, id uint64) []string {
-	members := c.Members()
-	ch := make(chan string, len(members))
-	var wg sync.WaitGroup
-	for _, m := range members {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := m.Client.MemberList(ctx, clientv3.WithSerializable())
-			if err != nil {
-				return
+	out := eachMember(c, func(m *Member) (string, bool) {
+		resp, err := m.Client.MemberList(ctx, clientv3.WithSerializable())
+		if err != nil {
+			return "", false
+		}
+		for _, x := range resp.Members {
+			if x.ID == id {
+				return "", false
 			}
-			for _, x := range resp.Members {
-				if x.ID == id {
-					return
-				}
-			}
-			ch <- m.Endpoint
-		}()
-	}
-	wg.Wait()
-	close(ch)
-	var out []string
-	for ep := range ch {
-		out = append(out, ep)
-	}
+		}
+		return m.Endpoint, true
+	})
 	sort.Strings(out)
 	return out
 }

@@ -508,16 +508,22 @@ func (b *Balancer) SetServing(on bool) {
 	}
 }
 
-// CloseAll closes every established connection.
-func (b *Balancer) CloseAll(reason string) {
+// proxied returns every established connection.
+func (b *Balancer) proxied() []*proxyConn {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	var conns []*proxyConn
 	for _, be := range b.pool.m {
 		for c := range be.conns {
 			conns = append(conns, c)
 		}
 	}
-	b.mu.Unlock()
+	return conns
+}
+
+// CloseAll closes every established connection.
+func (b *Balancer) CloseAll(reason string) {
+	conns := b.proxied()
 	if len(conns) > 0 {
 		b.log.Info("closing all proxied connections", "reason", reason, "connections", len(conns))
 	}
@@ -531,15 +537,8 @@ func (b *Balancer) CloseAll(reason string) {
 // would lose it.
 func (b *Balancer) Busy(quiet time.Duration) (busy, total int) {
 	now := time.Now().UnixNano()
-	b.mu.Lock()
-	var conns []*proxyConn
-	for _, be := range b.pool.m {
-		for c := range be.conns {
-			conns = append(conns, c)
-		}
-	}
-	b.mu.Unlock()
-	for _, c := range conns { // the kernel queues outside the lock
+	conns := b.proxied()
+	for _, c := range conns { // the kernel queues are read outside the lock
 		if c.busy(now, quiet) {
 			busy++
 		}
