@@ -52,6 +52,10 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"agent", "--config", agentConf}, "unknown key agent.healthIntervall"},
 		{[]string{"agent", "--config", serverOnly}, "must be an https URL"}, // the file's value reaches the check
 		{[]string{"config", "print-defaults", "extra"}, "unknown command"},
+		{[]string{"handoff", "--hold", "--release"}, "--hold and --release exclude each other"},
+		{[]string{"handoff", "--timeout", "0s"}, "--timeout 0s must be positive"},
+		{[]string{"handoff", "--hold", "--to", "cp1", "--node-name", "cp1"}, "--to cp1 is the node --hold keeps out"},
+		{[]string{"members", "preflight", "-o", "yaml"}, "use table or json"},
 		{[]string{"agent", "--server", "10.0.0.100:6443"}, "must be an https URL"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--etcd-listen", "127.0.0.1:2379"}, "needs --etcd-endpoints"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--cache-dir", cache, "--apiserver-listen", apiAddr,
