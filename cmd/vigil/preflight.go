@@ -116,12 +116,11 @@ func (f *etcdFlags) fixFlags() string {
 	if !slices.Equal(f.endpoints, []string{"https://127.0.0.1:2379"}) {
 		parts = append(parts, "--etcd-endpoints "+strings.Join(f.endpoints, ","))
 	}
-	for flag, v := range map[string]string{"--etcd-cacert": f.ca, "--etcd-cert": f.cert, "--etcd-key": f.key} {
-		if v != "" {
-			parts = append(parts, flag+" "+v)
+	for _, fv := range [][2]string{{"--etcd-cacert", f.ca}, {"--etcd-cert", f.cert}, {"--etcd-key", f.key}} {
+		if fv[1] != "" {
+			parts = append(parts, fv[0]+" "+fv[1])
 		}
 	}
-	slices.Sort(parts[min(1, len(parts)):]) // endpoints first, the files in a stable order
 	return strings.Join(parts, " ")
 }
 

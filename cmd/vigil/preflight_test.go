@@ -147,3 +147,18 @@ func TestMembersPreflight(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// The fix commands repeat the connection flags in one order, whatever is
+// given.
+func TestFixFlagsOrder(t *testing.T) {
+	f := etcdFlags{endpoints: []string{"https://127.0.0.1:2379"}, ca: "ca.crt", cert: "c.crt", key: "c.key"}
+	for range 20 {
+		if got := f.fixFlags(); got != "--etcd-cacert ca.crt --etcd-cert c.crt --etcd-key c.key" {
+			t.Fatalf("fixFlags = %q", got)
+		}
+	}
+	f.endpoints = []string{"https://10.0.0.1:2379"}
+	if got := f.fixFlags(); got != "--etcd-endpoints https://10.0.0.1:2379 --etcd-cacert ca.crt --etcd-cert c.crt --etcd-key c.key" {
+		t.Fatalf("fixFlags = %q", got)
+	}
+}
