@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Where does a balancer spend per connection? In the bench lab, ROUNDS
 # rounds (default 3), in turn for vigil's balancer (VIP:7443), a minimal Go
-# proxy (bench/lb/miniproxy, VIP:9443) and HAProxy with kubeadm's recipe
-# (VIP:8443), all on the VIP holder over the same three backends: 8 clients
+# proxy (bench/lb/miniproxy, VIP:9443), a minimal Go epoll event loop
+# (bench/lb/eproxy, VIP:9543) and HAProxy with kubeadm's recipe (VIP:8443),
+# all on the VIP holder over the same three backends: 8 clients
 # open connections for 8 s (vigil-lab loadgen --mode conns), and the
 # balancer's CPU time (utime+stime from /proc) and context switches (every
-# thread's) are read before and after. Prints and keeps, in
-# results/<timestamp>-cpu/, connections per second, CPU µs per connection
-# and context switches per connection.
+# thread's) are read before and after; then one client opens connections
+# one after another for 3 s (--mode connect) for the new-connection
+# latency. Prints and keeps, in results/<timestamp>-cpu/, connections per
+# second, CPU µs and context switches per connection, and connect p50.
 # Usage, as root: bash bench/lb/cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/deps.sh ip haproxy jq
 hack/build.sh
 GOTOOLCHAIN=local CGO_ENABLED=0 go build -o bin/miniproxy ./bench/lb/miniproxy
+GOTOOLCHAIN=local CGO_ENABLED=0 go build -o bin/eproxy ./bench/lb/eproxy
 ROUNDS=${ROUNDS:-3}
 out=bench/lb/results/$(date -u +%Y%m%d-%H%M%S)-cpu
 mkdir -p "$out"
@@ -53,6 +56,10 @@ haproxy_pid=$!
 ip netns exec "vlab-$holder" bin/miniproxy "$vip:9443" $backends >/dev/null 2>&1 &
 pids+=($!)
 mini_pid=$!
+# shellcheck disable=SC2086
+ip netns exec "vlab-$holder" bin/eproxy "$vip:9543" $backends >/dev/null 2>&1 &
+pids+=($!)
+eproxy_pid=$!
 sleep 3
 ctxsw() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }'; }
 cpu() { awk '{ print $14 + $15 }' /proc/"$1"/stat; }
@@ -63,28 +70,30 @@ measure() { # name pid port
   ip netns exec vlab-cl $lab loadgen --mode conns --target "$vip:$3" --workers 8 --duration 8s > "$out/load.json"
   c1=$(ctxsw "$2"); t1=$(cpu "$2")
   n=$(jq .count "$out/load.json")
-  jq -n --arg name "$1" --argjson round "$round" --argjson n "$n" --argjson ps "$(jq .perSecond "$out/load.json")" \
+  ip netns exec vlab-cl $lab loadgen --mode connect --target "$vip:$3" --duration 3s > "$out/connect.json"
+  jq -n --argjson p50 "$(jq '.p50us | round' "$out/connect.json")"  --arg name "$1" --argjson round "$round" --argjson n "$n" --argjson ps "$(jq .perSecond "$out/load.json")" \
     --argjson cpu "$(( (t1 - t0) * 1000000 / hz ))" --argjson cs "$((c1 - c0))" \
-    '{target: $name, round: $round, conns: $n, perSecond: ($ps | round), cpuMicrosPerConn: ($cpu / $n | round), ctxSwitchesPerConn: ($cs / $n * 100 | round / 100)}'
+    '{target: $name, round: $round, conns: $n, perSecond: ($ps | round), cpuMicrosPerConn: ($cpu / $n | round), ctxSwitchesPerConn: ($cs / $n * 100 | round / 100), connectP50us: $p50}'
 }
 for round in $(seq 1 "$ROUNDS"); do
   measure vigil "$vigil_pid" 7443
   measure miniproxy "$mini_pid" 9443
+  measure eproxy "$eproxy_pid" 9543
   measure haproxy "$haproxy_pid" 8443
 done | jq -s . > "$out/results.json"
-rm -f "$out/load.json"
+rm -f "$out/load.json" "$out/connect.json"
 echo "ROUNDS=$ROUNDS bash bench/lb/cpu.sh" > "$out/command"
 { uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; } > "$out/machine"
 {
-  echo "| target | round | conns/s | CPU µs per connection | context switches per connection |"
-  echo "|---|---|---|---|---|"
-  jq -r '.[] | "| \(.target) | \(.round) | \(.perSecond) | \(.cpuMicrosPerConn) | \(.ctxSwitchesPerConn) |"' "$out/results.json"
+  echo "| target | round | conns/s | CPU µs per connection | context switches per connection | connect p50 µs |"
+  echo "|---|---|---|---|---|---|"
+  jq -r '.[] | "| \(.target) | \(.round) | \(.perSecond) | \(.cpuMicrosPerConn) | \(.ctxSwitchesPerConn) | \(.connectP50us) |"' "$out/results.json"
   echo
   echo "Medians:"
   echo
-  echo "| target | conns/s | CPU µs per connection | context switches per connection |"
-  echo "|---|---|---|---|"
+  echo "| target | conns/s | CPU µs per connection | context switches per connection | connect p50 µs |"
+  echo "|---|---|---|---|---|"
   jq -r 'def median: sort | .[(length - 1) / 2 | floor];
-    group_by(.target)[] | "| \(.[0].target) | \(map(.perSecond) | median) | \(map(.cpuMicrosPerConn) | median) | \(map(.ctxSwitchesPerConn) | median) |"' "$out/results.json"
+    group_by(.target)[] | "| \(.[0].target) | \(map(.perSecond) | median) | \(map(.cpuMicrosPerConn) | median) | \(map(.ctxSwitchesPerConn) | median) | \(map(.connectP50us) | median) |"' "$out/results.json"
 } > "$out/summary.md"
 cat "$out/summary.md"
