@@ -20,6 +20,7 @@ for cmd in "$@"; do
   case $cmd in
     ip) need+=(iproute2) ;;
     nft) need+=(nftables) ;;
+    bird) need+=(bird2) ;;
     *) need+=("$cmd") ;;
   esac
 done

@@ -7,12 +7,15 @@
 #   vigil-lease       default timings, --election kubernetes: a Lease through
 #                     each node's own real kube-apiserver (bin/, built by
 #                     hack/build-kube-apiserver.sh)
+#   vigil-bgp         default timings, --announce bgp: the client reaches the
+#                     VIP through a router namespace running BIRD 2, by the
+#                     holder's BGP host route (not in the default SETS)
 # COUNT runs of each drill, then MIXED consecutive mixed drills on vigil.
 # Every run is kept as JSON in results/<timestamp>/, with summary.md.
 # Usage, as root: bash bench/failover/run.sh   (COUNT=10 MIXED=50 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source hack/deps.sh ip keepalived jq
+source hack/deps.sh ip keepalived jq bird
 hack/build.sh
 COUNT=${COUNT:-10}
 MIXED=${MIXED:-50}
@@ -30,6 +33,7 @@ up_args() {
     keepalived) echo "--impl keepalived" ;;
     keepalived-tuned) echo "--impl keepalived-tuned" ;;
     vigil-lease) echo "--impl vigil --apiserver kube --election kubernetes" ;;
+    vigil-bgp) echo "--impl vigil --announce bgp" ;;
   esac
 }
 

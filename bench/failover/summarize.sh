@@ -14,7 +14,7 @@ cmd=$(cat "$out/command" 2>/dev/null || echo "bash bench/failover/run.sh")
   echo
   echo "| set | drill | runs | median ms | min ms | max ms | split brain | failed |"
   echo "|---|---|---|---|---|---|---|---|"
-  for set in vigil vigil-tuned keepalived keepalived-tuned vigil-lease; do
+  for set in vigil vigil-tuned keepalived keepalived-tuned vigil-lease vigil-bgp; do
     for d in kill-leader graceful partition-leader kill-etcd-leader kill-daemon mixed; do
       f="$out/$set-$d.json"
       [ -s "$f" ] || continue

@@ -35,6 +35,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.BoolVar(&s.VIPLink, "vip-link", false, "give every node a second link (vip0) on the bridge that carries only the VIP, so the VIP's link can fail while etcd's stays up (chaos turns it on)")
 	f.StringVar(&s.EtcdLogLevel, "etcd-log-level", "warn", "etcd's --log-level (debug, info, warn, error); info shows raft leader changes and peer removals in each node's etcd.log")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; the prune-* drills need it, and replace-node then waits for vigil to prune instead of running vigil members prune")
+	f.StringVar(&s.Announce, "announce", lab.AnnounceARP, "how vigil announces the VIP: arp (on the nodes' segment, with the client) or bgp (a router namespace running BIRD 2 between the nodes and the client, which reaches the VIP only by the holder's BGP route; docs/bgp.md)")
 	f.BoolVar(&s.Kubeadm, "kubeadm", false, "build a real kubeadm cluster: every node runs containerd and a kubelet, kubeadm init and join run through the VIP, and etcd, the control plane and vigil (written by vigil manifest pod) run as static pods from local images (hack/build-kube-images.sh builds them; --workers N adds kubeadm workers); docs/kubeadm.md")
 }
 
@@ -105,6 +106,9 @@ func printStatus(cmd *cobra.Command, l *lab.Lab, asJSON bool) error {
 		return writeJSON(out, r)
 	}
 	fmt.Fprintf(out, "impl %s  vip %s  holder %s  answering %s\n", r.Impl, r.VIP, strings.Join(r.Holders, ","), dash(r.Answering))
+	if r.Router != nil {
+		fmt.Fprintf(out, "router: forwards the VIP to %s; BGP routes from %s\n", dash(r.Router.NextHop), dash(strings.Join(r.Router.Learned, ",")))
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tIP\tLINK\tPROCESSES\tETCD FOLLOWS")
 	for i, n := range r.NodeStates {

@@ -67,6 +67,17 @@ naming the other. etcd being unreachable at start is not an error (with
 kubeadm it starts after vigil): vigil retries with backoff and never holds the
 VIP meanwhile.
 
+BGP (--announce bgp). For L3 networks, where the VIP is reached through
+routers: every node keeps a BGP session to each --bgp-peer, and only the
+holder advertises the VIP as a host route (/32 or /128), next hop its own
+address. It withdraws the route when it steps down, before the lock can be
+taken. A killed holder cannot withdraw; the next holder's route carries a
+lower MED than every earlier holder's, so routers prefer it at once, without
+waiting for the dead session's hold timer. Give the VIP as a host address on
+lo (--vip 10.0.0.100/32 --interface lo). A node with no established session
+does not campaign, and a holder that loses its last one steps down. See
+docs/bgp.md for router configuration.
+
 API servers. Every node health-checks every API server (HTTPS GET
 --health-path, default /readyz). The list is discovered (--discovery): from
 the etcd member list (each member's client URL host with --backend-port),
@@ -153,7 +164,11 @@ any rights. See docs/kubeadm.md.`,
 	f.DurationVar(&cfg.LeaseDuration, "lease-duration", election.DefaultLeaseDuration, "how long candidates wait, on their own clock, before taking an unrenewed lock; failover takes about this long")
 	f.DurationVar(&cfg.RenewDeadline, "renew-deadline", election.DefaultRenewDeadline, "the leader removes the VIP when no renewal succeeded for this long; must be at least 100ms below --lease-duration")
 	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads")
-	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements")
+	f.StringVar(&cfg.Announce, "announce", daemon.AnnounceARP, "how the holder makes the VIP reachable: arp (gratuitous ARP / unsolicited neighbour advertisements on --interface's segment) or bgp (a host route to every --bgp-peer; put the VIP on lo as a host address, see docs/bgp.md)")
+	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements (--announce arp)")
+	f.IntVar(&cfg.BGPLocalAS, "bgp-local-as", 0, "this node's AS number (--announce bgp; the same on every control-plane node, so routers compare their MEDs)")
+	f.StringVar(&cfg.BGPRouterID, "bgp-router-id", "", "BGP router ID, an IPv4 address unique per node (--announce bgp; default: this node's address towards the first --bgp-peer)")
+	f.StringArrayVar(&cfg.BGPPeers, "bgp-peer", nil, "a BGP neighbour, ADDRESS,AS[,password=SECRET][,port=N]; repeat the flag for each router (--announce bgp)")
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP (whole seconds), refreshed every 250ms by the holder: if vigil and its guard are stopped or killed together, the kernel drops the VIP after this; 0 disables")
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies (even by SIGKILL) or stops renewing its lease (SIGSTOP, starvation)")
 	f.StringVar(&cfg.GuardSocket, "guard-socket", "", "use the guard listening on this Unix socket (vigil guard --listen, the static pod's guard container) instead of a child: in a container vigil is PID 1 and a child dies with it")

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
@@ -60,7 +61,19 @@ type Config struct {
 	RenewDeadline time.Duration
 	RetryPeriod   time.Duration
 
+	// Announce is how the holder makes the VIP reachable: AnnounceARP
+	// (gratuitous ARP / unsolicited NA on Interface's segment) or
+	// AnnounceBGP (a host route to BGP peers; the VIP then sits on
+	// Interface, usually lo, as a host prefix).
+	Announce         string
 	AnnounceInterval time.Duration
+	// BGPLocalAS, BGPRouterID and BGPPeers configure the BGP speaker of
+	// AnnounceBGP (--bgp-peer strings, parsed by Validate into BGP).
+	BGPLocalAS  int
+	BGPRouterID string
+	BGPPeers    []string
+	// BGP is the speaker's configuration, filled in by Validate.
+	BGP bgp.Config
 	// VIPLifetime is the kernel lifetime of the VIP (see vip.DefaultLifetime);
 	// zero keeps it until removed.
 	VIPLifetime time.Duration
@@ -116,6 +129,12 @@ type Config struct {
 	// member, unless that Node is Ready (needs Kubeconfig).
 	PruneDeleteNode bool
 }
+
+// How the VIP is announced (--announce).
+const (
+	AnnounceARP = "arp"
+	AnnounceBGP = "bgp"
+)
 
 // Backend discovery sources (--discovery).
 const (
@@ -249,6 +268,9 @@ func (c *Config) Validate() error {
 	if err := c.validateLB(); err != nil {
 		return err
 	}
+	if err := c.validateAnnounce(); err != nil {
+		return err
+	}
 	if c.LockKey == "" {
 		c.LockKey = election.DefaultEtcdKey
 	}
@@ -256,6 +278,76 @@ func (c *Config) Validate() error {
 		c.EtcdMemberName = c.NodeName
 	}
 	return nil
+}
+
+// validateAnnounce checks --announce and the --bgp-* flags, and fills in
+// c.BGP.
+func (c *Config) validateAnnounce() error {
+	bgpFlags := c.BGPLocalAS != 0 || c.BGPRouterID != "" || len(c.BGPPeers) > 0
+	switch c.Announce {
+	case "", AnnounceARP:
+		c.Announce = AnnounceARP
+		if bgpFlags {
+			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", ErrConfig)
+		}
+		return nil
+	case AnnounceBGP:
+	default:
+		return fmt.Errorf("%w: unknown --announce %q (arp or bgp)", ErrConfig, c.Announce)
+	}
+	if c.VIP.Bits() != c.VIP.Addr().BitLen() {
+		return fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto --interface", ErrConfig, c.VIP, c.VIP.Addr(), c.VIP.Addr().BitLen())
+	}
+	if c.BGPLocalAS < 0 || c.BGPLocalAS > 4294967294 {
+		return fmt.Errorf("%w: --bgp-local-as %d: give this node's AS number, 1 to 4294967294", ErrConfig, c.BGPLocalAS)
+	}
+	cfg := bgp.Config{LocalAS: uint32(c.BGPLocalAS)}
+	for _, s := range c.BGPPeers {
+		p, err := bgp.ParsePeer(s)
+		if err != nil {
+			return bgpConfigErr(err)
+		}
+		cfg.Peers = append(cfg.Peers, p)
+	}
+	if c.BGPRouterID != "" {
+		a, err := netip.ParseAddr(c.BGPRouterID)
+		if err != nil {
+			return fmt.Errorf("%w: --bgp-router-id %q is not an IPv4 address", ErrConfig, c.BGPRouterID)
+		}
+		cfg.RouterID = a
+	} else if len(cfg.Peers) > 0 {
+		// The address this node reaches its first peer from: unique
+		// among the nodes, and what an operator would pick.
+		cfg.RouterID = sourceAddr(cfg.Peers[0].Address)
+		if !cfg.RouterID.Is4() {
+			return fmt.Errorf("%w: --bgp-router-id: this node has no IPv4 address towards %s to default to; give one", ErrConfig, cfg.Peers[0].Address)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return bgpConfigErr(err)
+	}
+	c.BGP = cfg
+	return nil
+}
+
+// bgpConfigErr rewraps a bgp.ErrInvalidConfig error as ErrConfig, saying
+// "invalid configuration" once.
+func bgpConfigErr(err error) error {
+	return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), bgp.ErrInvalidConfig.Error()+": "))
+}
+
+// sourceAddr is the local address the kernel would send from to reach
+// dst (no packet is sent); invalid when there is no route.
+func sourceAddr(dst netip.Addr) netip.Addr {
+	c, err := net.Dial("udp", netip.AddrPortFrom(dst, 179).String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	defer c.Close()
+	if ua, ok := c.LocalAddr().(*net.UDPAddr); ok {
+		return ua.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 // checkLeaseServer refuses a Lease election whose kubeconfig reaches the API

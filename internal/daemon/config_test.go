@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,5 +193,51 @@ func TestValidateKubernetesElection(t *testing.T) {
 	}
 	if _, err := kube.NewClient(bad); !errors.Is(err, kube.ErrConfig) {
 		t.Fatalf("kube.NewClient(garbage) err = %v, want kube.ErrConfig", err)
+	}
+}
+
+func TestValidateAnnounce(t *testing.T) {
+	bgpConfig := func() Config {
+		c := validConfig()
+		c.VIP = netip.MustParsePrefix("10.250.0.100/32")
+		c.Interface = "lo"
+		c.Announce = AnnounceBGP
+		c.BGPLocalAS = 65001
+		c.BGPRouterID = "10.250.0.11"
+		c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.253,65000,password=x"}
+		return c
+	}
+	c := bgpConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.BGP.Peers) != 2 || c.BGP.LocalAS != 65001 || c.BGP.RouterID != netip.MustParseAddr("10.250.0.11") || c.BGP.Peers[1].Password != "x" {
+		t.Fatalf("BGP config = %+v", c.BGP)
+	}
+	arp := validConfig()
+	if err := arp.Validate(); err != nil || arp.Announce != AnnounceARP {
+		t.Fatalf("default announce: %q, %v", arp.Announce, err)
+	}
+	bad := map[string]func(c *Config){
+		"need --announce bgp":     func(c *Config) { c.Announce = AnnounceARP },
+		"unknown --announce":      func(c *Config) { c.Announce = "ospf" },
+		"host address":            func(c *Config) { c.VIP = netip.MustParsePrefix("10.250.0.100/24") },
+		"--bgp-local-as":          func(c *Config) { c.BGPLocalAS = 0 },
+		"--bgp-local-as -1":       func(c *Config) { c.BGPLocalAS = -1 },
+		"not an IPv4 address":     func(c *Config) { c.BGPRouterID = "router1" },
+		"needs at least one":      func(c *Config) { c.BGPPeers = nil },
+		"no AS number":            func(c *Config) { c.BGPPeers = []string{"10.250.0.254"} },
+		"--bgp-peer 10.250.0.254": func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.254,65001"} },
+	}
+	for want, mutate := range bad {
+		c := bgpConfig()
+		mutate(&c)
+		err := c.Validate()
+		if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Validate() = %v", want, err)
+		}
+		if err != nil && strings.Count(err.Error(), "invalid") > 1 {
+			t.Errorf("%s: %q says invalid twice", want, err)
+		}
 	}
 }

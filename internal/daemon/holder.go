@@ -3,11 +3,13 @@ package daemon
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
@@ -22,9 +24,14 @@ import (
 // and in any case before stop returns. The parts are its fields; each does
 // one thing (vip.Keeper, announce, guardProc, raftShedder, conflicts).
 type holder struct {
-	keeper  *vip.Keeper
-	guard   *guardProc // nil with --guard=false
-	ann     *announce.Announcer
+	keeper *vip.Keeper
+	guard  *guardProc          // nil with --guard=false
+	ann    *announce.Announcer // nil with --announce bgp
+	// speaker advertises the VIP's host route with --announce bgp (nil
+	// otherwise); term is the election's transitions count at the start
+	// of this tenure, which sets the route's MED.
+	speaker *bgp.Speaker
+	term    func() int
 	bal     *lb.Balancer // nil without --lb-port
 	shedder *raftShedder // nil without --shed-raft-leadership or etcd
 	// handoffs holds this node out of the election while vigil handoff
@@ -94,7 +101,12 @@ func (h *holder) eligible() error {
 		}
 	}
 	if h.guard != nil {
-		return h.guard.Eligible()
+		if err := h.guard.Eligible(); err != nil {
+			return err
+		}
+	}
+	if h.speaker != nil {
+		return h.speaker.Eligible(context.Background())
 	}
 	return nil
 }
@@ -111,8 +123,17 @@ func (h *holder) start(ctx context.Context) {
 	defer h.mu.Unlock()
 	ctx, h.cancel = context.WithCancel(ctx)
 	h.since = time.Now()
-	h.group = announce.Start(ctx, h.ann, h.keeper.Valid)
-	h.conflicts.Kick()
+	if h.speaker != nil {
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		err := h.speaker.Advertise(actx, []netip.Addr{h.cfg.VIP.Addr()}, bgp.MED(h.term()))
+		cancel()
+		if err != nil {
+			h.log.Error("cannot advertise the VIP over BGP", "err", err)
+		}
+	} else {
+		h.group = announce.Start(ctx, h.ann, h.keeper.Valid)
+		h.conflicts.Kick()
+	}
 	if h.shedder != nil {
 		h.wg.Go(func() { h.shedder.Run(ctx) })
 	}
@@ -125,6 +146,12 @@ func (h *holder) stop(sd election.StepDown) {
 		// Somebody else may hold the VIP already: it goes before anything
 		// else, before any goroutine is waited for or any line logged.
 		_ = h.keeper.Release(reason)
+	}
+	if h.speaker != nil {
+		// Before the lock can be taken: the elector releases it only after
+		// this returns, and a lease that ran out has already cost the VIP
+		// above. The withdrawal is queued on every session here.
+		h.withdraw()
 	}
 	h.mu.Lock()
 	wasLeading := h.cancel != nil
@@ -160,6 +187,16 @@ func (h *holder) stop(sd election.StepDown) {
 		// not.
 		warn := sd.Cause != election.CauseShutdown && sd.Cause != election.CauseYield
 		h.events.Emit(warn, kube.ReasonSteppedDown, "%s stepped down and removed the VIP %s: %s", h.cfg.NodeName, h.cfg.VIP, reason)
+	}
+}
+
+// withdraw withdraws the VIP's route, bounded: a speaker that does not
+// answer must not hold up the step-down.
+func (h *holder) withdraw() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := h.speaker.Withdraw(ctx); err != nil {
+		h.log.Error("cannot withdraw the VIP's route; routers drop it when the session ends", "err", err)
 	}
 }
 

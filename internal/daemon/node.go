@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
@@ -64,11 +65,12 @@ type node struct {
 	log *slog.Logger
 	m   *nodeMetrics
 
-	ann       *announce.Announcer
-	bal       *lb.Balancer    // nil without --lb-port
-	metricsLn net.Listener    // nil without --metrics-address
-	checker   *health.Checker // health of the API servers
-	guard     *guardProc      // nil with --guard=false
+	ann       *announce.Announcer // nil with --announce bgp
+	speaker   *bgp.Speaker        // nil without --announce bgp
+	bal       *lb.Balancer        // nil without --lb-port
+	metricsLn net.Listener        // nil without --metrics-address
+	checker   *health.Checker     // health of the API servers
+	guard     *guardProc          // nil with --guard=false
 	etcd      *etcdcluster.Cluster
 	etcdLock  *election.EtcdLock // nil without etcd
 	kc        kubernetes.Interface
@@ -123,12 +125,20 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIP.Addr(), Interval: cfg.AnnounceInterval}, log); err != nil {
-		return nil, err
-	}
-	n.onClose(func() { n.ann.Close() })
-	if err := n.ann.Prepare(); err != nil {
-		log.Warn("cannot prepare announcements; will retry when leading", "err", err)
+	if cfg.Announce == AnnounceBGP {
+		if n.speaker, err = bgp.New(cfg.BGP, log); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		// Runs from Run; closed (CEASE to every peer) after the VIP is gone.
+		n.onClose(n.speaker.Close)
+	} else {
+		if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIP.Addr(), Interval: cfg.AnnounceInterval}, log); err != nil {
+			return nil, err
+		}
+		n.onClose(func() { n.ann.Close() })
+		if err := n.ann.Prepare(); err != nil {
+			log.Warn("cannot prepare announcements; will retry when leading", "err", err)
+		}
 	}
 	// A VIP left behind by a crash of this node must go before anything
 	// else: this process does not lead yet.
@@ -160,7 +170,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err := n.newDiscovery(); err != nil {
 		return nil, err
 	}
-	n.h = &holder{ann: n.ann, bal: n.bal, m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
+	n.h = &holder{ann: n.ann, speaker: n.speaker, bal: n.bal, m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
 	if cfg.ShedRaftLeadership && n.etcdLock != nil {
 		n.h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
 	}
@@ -173,7 +183,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		},
 		OnRestored: func() {
 			n.m.restored.Inc()
-			if n.h.keeper.Valid() {
+			if n.ann != nil && n.h.keeper.Valid() {
 				if err := n.ann.Once(); err != nil {
 					log.Warn("announcement failed", "err", err)
 				}
@@ -400,6 +410,7 @@ func (n *node) newElector() error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	n.el = el
+	h.term = func() int { return el.Status().Transitions }
 	h.conflicts = &conflicts{
 		iface: cfg.Interface, vip: cfg.VIP.Addr(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
 		total: n.m.conflicts, gauge: n.m.conflict,
@@ -435,7 +446,16 @@ func (n *node) Run(ctx context.Context) error {
 	if n.observer != nil {
 		wg.Go(func() { n.observer.Run(cctx) })
 	}
-	wg.Go(func() { h.conflicts.Run(cctx) })
+	if n.ann != nil {
+		// ARP probes for a second holder on the segment; with BGP the
+		// router's table is what counts, and the VIP is on no segment.
+		wg.Go(func() { h.conflicts.Run(cctx) })
+	}
+	if n.speaker != nil {
+		if err := n.speaker.Start(cctx); err != nil {
+			return err
+		}
+	}
 	if h.handoffs != nil {
 		wg.Go(func() { h.handoffs.Run(cctx) })
 	}

@@ -186,6 +186,9 @@ type Status struct {
 	Ineligible string
 	// Seen is when the lock was last read or renewed: how fresh Holder is.
 	Seen time.Time
+	// Transitions is the record's count of holder changes at the start of
+	// this node's tenure (while Leader): every later holder's is higher.
+	Transitions int
 }
 
 // Elector runs the election for one candidate.
@@ -482,6 +485,9 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 	}
 	e.mu.Lock()
 	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now(), HolderMAC: e.cfg.MAC, Seen: time.Now()}
+	if obs.Record != nil {
+		e.status.Transitions = obs.Record.Transitions
+	}
 	e.mu.Unlock()
 	e.log.Info("became leader", "revision", l.rev)
 	if cb := e.cfg.Callbacks.OnNewLeader; cb != nil {

@@ -415,7 +415,7 @@ func (c *chaos) stray(ctx context.Context, n *Node, r *FaultResult) error {
 	c.smp.exclude(n.Name)
 	defer c.smp.exclude("")
 	added := time.Now()
-	if err := ip(ctx, "-n", nodeNS(n.Name), "addr", "add", VIP.String(), "dev", c.l.st.Settings.vipIface()); err != nil {
+	if err := ip(ctx, "-n", nodeNS(n.Name), "addr", "add", c.l.st.Settings.vipPrefix().String(), "dev", c.l.st.Settings.vipIface()); err != nil {
 		return err
 	}
 	gone, err := waitVIPGone(ctx, c.d.w, n.Name, 5*time.Second)
@@ -444,7 +444,7 @@ func (c *chaos) linkDown(ctx context.Context, n *Node, hold time.Duration) error
 // cloned VM) and checks that it refuses to run and never holds the VIP.
 func (c *chaos) duplicate(ctx context.Context, n *Node, name string) error {
 	s := c.l.st.Settings
-	args := []string{"run", "--vip", VIP.String(), "--interface", s.vipIface(), "--node-name", name,
+	args := []string{"run", "--vip", s.vipPrefix().String(), "--interface", s.vipIface(), "--node-name", name,
 		"--etcd-endpoints", strings.Join(c.l.etcdEndpoints(), ","), "--metrics-address", ""}
 	out, code, err := c.l.runWithTimeout(ctx, n, 15*time.Second, c.l.vigilBin, args...)
 	switch {

@@ -66,10 +66,16 @@ type Settings struct {
 	// containerd and a kubelet, and kubeadm runs etcd, the control plane
 	// and vigil as static pods.
 	Kubeadm bool `json:"kubeadm,omitempty"`
+	// Announce is how vigil announces the VIP: AnnounceARP (default) or
+	// AnnounceBGP, through a router running BIRD (router.go).
+	Announce string `json:"announce,omitempty"`
 }
 
 // vipIface is the interface vigil puts the VIP on.
 func (s Settings) vipIface() string {
+	if s.bgp() {
+		return "lo"
+	}
 	if s.VIPLink {
 		return vipIface
 	}
@@ -141,6 +147,20 @@ func (s Settings) Validate() error {
 			return fmt.Errorf("lab: --kubeadm puts the load balancer on VIP:%d in front of the API servers on %d; drop --lb-port and --backend-port", APIServerPort, APIServerPort)
 		}
 	}
+	switch s.Announce {
+	case "", AnnounceARP:
+	case AnnounceBGP:
+		switch {
+		case s.Impl != ImplVigil:
+			return fmt.Errorf("lab: --announce bgp needs --impl vigil")
+		case s.Kubeadm:
+			return fmt.Errorf("lab: --kubeadm does not support --announce bgp")
+		case s.VIPLink:
+			return fmt.Errorf("lab: --announce bgp does not support --vip-link (the VIP sits on lo)")
+		}
+	default:
+		return fmt.Errorf("lab: unknown --announce %q (arp or bgp)", s.Announce)
+	}
 	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
 		if p < 0 || p > 65535 {
 			return fmt.Errorf("lab: %s %d is out of range", flag, p)
@@ -167,6 +187,8 @@ type state struct {
 	Retired []int `json:"retired,omitempty"`
 	// Workers run vigil agent and the worker clients (no etcd, no VIP).
 	Workers []*Node `json:"workers,omitempty"`
+	// Router is the routed lab's router (--announce bgp), for its BIRD.
+	Router *Node `json:"router,omitempty"`
 }
 
 // Config locates the lab's files and binaries.
@@ -242,6 +264,13 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 			return err
 		}
 	}
+	if s.bgp() {
+		for _, bin := range []string{"bird", "birdc"} {
+			if _, err := exec.LookPath(bin); err != nil {
+				return errors.New("lab: --announce bgp needs BIRD 2 (apt-get install bird2)")
+			}
+		}
+	}
 	if s.Impl != ImplVigil {
 		if _, err := exec.LookPath("keepalived"); err != nil {
 			return errors.New("lab: keepalived is not installed (apt-get install keepalived)")
@@ -267,7 +296,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if err := createSwitch(ctx); err != nil {
 		return err
 	}
-	if err := createHost(ctx, "cl", clientIP); err != nil {
+	if s.bgp() {
+		if err := createRoutedClient(ctx); err != nil {
+			return err
+		}
+	} else if err := createHost(ctx, "cl", clientIP); err != nil {
 		return err
 	}
 	ca, err := l.newPKI()
@@ -298,6 +331,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if err := l.save(); err != nil {
 		return err
 	}
+	if s.bgp() {
+		if err := l.startRouter(); err != nil {
+			return err
+		}
+	}
 	for _, n := range l.st.Nodes {
 		if err := l.startNode(n); err != nil {
 			return err
@@ -312,6 +350,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if s.kube() {
 		stable = 120 * time.Second // three kube-apiservers start on two cores
 	}
+	if s.bgp() {
+		if err := l.waitRouterSessions(ctx, stable); err != nil {
+			return err
+		}
+	}
 	if _, err := l.waitStable(ctx, stable); err != nil {
 		return err
 	}
@@ -325,6 +368,9 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 func (l *Lab) createNodeHost(ctx context.Context, n *Node) error {
 	if err := createHost(ctx, n.Name, n.IP); err != nil {
 		return err
+	}
+	if l.st.Settings.bgp() {
+		return routeNode(ctx, n.Name)
 	}
 	if l.st.Settings.VIPLink {
 		return addVIPLink(ctx, n.Name)
@@ -458,8 +504,13 @@ func (l *Lab) startVigil(n *Node) error {
 		election = ElectionKubernetes
 	}
 	args := []string{"run",
-		"--vip", VIP.String(), "--interface", s.vipIface(), "--node-name", n.Name,
+		"--vip", s.vipPrefix().String(), "--interface", s.vipIface(), "--node-name", n.Name,
 		"--election", election, "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
+	}
+	if s.bgp() {
+		// The router ID defaults to the node's address towards the peer.
+		args = append(args, "--announce", AnnounceBGP, "--bgp-local-as", itoa(NodeAS),
+			"--bgp-peer", fmt.Sprintf("%s,%d", routerIP, RouterAS))
 	}
 	if s.kube() {
 		// This node's own API server: the Lease (with that election),

@@ -157,6 +157,8 @@ type Report struct {
 	NodeStates []NodeState `json:"nodes"`
 	// Workers run vigil agent; Etcd FOLLOWS does not apply to them.
 	Workers []NodeState `json:"workers,omitempty"`
+	// Router is the routed lab's route to the VIP (--announce bgp).
+	Router *RouterRoute `json:"router,omitempty"`
 }
 
 // NodeState summarises one node.
@@ -169,7 +171,7 @@ type NodeState struct {
 
 // Status reports the lab's state.
 func (l *Lab) Status(ctx context.Context) (Report, error) {
-	r := Report{Impl: l.st.Settings.Impl, VIP: VIP.String()}
+	r := Report{Impl: l.st.Settings.Impl, VIP: l.st.Settings.vipPrefix().String()}
 	w, err := newVIPWatch(l.st.Nodes)
 	if err != nil {
 		return r, err
@@ -190,6 +192,11 @@ func (l *Lab) Status(ctx context.Context) (Report, error) {
 			ns.Running[role] = alive(pid)
 		}
 		r.NodeStates = append(r.NodeStates, ns)
+	}
+	if l.st.Settings.bgp() {
+		if rr, err := l.VIPRoute(ctx); err == nil {
+			r.Router = &rr
+		}
 	}
 	for _, n := range l.st.Workers {
 		ns := NodeState{Name: n.Name, IP: n.IP.String(), Running: map[string]bool{}}

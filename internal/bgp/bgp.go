@@ -1,0 +1,407 @@
+// Package bgp announces the VIP to routers as a host route (/32, /128)
+// over BGP, with GoBGP as a library: only the holder advertises it, and it
+// withdraws it when it steps down.
+//
+// A hard-killed holder cannot withdraw, and a router keeps its route until
+// the BGP hold timer runs out (3 s at the least, 9 s here). The new
+// holder does not wait for that: it advertises the VIP with a lower MED
+// than any earlier holder did (MED counts down with the election's holder
+// transitions, see MED), and a router prefers the lower MED among routes
+// from one neighbouring AS at once. docs/bgp.md has the reasoning.
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+	"github.com/osrg/gobgp/v3/pkg/server"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// ErrInvalidConfig is wrapped by every configuration error.
+var ErrInvalidConfig = errors.New("bgp: invalid configuration")
+
+// Timers of every session, in seconds. The hold time bounds how long a
+// router keeps the routes of a speaker that went silent (a killed or
+// paused vigil); failover does not wait for it (see the package comment),
+// so it is the common "fast" profile rather than the smallest allowed.
+const (
+	holdTime     = 9
+	keepalive    = 3
+	connectRetry = 2
+	// idleHold is how long a session waits after a reset before it
+	// connects again (GoBGP's default is 30 s).
+	idleHold = 2
+)
+
+// Peer is one BGP neighbour.
+type Peer struct {
+	Address  netip.Addr
+	AS       uint32
+	Password string // TCP MD5 password ("" for none)
+	Port     uint16 // 179 when 0
+}
+
+// String is the peer as --bgp-peer takes it, without the password.
+func (p Peer) String() string {
+	s := fmt.Sprintf("%s,%d", p.Address, p.AS)
+	if p.Port != 0 && p.Port != 179 {
+		s += ",port=" + strconv.Itoa(int(p.Port))
+	}
+	return s
+}
+
+// ParsePeer parses --bgp-peer's ADDRESS,AS[,password=SECRET][,port=N].
+func ParsePeer(s string) (Peer, error) {
+	parts := strings.Split(s, ",")
+	bad := func(format string, a ...any) (Peer, error) {
+		return Peer{}, fmt.Errorf("%w: --bgp-peer %q: %s (want ADDRESS,AS[,password=SECRET][,port=N])", ErrInvalidConfig, redact(s), fmt.Sprintf(format, a...))
+	}
+	if len(parts) < 2 {
+		return bad("no AS number")
+	}
+	var p Peer
+	var err error
+	if p.Address, err = netip.ParseAddr(strings.TrimSpace(parts[0])); err != nil || p.Address.Zone() != "" {
+		return bad("%q is not an IP address", parts[0])
+	}
+	p.Address = p.Address.Unmap()
+	as, err := strconv.ParseUint(strings.TrimSpace(parts[1]), 10, 32)
+	if err != nil || as == 0 || as == math.MaxUint32 {
+		return bad("AS %q: give a number from 1 to 4294967294", parts[1])
+	}
+	p.AS = uint32(as)
+	for _, kv := range parts[2:] {
+		k, v, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok:
+			return bad("%q is not KEY=VALUE", kv)
+		case k == "password":
+			if v == "" {
+				return bad("empty password")
+			}
+			p.Password = v
+		case k == "port":
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil || n == 0 {
+				return bad("port %q: give 1 to 65535", v)
+			}
+			p.Port = uint16(n)
+		default:
+			return bad("unknown key %q (password or port)", k)
+		}
+	}
+	return p, nil
+}
+
+// redact hides a password in s, for error messages and logs.
+func redact(s string) string {
+	parts := strings.Split(s, ",")
+	for i, kv := range parts {
+		if strings.HasPrefix(kv, "password=") {
+			parts[i] = "password=***"
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Config configures a Speaker.
+type Config struct {
+	LocalAS  uint32
+	RouterID netip.Addr // an IPv4 address, by BGP's rules
+	Peers    []Peer
+}
+
+// Validate checks cfg and says which flag is wrong.
+func (c Config) Validate() error {
+	switch {
+	case c.LocalAS == 0 || c.LocalAS == math.MaxUint32:
+		return fmt.Errorf("%w: --bgp-local-as: give this node's AS number, 1 to 4294967294", ErrInvalidConfig)
+	case !c.RouterID.IsValid() || !c.RouterID.Is4() || c.RouterID.IsUnspecified():
+		return fmt.Errorf("%w: --bgp-router-id %q: give an IPv4 address unique among the speakers, usually the node's own", ErrInvalidConfig, routerID(c.RouterID))
+	case len(c.Peers) == 0:
+		return fmt.Errorf("%w: --announce bgp needs at least one --bgp-peer ADDRESS,AS", ErrInvalidConfig)
+	}
+	seen := map[netip.Addr]bool{}
+	for _, p := range c.Peers {
+		if seen[p.Address] {
+			return fmt.Errorf("%w: --bgp-peer %s is given twice", ErrInvalidConfig, p.Address)
+		}
+		seen[p.Address] = true
+	}
+	return nil
+}
+
+func routerID(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+// MED is the MULTI_EXIT_DISC a holder advertises: lower for every later
+// holder (transitions counts changes of holder, from the election's
+// record), so a router prefers the newest holder's route even while an
+// older holder's stays in its table, until that one's session times out.
+func MED(transitions int) uint32 {
+	if transitions < 0 {
+		transitions = 0
+	}
+	if transitions >= math.MaxUint32-1 {
+		return 1
+	}
+	return math.MaxUint32 - 1 - uint32(transitions)
+}
+
+// PeerState is one session's state, for status and metrics.
+type PeerState struct {
+	Peer        string `json:"peer"`
+	State       string `json:"state"` // idle, connect, active, opensent, openconfirm, established
+	Established bool   `json:"established"`
+}
+
+// Speaker is this node's BGP speaker. It connects to every peer at Start
+// and stays connected whether or not this node holds the VIP, so a new
+// holder's route goes out on a session that is already up.
+type Speaker struct {
+	cfg Config
+	log *slog.Logger
+	s   *server.BgpServer
+
+	mu         sync.Mutex // guards advertised
+	advertised []*api.Path
+}
+
+// New validates cfg; nothing runs until Start.
+func New(cfg Config, log *slog.Logger) (*Speaker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Speaker{cfg: cfg, log: log.With("component", "bgp")}, nil
+}
+
+// Start runs the speaker and adds the peers. It does not wait for the
+// sessions to come up.
+func (sp *Speaker) Start(ctx context.Context) error {
+	s := server.NewBgpServer(server.LoggerOption(&logger{log: sp.log}))
+	go s.Serve()
+	if err := s.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
+		Asn:        sp.cfg.LocalAS,
+		RouterId:   sp.cfg.RouterID.String(),
+		ListenPort: -1, // vigil connects out; it accepts no sessions
+	}}); err != nil {
+		s.Stop()
+		return fmt.Errorf("bgp: start: %w", err)
+	}
+	sp.s = s
+	for _, p := range sp.cfg.Peers {
+		fams := []*api.AfiSafi{
+			{Config: &api.AfiSafiConfig{Family: family(true), Enabled: true}},
+			{Config: &api.AfiSafiConfig{Family: family(false), Enabled: true}},
+		}
+		peer := &api.Peer{
+			Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.AS, AuthPassword: p.Password},
+			Timers: &api.Timers{Config: &api.TimersConfig{
+				HoldTime: holdTime, KeepaliveInterval: keepalive, ConnectRetry: connectRetry, IdleHoldTimeAfterReset: idleHold,
+			}},
+			Transport: &api.Transport{RemotePort: uint32(p.Port)},
+			AfiSafis:  fams,
+		}
+		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+			sp.Close()
+			return fmt.Errorf("bgp: peer %s: %w", p, err)
+		}
+	}
+	sp.log.Info("BGP speaker started", "local_as", sp.cfg.LocalAS, "router_id", sp.cfg.RouterID, "peers", len(sp.cfg.Peers))
+	return nil
+}
+
+func family(v4 bool) *api.Family {
+	if v4 {
+		return &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	}
+	return &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
+}
+
+// hostPath is the host route to addr with med, next hop this speaker's
+// own address on each session.
+func hostPath(addr netip.Addr, med uint32) (*api.Path, error) {
+	bits := 32
+	if addr.Is6() {
+		bits = 128
+	}
+	nlri, err := anypb.New(&api.IPAddressPrefix{Prefix: addr.String(), PrefixLen: uint32(bits)})
+	if err != nil {
+		return nil, err
+	}
+	origin, err := anypb.New(&api.OriginAttribute{Origin: 0}) // IGP
+	if err != nil {
+		return nil, err
+	}
+	m, err := anypb.New(&api.MultiExitDiscAttribute{Med: med})
+	if err != nil {
+		return nil, err
+	}
+	attrs := []*anypb.Any{origin, m}
+	if addr.Is4() {
+		// Unspecified: each session's own local address (GoBGP's rule
+		// for locally originated routes).
+		nh, err := anypb.New(&api.NextHopAttribute{NextHop: "0.0.0.0"})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, nh)
+	} else {
+		mp, err := anypb.New(&api.MpReachNLRIAttribute{Family: family(false), NextHops: []string{"::"}, Nlris: []*anypb.Any{nlri}})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, mp)
+	}
+	return &api.Path{Family: family(addr.Is4()), Nlri: nlri, Pattrs: attrs}, nil
+}
+
+// Advertise announces a host route to each of addrs with med to every
+// peer, replacing what was advertised before.
+func (sp *Speaker) Advertise(ctx context.Context, addrs []netip.Addr, med uint32) error {
+	if sp.s == nil {
+		return errors.New("bgp: speaker not started")
+	}
+	start := time.Now()
+	var paths []*api.Path
+	for _, a := range addrs {
+		p, err := hostPath(a, med)
+		if err != nil {
+			return fmt.Errorf("bgp: route to %s: %w", a, err)
+		}
+		if _, err := sp.s.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: p}); err != nil {
+			return fmt.Errorf("bgp: advertise %s: %w", a, err)
+		}
+		paths = append(paths, p)
+	}
+	sp.mu.Lock()
+	sp.advertised = paths
+	sp.mu.Unlock()
+	sp.log.Info("VIP advertised", "routes", len(paths), "med", med, "took", time.Since(start).Round(time.Microsecond))
+	return nil
+}
+
+// Withdraw withdraws every advertised route. It queues the withdrawals on
+// every established session before it returns.
+func (sp *Speaker) Withdraw(ctx context.Context) error {
+	sp.mu.Lock()
+	paths := sp.advertised
+	sp.advertised = nil
+	sp.mu.Unlock()
+	if sp.s == nil || len(paths) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, p := range paths {
+		if err := sp.s.DeletePath(ctx, &api.DeletePathRequest{TableType: api.TableType_GLOBAL, Path: p}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bgp: withdraw: %w", err)
+	}
+	sp.log.Info("VIP withdrawn", "routes", len(paths))
+	return nil
+}
+
+// Advertised tells whether routes are advertised now.
+func (sp *Speaker) Advertised() bool {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.advertised) > 0
+}
+
+// Peers reports each session's state.
+func (sp *Speaker) Peers(ctx context.Context) []PeerState {
+	var out []PeerState
+	if sp.s == nil {
+		return out
+	}
+	_ = sp.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		st := api.PeerState_UNKNOWN
+		if p.State != nil {
+			st = p.State.SessionState
+		}
+		out = append(out, PeerState{
+			Peer:        fmt.Sprintf("%s,%d", p.Conf.NeighborAddress, p.Conf.PeerAsn),
+			State:       strings.ToLower(st.String()),
+			Established: st == api.PeerState_ESTABLISHED,
+		})
+	})
+	return out
+}
+
+// Close ends every session with a CEASE notification, so routers drop this
+// node's routes at once, and stops the speaker. Safe to call twice.
+func (sp *Speaker) Close() {
+	if sp.s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := sp.s.StopBgp(ctx, &api.StopBgpRequest{}); err != nil {
+		sp.log.Warn("BGP speaker did not stop cleanly", "err", err)
+	}
+	sp.s.Stop()
+	sp.s = nil
+}
+
+// logger passes GoBGP's log lines to slog, one level quieter: GoBGP logs
+// every session state change at info, which vigil reports itself.
+type logger struct {
+	log   *slog.Logger
+	level gobgplog.LogLevel
+}
+
+func (l *logger) emit(lv slog.Level, msg string, f gobgplog.Fields) {
+	if !l.log.Enabled(context.Background(), lv) {
+		return
+	}
+	args := make([]any, 0, 2*len(f))
+	for k, v := range f {
+		args = append(args, k, v)
+	}
+	l.log.Log(context.Background(), lv, msg, args...)
+}
+
+func (l *logger) Panic(msg string, f gobgplog.Fields) { l.emit(slog.LevelError, msg, f) }
+func (l *logger) Fatal(msg string, f gobgplog.Fields) { l.emit(slog.LevelError, msg, f) }
+func (l *logger) Error(msg string, f gobgplog.Fields) { l.emit(slog.LevelWarn, msg, f) }
+func (l *logger) Warn(msg string, f gobgplog.Fields)  { l.emit(slog.LevelWarn, msg, f) }
+func (l *logger) Info(msg string, f gobgplog.Fields)  { l.emit(slog.LevelDebug, msg, f) }
+func (l *logger) Debug(msg string, f gobgplog.Fields) {}
+func (l *logger) SetLevel(level gobgplog.LogLevel)    { l.level = level }
+func (l *logger) GetLevel() gobgplog.LogLevel         { return gobgplog.InfoLevel }
+
+// Eligible tells why this node cannot announce the VIP now: no session is
+// established, so a route it advertised would reach no router. A node
+// without one does not campaign, and a holder that loses its last one
+// steps down, so a peer whose sessions are up takes the VIP.
+func (sp *Speaker) Eligible(ctx context.Context) error {
+	ps := sp.Peers(ctx)
+	for _, p := range ps {
+		if p.Established {
+			return nil
+		}
+	}
+	var states []string
+	for _, p := range ps {
+		states = append(states, p.Peer+" "+p.State)
+	}
+	return fmt.Errorf("no BGP session is established (%s)", strings.Join(states, ", "))
+}

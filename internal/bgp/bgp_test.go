@@ -1,0 +1,94 @@
+package bgp
+
+import (
+	"errors"
+	"math"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestParsePeer(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Peer
+		err  string // part of the error; "" for none
+	}{
+		{in: "10.0.0.1,65000", want: Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000}},
+		{in: "fd00::1,4200000000,port=1790", want: Peer{Address: netip.MustParseAddr("fd00::1"), AS: 4200000000, Port: 1790}},
+		{in: "10.0.0.1,65000,password=s3cret,port=179", want: Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000, Password: "s3cret", Port: 179}},
+		{in: "10.0.0.1", err: "no AS number"},
+		{in: "router1,65000", err: "not an IP address"},
+		{in: "fe80::1%eth0,65000", err: "not an IP address"},
+		{in: "10.0.0.1,0", err: "1 to 4294967294"},
+		{in: "10.0.0.1,4294967295", err: "1 to 4294967294"},
+		{in: "10.0.0.1,as65000", err: "1 to 4294967294"},
+		{in: "10.0.0.1,65000,port=0", err: "port"},
+		{in: "10.0.0.1,65000,port=70000", err: "port"},
+		{in: "10.0.0.1,65000,password=", err: "empty password"},
+		{in: "10.0.0.1,65000,md5", err: "not KEY=VALUE"},
+		{in: "10.0.0.1,65000,ttl=2", err: "unknown key"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParsePeer(tc.in)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, ErrInvalidConfig) {
+					t.Fatalf("ParsePeer(%q) = %v, %v; want an ErrInvalidConfig saying %q", tc.in, got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("ParsePeer(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParsePeerHidesThePassword(t *testing.T) {
+	_, err := ParsePeer("10.0.0.1,65000,password=hunter2,port=x")
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %v shows the password", err)
+	}
+	p := Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 1, Password: "hunter2"}
+	if strings.Contains(p.String(), "hunter2") {
+		t.Fatalf("Peer.String() = %q shows the password", p)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	peer := Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000}
+	ok := Config{LocalAS: 65001, RouterID: netip.MustParseAddr("10.0.0.11"), Peers: []Peer{peer}}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]func(c *Config){
+		"--bgp-local-as":  func(c *Config) { c.LocalAS = 0 },
+		"--bgp-router-id": func(c *Config) { c.RouterID = netip.MustParseAddr("fd00::1") },
+		"at least one":    func(c *Config) { c.Peers = nil },
+		"given twice":     func(c *Config) { c.Peers = []Peer{peer, peer} },
+	}
+	for want, mutate := range bad {
+		c := ok
+		mutate(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Validate() = %v", want, err)
+		}
+	}
+}
+
+// Every later holder's route must win a router's comparison (lower MED),
+// including at the ends of the range.
+func TestMEDFallsWithEveryTransition(t *testing.T) {
+	prev := uint32(math.MaxUint32)
+	for _, tr := range []int{0, 1, 2, 1000, 1 << 30, math.MaxUint32 - 3} {
+		m := MED(tr)
+		if m >= prev {
+			t.Fatalf("MED(%d) = %d, not below the previous %d", tr, m, prev)
+		}
+		prev = m
+	}
+	if MED(-1) != MED(0) || MED(math.MaxInt64) != 1 {
+		t.Fatalf("MED(-1) = %d, MED(max) = %d", MED(-1), MED(math.MaxInt64))
+	}
+}

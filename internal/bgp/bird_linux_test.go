@@ -1,0 +1,181 @@
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// The speaker against a real router: BIRD 2 in namespace B, the speaker in
+// namespace A. A Go process cannot move all its threads into a namespace,
+// so the test runs itself again inside A (childEnv set) for the speaker's
+// half; BIRD's control socket is a file, reachable from both.
+const childEnv = "VIGIL_BGP_TEST_BIRD_SOCKET"
+
+func TestSpeakerAgainstBIRD(t *testing.T) {
+	if sock := os.Getenv(childEnv); sock != "" {
+		speakerChild(t, sock)
+		return
+	}
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
+	p := nstest.NewPair(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "bird.conf")
+	sock := filepath.Join(dir, "bird.ctl")
+	if err := os.WriteFile(conf, []byte(`router id 192.0.2.2;
+protocol device { }
+protocol bgp vigil {
+	local 192.0.2.2 as 65000;
+	neighbor 192.0.2.1 as 65001;
+	hold time 9;
+	connect retry time 1;
+	ipv4 { import all; export none; };
+}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bird := exec.Command("ip", "netns", "exec", p.B, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
+	out, err := os.Create(filepath.Join(dir, "bird.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bird.Stdout, bird.Stderr = out, out
+	if err := bird.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = bird.Process.Kill()
+		_ = bird.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("bird's log:\n%s", b)
+		}
+	})
+	child := exec.Command("ip", "netns", "exec", p.A, os.Args[0], "-test.run=^TestSpeakerAgainstBIRD$", "-test.v")
+	child.Env = append(os.Environ(), childEnv+"="+sock)
+	b, err := child.CombinedOutput()
+	t.Logf("speaker (in %s):\n%s", p.A, b)
+	if err != nil {
+		t.Fatalf("speaker half: %v", err)
+	}
+}
+
+// speakerChild is the speaker's half, run inside namespace A.
+func speakerChild(t *testing.T, sock string) {
+	vip := netip.MustParseAddr("198.51.100.10")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sp, err := New(Config{
+		LocalAS:  65001,
+		RouterID: netip.MustParseAddr("192.0.2.1"),
+		Peers:    []Peer{{Address: netip.MustParseAddr("192.0.2.2"), AS: 65000}},
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := sp.Eligible(ctx); err == nil {
+		t.Fatal("a speaker that was never started is eligible")
+	}
+	if err := sp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	waitFor(t, "an established session", func() error { return sp.Eligible(ctx) })
+
+	// Advertised: BIRD holds the host route, next hop this side, with the
+	// MED of the holder's transitions.
+	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(7)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the route at the router", func() error {
+		r, err := birdRoute(sock, vip)
+		switch {
+		case err != nil:
+			return err
+		case !strings.Contains(r, "198.51.100.10/32"):
+			return fmt.Errorf("no route: %s", r)
+		case !strings.Contains(r, "BGP.next_hop: 192.0.2.1"):
+			return fmt.Errorf("wrong next hop: %s", r)
+		case !strings.Contains(r, fmt.Sprintf("BGP.med: %d", MED(7))):
+			return fmt.Errorf("wrong MED: %s", r)
+		}
+		return nil
+	})
+	// Withdrawn while the session stays up: gone at once.
+	start := time.Now()
+	if err := sp.Withdraw(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the withdrawal at the router", func() error { return noRoute(sock, vip) })
+	t.Logf("route gone from the router %v after Withdraw", time.Since(start).Round(time.Millisecond))
+	if sp.Advertised() {
+		t.Fatal("Advertised after Withdraw")
+	}
+	// Advertised again, then Close: the CEASE drops it without waiting for
+	// the hold timer (9 s).
+	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(8)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the route again", func() error {
+		if err := noRoute(sock, vip); err == nil {
+			return fmt.Errorf("no route yet")
+		}
+		return nil
+	})
+	start = time.Now()
+	sp.Close()
+	waitFor(t, "the route gone after Close", func() error { return noRoute(sock, vip) })
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("the router dropped the route %v after Close; a CEASE should end it well before the 9 s hold timer", d)
+	}
+}
+
+func birdRoute(sock string, a netip.Addr) (string, error) {
+	out, err := exec.Command("birdc", "-s", sock, "show", "route", "for", a.String(), "all").CombinedOutput()
+	if strings.Contains(string(out), "Network not found") {
+		return "", nil // birdc exits 1 when it has no route
+	}
+	if err != nil {
+		return "", fmt.Errorf("birdc: %w: %s", err, out)
+	}
+	return string(out), nil
+}
+
+func noRoute(sock string, a netip.Addr) error {
+	r, err := birdRoute(sock, a)
+	if err != nil {
+		return err
+	}
+	if strings.Contains(r, a.String()+"/32") {
+		return fmt.Errorf("route still there: %s", r)
+	}
+	return nil
+}
+
+func waitFor(t *testing.T, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("waiting for %s: %v", what, err)
+}

@@ -1,0 +1,134 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// TestBGPLab runs the failover drills in the routed lab: the client reaches
+// the VIP only through a router running BIRD 2, by the BGP host route the
+// holder advertises. After every drill the router's forwarding entry must
+// name the holder, and only the holder's route may be there, bar one
+// from a node that died without withdrawing (which loses on MED). A router
+// that goes away leaves no node holding the VIP; when it is back, one does.
+func TestBGPLab(t *testing.T) {
+	nstest.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("builds a 3-node routed lab; skipped with -short")
+	}
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
+	ctx := context.Background()
+	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
+		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	l, err := New(Config{Dir: t.TempDir() + "/lab", VigilBin: nstest.Binary(t, "vigil"), SelfBin: nstest.Binary(t, "vigil-lab")}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(context.Background()); err != nil {
+			t.Errorf("down: %v", err)
+		}
+		if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
+			t.Errorf("namespaces left after down: %v", nss)
+		}
+	})
+	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP}); err != nil {
+		t.Fatal(err)
+	}
+	// routedTo waits until the router forwards the VIP to the one node that
+	// holds it.
+	routedTo := func(t *testing.T, allowStale bool) string {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			st, err := l.Status(ctx)
+			if err != nil {
+				last = err.Error()
+				continue
+			}
+			last = fmt.Sprintf("holders %v, router %+v", st.Holders, st.Router)
+			if len(st.Holders) != 1 || st.Router == nil {
+				continue
+			}
+			n, err := l.node(st.Holders[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			ip := n.IP.String()
+			if st.Router.NextHop != ip || !slices.Contains(st.Router.Learned, ip) {
+				continue
+			}
+			if !allowStale && len(st.Router.Learned) != 1 {
+				continue // a route from a node that no longer holds the VIP
+			}
+			return st.Holders[0]
+		}
+		t.Fatalf("the router does not forward the VIP to its one holder: %s", last)
+		return ""
+	}
+	routedTo(t, false)
+	for _, kind := range []string{DrillKillLeader, DrillGraceful, DrillKillDaemon, DrillPartitionLeader, DrillKillEtcdLeader} {
+		t.Run(kind, func(t *testing.T) {
+			r := l.Drill(ctx, kind, 1)
+			t.Log(r)
+			if !r.OK() {
+				t.Fatalf("drill failed: %s", r)
+			}
+			if r.OutageMillis > float64((5 * time.Second).Milliseconds()) {
+				t.Fatalf("outage %.0fms through the router; vigil's design gives about one lease duration", r.OutageMillis)
+			}
+			if kind == DrillKillEtcdLeader && r.After != r.Before {
+				t.Fatalf("the death of etcd's raft leader moved the VIP from %s to %s", r.Before, r.After)
+			}
+			// A node killed without withdrawing keeps its route at the
+			// router until the session's hold timer (9 s); the holder's
+			// route wins on MED meanwhile.
+			routedTo(t, kind == DrillKillLeader || kind == DrillKillDaemon || kind == DrillPartitionLeader)
+		})
+	}
+	t.Run("router-down", func(t *testing.T) {
+		rt := l.routerNode()
+		if err := l.signal(ctx, rt, roleBird, syscall.SIGTERM, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		// Every session is down: no node may announce, so none holds.
+		var holders []string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			st, err := l.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if holders = st.Holders; len(holders) == 0 {
+				break
+			}
+		}
+		if len(holders) != 0 {
+			t.Fatalf("%v still hold the VIP 10 s after the router went away", holders)
+		}
+		if err := l.startRouter(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.waitRouterSessions(ctx, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		routedTo(t, false)
+	})
+}

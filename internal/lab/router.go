@@ -1,0 +1,212 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// The routed lab (--announce bgp): a router namespace between the nodes'
+// segment and the client, running BIRD 2, a real BGP daemon. The client
+// reaches the VIP only through the router, by the host route the VIP
+// holder advertises: the nodes answer ARP only for addresses on the link
+// it arrives on (arp_ignore=1), and the VIP sits on their lo.
+//
+//	client 10.251.0.2 --- 10.251.0.1 router 10.250.0.254 --- br0 --- nodes 10.250.0.1x
+const (
+	AnnounceARP = "arp"
+	AnnounceBGP = "bgp"
+
+	routerName = "rt"
+	// RouterAS is the router's AS; NodeAS is every vigil node's.
+	RouterAS = 65000
+	NodeAS   = 65001
+	// routerLink is the router's link to the client.
+	routerLink = "eth1"
+	roleBird   = "bird"
+)
+
+var (
+	routerIP       = netip.MustParseAddr("10.250.0.254")
+	clientNet      = netip.MustParsePrefix("10.251.0.0/24")
+	routerClientIP = netip.MustParseAddr("10.251.0.1")
+	routedClientIP = netip.MustParseAddr("10.251.0.2")
+)
+
+// bgp tells whether the lab announces the VIP over BGP through a router.
+func (s Settings) bgp() bool { return s.Announce == AnnounceBGP }
+
+// vipPrefix is the VIP as vigil and the lab's faults add it: a host
+// address in the routed lab, where it sits on lo.
+func (s Settings) vipPrefix() netip.Prefix {
+	if s.bgp() {
+		return netip.PrefixFrom(VIP.Addr(), VIP.Addr().BitLen())
+	}
+	return VIP
+}
+
+// routerNode is the router's entry in the lab's state (its processes).
+func (l *Lab) routerNode() *Node {
+	if l.st.Router == nil {
+		l.st.Router = &Node{Name: routerName, IP: routerIP, PIDs: map[string]int{}}
+	}
+	return l.st.Router
+}
+
+// createRoutedClient makes the router namespace, plugged into the bridge,
+// and the client namespace behind it.
+func createRoutedClient(ctx context.Context) error {
+	if err := createHost(ctx, routerName, routerIP); err != nil {
+		return err
+	}
+	rt, cl := nodeNS(routerName), clientNS
+	steps := [][]string{
+		{"netns", "add", cl},
+		{"-n", cl, "link", "set", "lo", "up"},
+		{"-n", rt, "link", "add", routerLink, "type", "veth", "peer", "name", nodeIface, "netns", cl},
+		{"-n", rt, "addr", "add", netip.PrefixFrom(routerClientIP, clientNet.Bits()).String(), "dev", routerLink},
+		{"-n", rt, "link", "set", routerLink, "up"},
+		{"-n", cl, "addr", "add", netip.PrefixFrom(routedClientIP, clientNet.Bits()).String(), "dev", nodeIface},
+		{"-n", cl, "link", "set", nodeIface, "up"},
+		{"-n", cl, "route", "add", "default", "via", routerClientIP.String()},
+	}
+	for _, s := range steps {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	for _, kv := range []string{"net.ipv4.ip_forward=1"} {
+		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", rt, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
+			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, rt, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// routeNode prepares a node of the routed lab: the way back to the client
+// through the router, and ARP answered only for the link's own addresses,
+// so the VIP on lo is reachable only by the router's BGP route.
+func routeNode(ctx context.Context, node string) error {
+	ns := nodeNS(node)
+	if err := ip(ctx, "-n", ns, "route", "add", clientNet.String(), "via", routerIP.String()); err != nil {
+		return err
+	}
+	for _, kv := range []string{"net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2"} {
+		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
+			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, ns, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// birdConf is the router's BIRD 2 configuration: one eBGP session per
+// node, every route learned installed in the router's kernel table. BIRD
+// compares MEDs of routes from one neighbouring AS (all nodes share
+// NodeAS), which is how the newest holder's route wins at once.
+func birdConf(nodes []*Node) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `router id %s;
+log stderr all;
+protocol device { scan time 10; }
+protocol kernel {
+	ipv4 { import none; export all; };
+}
+template bgp vigil {
+	local %s as %d;
+	hold time 9;
+	keepalive time 3;
+	connect retry time 1;
+	error wait time 1, 10;
+	ipv4 { import all; export none; };
+}
+`, routerIP, routerIP, RouterAS)
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "protocol bgp %s from vigil { neighbor %s as %d; }\n", n.Name, n.IP, NodeAS)
+	}
+	return b.String()
+}
+
+// startRouter writes the BIRD configuration for the lab's nodes and starts
+// BIRD in the router namespace.
+func (l *Lab) startRouter() error {
+	rt := l.routerNode()
+	dir := l.nodeDir(rt)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	conf := filepath.Join(dir, "bird.conf")
+	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes)), 0o644); err != nil {
+		return fmt.Errorf("lab: %w", err)
+	}
+	return l.start(rt, roleBird, "bird", "-f", "-c", conf, "-s", l.birdSocket(), "-P", filepath.Join(dir, "bird.pid"))
+}
+
+func (l *Lab) birdSocket() string { return filepath.Join(l.nodeDir(l.routerNode()), "bird.ctl") }
+
+// RouterRoute is the router's route to the VIP: the next hops it forwards
+// to ("" when it has none) and every node whose advertisement it holds.
+type RouterRoute struct {
+	NextHop string   `json:"nextHop"`
+	Learned []string `json:"learned"`
+}
+
+// VIPRoute reads the router's route to the VIP: the kernel's forwarding
+// entry (what packets follow) and BIRD's routes (from which nodes).
+func (l *Lab) VIPRoute(ctx context.Context) (RouterRoute, error) {
+	var r RouterRoute
+	if !l.st.Settings.bgp() {
+		return r, errors.New("lab: not a routed lab (vigil-lab up --announce bgp)")
+	}
+	out, err := ipOut(ctx, "-n", nodeNS(routerName), "-4", "route", "show", VIP.Addr().String()+"/32")
+	if err != nil {
+		return r, err
+	}
+	if f := strings.Fields(out); len(f) >= 3 && f[1] == "via" {
+		r.NextHop = f[2]
+	}
+	cmd := exec.CommandContext(ctx, "birdc", "-s", l.birdSocket(), "show", "route", "for", VIP.Addr().String(), "all")
+	b, err := cmd.Output()
+	if err != nil {
+		return r, fmt.Errorf("lab: birdc: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if i := strings.Index(line, "BGP.next_hop: "); i >= 0 {
+			r.Learned = append(r.Learned, strings.TrimSpace(line[i+len("BGP.next_hop: "):]))
+		}
+	}
+	return r, nil
+}
+
+// waitRouterSessions waits until BIRD has an established session to every
+// node.
+func (l *Lab) waitRouterSessions(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last string
+	for time.Now().Before(deadline) {
+		out, err := exec.CommandContext(ctx, "birdc", "-s", l.birdSocket(), "show", "protocols").Output()
+		if err == nil {
+			up := 0
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.Contains(line, "BGP") && strings.Contains(line, "Established") {
+					up++
+				}
+			}
+			if up == len(l.st.Nodes) {
+				return nil
+			}
+			last = string(out)
+		} else {
+			last = err.Error()
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("lab: the router did not establish a BGP session with every node in %v:\n%s", d, last)
+}
