@@ -6,7 +6,7 @@
 # lab runs with -race. Leaves no namespace behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh ip nft containerd runc conntrack cni cgo
+source hack/deps.sh ip nft containerd runc conntrack cni cgo bird
 export GOTOOLCHAIN=local
 # Root-only tests fail here instead of skipping: this script runs as root
 # with every tool, so a skip would be a test that silently stopped running.

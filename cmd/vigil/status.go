@@ -91,6 +91,13 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 	case c.LastProbe != nil:
 		fmt.Fprintf(w, "VIP conflicts: none now (checked %s ago); %d since start\n", now.Sub(*c.LastProbe).Round(time.Second), c.Total)
 	}
+	for _, p := range r.BGP {
+		adv := ""
+		if p.Established && r.Advertised {
+			adv = ", advertising the VIP"
+		}
+		fmt.Fprintf(w, "bgp: peer %s %s%s\n", p.Peer, p.State, adv)
+	}
 	for _, d := range r.Discovery {
 		what := fmt.Sprintf("%d backends", len(d.Backends))
 		if !d.Answered {

@@ -131,6 +131,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		}
 		// Runs from Run; closed (CEASE to every peer) after the VIP is gone.
 		n.onClose(n.speaker.Close)
+		n.m.registerBGP(n.speaker)
 	} else {
 		if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIP.Addr(), Interval: cfg.AnnounceInterval}, log); err != nil {
 			return nil, err
@@ -460,7 +461,7 @@ func (n *node) Run(ctx context.Context) error {
 		wg.Go(func() { h.handoffs.Run(cctx) })
 	}
 	if n.metricsLn != nil {
-		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts) },
+		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts, n.speaker) },
 			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, log)
 		defer func() { stopParts(); <-done }()
 	}

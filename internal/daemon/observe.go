@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
@@ -95,6 +97,37 @@ func newNodeMetrics() *nodeMetrics {
 	return m
 }
 
+// registerBGP adds the BGP speaker's gauges, read at each scrape.
+func (m *nodeMetrics) registerBGP(sp *bgp.Speaker) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vigil_bgp_sessions_established",
+			Help: "BGP sessions established now (--announce bgp); at 0 this node does not campaign, and a holder steps down.",
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			n := 0
+			for _, p := range sp.Peers(ctx) {
+				if p.Established {
+					n++
+				}
+			}
+			return float64(n)
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vigil_bgp_vip_advertised",
+			Help: "1 while this node advertises the VIP's host route over BGP.",
+		}, func() float64 { return boolGauge(sp.Advertised()) }),
+	)
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func (m *nodeMetrics) observeRenew(took time.Duration, err error) {
 	result := "ok"
 	if err != nil {
@@ -118,8 +151,12 @@ type Report struct {
 	HolderMAC string `json:"holderMAC,omitempty"`
 	// Ineligible says why this node does not campaign ("" when it does).
 	Ineligible string `json:"ineligible,omitempty"`
-	// Conflict is what the VIP conflict probes saw.
+	// Conflict is what the VIP conflict probes saw (--announce arp).
 	Conflict ConflictReport `json:"conflict"`
+	// BGP is each BGP session's state (--announce bgp), and Advertised
+	// whether this node advertises the VIP's route now.
+	BGP        []bgp.PeerState `json:"bgp,omitempty"`
+	Advertised bool            `json:"advertised,omitempty"`
 }
 
 // BackendReport is one API server as this node sees it.
@@ -131,10 +168,15 @@ type BackendReport struct {
 	Connections int    `json:"connections"`
 }
 
-func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts) Report {
+func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts, sp *bgp.Speaker) Report {
 	st := el.Status()
 	r := Report{Node: cfg.NodeName, VIP: cfg.VIP.String(), Leader: st.Leader, Holder: st.Holder,
 		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: c.Report()}
+	if sp != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r.BGP, r.Advertised = sp.Peers(ctx), sp.Advertised()
+		cancel()
+	}
 	if disc != nil {
 		r.Discovery = disc.Sources()
 	}

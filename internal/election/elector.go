@@ -362,6 +362,12 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 				ineligible = ""
 				e.setIneligible("")
 			}
+		} else if !ok && ineligible != "" && e.cfg.Eligible != nil && e.cfg.Eligible() == nil {
+			// A peer holds the lock, and what kept this node out is
+			// over: the status must not go on saying it is ineligible.
+			e.log.Info("eligible again: this node can hold the VIP")
+			ineligible = ""
+			e.setIneligible("")
 		}
 		if !ok {
 			yielding, yieldOnce = time.Time{}, false // a peer holds it: stand-by starts anew

@@ -567,7 +567,7 @@ func TestIneligibleLeaderReleases(t *testing.T) {
 	tr := newTracker(t)
 	long := 10 * time.Second
 	var aDown atomic.Bool
-	startCandidate(t, "a", c.Endpoints, tr, long, long-time.Second, tRetry, func(cfg *Config) {
+	a := startCandidate(t, "a", c.Endpoints, tr, long, long-time.Second, tRetry, func(cfg *Config) {
 		cfg.Eligible = func() error {
 			if aDown.Load() {
 				return errors.New("interface eth0 has no carrier")
@@ -588,6 +588,21 @@ func TestIneligibleLeaderReleases(t *testing.T) {
 	if r := tr.reasons["a"]; len(r) == 0 || !strings.Contains(r[len(r)-1], "no carrier") {
 		t.Fatalf("a's stop reasons: %v", r)
 	}
+	// While b holds the lock, a's status says why a does not campaign,
+	// and stops saying it once a could hold the VIP again.
+	etcdtest.Retry(t, 5*time.Second, "a's status to say it is ineligible", func() error {
+		if why := a.el.Status().Ineligible; !strings.Contains(why, "no carrier") {
+			return fmt.Errorf("a's status: ineligible %q", why)
+		}
+		return nil
+	})
+	aDown.Store(false)
+	etcdtest.Retry(t, 5*time.Second, "a's status to say it is eligible again", func() error {
+		if why := a.el.Status().Ineligible; why != "" {
+			return fmt.Errorf("a's status: ineligible %q", why)
+		}
+		return nil
+	})
 }
 
 // The VIP holder's member hands raft leadership to a caught-up voter, and
