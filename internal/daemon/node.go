@@ -468,7 +468,7 @@ func (n *node) Run(ctx context.Context) error {
 	// Listeners are open and the parts run: ready as far as systemd is
 	// concerned, before etcd answers (kubeadm init starts etcd after vigil).
 	wg.Go(func() { observe.Systemd(cctx, n.el.Live, log) })
-	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "election", cfg.Election,
+	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "announce", cfg.Announce, "election", cfg.Election,
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
 	if cfg.Election == ElectionEtcd {
