@@ -28,6 +28,10 @@ VIP), inject faults at random times with random durations until --duration has
 passed, judge the invariants around every fault, print a table, and remove the
 lab.
 
+With --announce bgp the lab is the routed one (a BIRD router between the
+nodes and the client, docs/bgp.md): the VIP sits on lo, there is no VIP link,
+and the default faults leave out vip-link-down and flap.
+
 Faults (--faults, default all):
   kill              power the holder off (links cut, every process SIGKILLed) for
                     1-3 s, then boot it
@@ -66,7 +70,12 @@ real machine vary from run to run.`,
 					cfg.Faults = append(cfg.Faults, f)
 				}
 			}
-			s.VIPLink = true
+			// A second link carrying only the VIP, for the link faults;
+			// the routed lab's VIP sits on lo and has none.
+			s.VIPLink = s.Announce != lab.AnnounceBGP
+			if len(cfg.Faults) == 0 {
+				cfg.Faults = lab.DefaultFaults(s)
+			}
 			if err := cfg.Validate(s); err != nil {
 				return err
 			}
@@ -75,7 +84,11 @@ real machine vary from run to run.`,
 			}
 			out := cmd.OutOrStdout()
 			if !asJSON {
-				fmt.Fprintf(out, "building a %d-node lab with a separate VIP link per node...\n", s.Nodes)
+				if s.VIPLink {
+					fmt.Fprintf(out, "building a %d-node lab with a separate VIP link per node...\n", s.Nodes)
+				} else {
+					fmt.Fprintf(out, "building a %d-node routed lab (--announce %s)...\n", s.Nodes, s.Announce)
+				}
 			}
 			l, down, err := upLab(cmd, g, s, asJSON)
 			if err != nil {

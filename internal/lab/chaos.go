@@ -31,6 +31,22 @@ const (
 var ChaosFaults = []string{FaultKill, FaultGraceful, FaultPartition, FaultKillDaemon, FaultKillEtcdLeader,
 	FaultPause, FaultFreeze, FaultStrayVIP, FaultVIPLinkDown, FaultFlap, FaultDuplicateName}
 
+// DefaultFaults are the faults a chaos run on a lab built with s draws
+// from: every kind, less the VIP link's faults in a lab without a VIP link
+// (the routed lab, whose VIP sits on lo).
+func DefaultFaults(s Settings) []string {
+	if s.VIPLink {
+		return ChaosFaults
+	}
+	var fs []string
+	for _, f := range ChaosFaults {
+		if f != FaultVIPLinkDown && f != FaultFlap {
+			fs = append(fs, f)
+		}
+	}
+	return fs
+}
+
 // Bounds the chaos run checks besides "never two holders".
 const (
 	// DefaultFreezeBound is how long two nodes may hold the VIP when vigil
@@ -167,7 +183,7 @@ func (l *Lab) Chaos(ctx context.Context, cfg ChaosConfig) ([]FaultResult, error)
 		return nil, fmt.Errorf("lab: chaos needs at least 2 nodes")
 	}
 	if len(cfg.Faults) == 0 {
-		cfg.Faults = ChaosFaults
+		cfg.Faults = DefaultFaults(l.st.Settings)
 	}
 	if cfg.MaxPause <= 0 {
 		cfg.MaxPause = 10 * time.Second

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,13 @@ func TestChaosConfigValidate(t *testing.T) {
 		{"one node", ChaosConfig{Duration: time.Minute}, Settings{Nodes: 1, Impl: ImplVigil, VIPLink: true}, "at least 2 nodes"},
 		{"keepalived", ChaosConfig{Duration: time.Minute}, Settings{Nodes: 3, Impl: ImplKeepalived}, "vigil lab"},
 		{"link fault without vip link", ChaosConfig{Duration: time.Minute, Faults: []string{FaultVIPLinkDown}}, Settings{Nodes: 3, Impl: ImplVigil}, "--vip-link"},
+		{"routed lab", ChaosConfig{Duration: time.Minute, Faults: DefaultFaults(Settings{Announce: AnnounceBGP})}, Settings{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP}, ""},
+	}
+	if got := DefaultFaults(ok); len(got) != len(ChaosFaults) {
+		t.Fatalf("DefaultFaults with a VIP link = %v, want every kind", got)
+	}
+	if got := DefaultFaults(Settings{Announce: AnnounceBGP}); slices.Contains(got, FaultFlap) || slices.Contains(got, FaultVIPLinkDown) || len(got) != len(ChaosFaults)-2 {
+		t.Fatalf("DefaultFaults without a VIP link = %v", got)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
