@@ -56,6 +56,9 @@ Lease election").`,
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
 	f.StringVar(&o.Election, "election", manifest.ElectionEtcd, "vigil run --election: etcd (works before kubeadm init is done) or kubernetes (the Lease election, after init; needs --kubeconfig for this node's own API server, and retires the etcd election safely: see docs/kubeadm.md)")
+	f.StringVar(&o.Announce, "announce", "arp", "vigil run --announce: arp, or bgp with --bgp-local-as and --bgp-peer (then --vip as a host address and --interface lo; docs/bgp.md)")
+	f.IntVar(&o.BGPLocalAS, "bgp-local-as", 0, "vigil run --bgp-local-as: the control-plane nodes' AS (--announce bgp)")
+	f.StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "vigil run --bgp-peer ADDRESS,AS[,password=SECRET][,port=N], repeatable (--announce bgp); the router ID defaults, per node, to its address towards the first peer")
 	f.DurationVar(&o.PruneAfter, "prune-after", 0, "vigil run --prune-after: the VIP holder removes etcd members that a majority of the vigils have seen unreachable for this long, so a replacement's kubeadm join passes (0: off; at least 10s; see vigil run --help)")
 	return cmd
 }

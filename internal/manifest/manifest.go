@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -74,6 +75,13 @@ type PodOptions struct {
 	// API server. The etcd flags stay: the etcd election is retired
 	// through them (docs/kubeadm.md, "Moving to the Lease election").
 	Election string
+	// Announce is vigil run's --announce ("" or "arp", or "bgp" with
+	// BGPLocalAS and BGPPeers, each ADDRESS,AS[,password=…][,port=…]; the
+	// router ID is left to vigil run's default, the node's address towards
+	// the first peer, so one manifest fits every node).
+	Announce   string
+	BGPLocalAS int
+	BGPPeers   []string
 }
 
 // Election backends the pod can run.
@@ -84,6 +92,44 @@ const (
 
 // minPruneAfter is vigil run's own lower bound on --prune-after.
 const minPruneAfter = 10 * time.Second
+
+// announceArgs checks the announcement options as vigil run will, so a
+// manifest never crash-loops on them, and returns vigil run's flags.
+func announceArgs(o PodOptions, vip string) ([]string, error) {
+	switch o.Announce {
+	case "", "arp":
+		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 {
+			return nil, fmt.Errorf("%w: --bgp-local-as and --bgp-peer need --announce bgp", ErrInvalid)
+		}
+		return nil, nil
+	case "bgp":
+	default:
+		return nil, fmt.Errorf("%w: --announce %q: use arp or bgp", ErrInvalid, o.Announce)
+	}
+	host := false // a bare address is a host address to vigil run
+	if p, err := netip.ParsePrefix(vip); err == nil {
+		host = p.Bits() == p.Addr().BitLen()
+	} else if _, err := netip.ParseAddr(vip); err == nil {
+		host = true
+	}
+	if !host {
+		return nil, fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (/32 or /128), and --interface lo", ErrInvalid, vip)
+	}
+	if o.BGPLocalAS < 1 || o.BGPLocalAS > 4294967294 {
+		return nil, fmt.Errorf("%w: --bgp-local-as %d: give the nodes' AS number, 1 to 4294967294", ErrInvalid, o.BGPLocalAS)
+	}
+	if len(o.BGPPeers) == 0 {
+		return nil, fmt.Errorf("%w: --announce bgp needs at least one --bgp-peer ADDRESS,AS", ErrInvalid)
+	}
+	args := []string{"--announce", "bgp", "--bgp-local-as", strconv.Itoa(o.BGPLocalAS)}
+	for _, s := range o.BGPPeers {
+		if _, err := bgp.ParsePeer(s); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		args = append(args, "--bgp-peer", s)
+	}
+	return args, nil
+}
 
 // Pod is the kubeadm static pod for /etc/kubernetes/manifests/vigil.yaml.
 // It elects over the local etcd with kubeadm's apiserver-etcd-client
@@ -114,6 +160,10 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	default:
 		return nil, fmt.Errorf("%w: --election %q: use etcd or kubernetes", ErrInvalid, o.Election)
 	}
+	bgpArgs, err := announceArgs(o, vip)
+	if err != nil {
+		return nil, err
+	}
 	if len(o.EtcdEndpoints) == 0 {
 		o.EtcdEndpoints = []string{DefaultEtcdURL}
 	}
@@ -135,6 +185,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.PruneAfter > 0 {
 		args = append(args, "--prune-after", o.PruneAfter.String())
 	}
+	args = append(args, bgpArgs...)
 	// The guard runs in a container of its own: vigil run is PID 1 of its
 	// container, and when it dies the kernel kills every process there,
 	// a child guard included. The two share only the socket's directory.

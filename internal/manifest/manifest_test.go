@@ -173,6 +173,35 @@ func TestPruneAfter(t *testing.T) {
 	}
 }
 
+// TestBGP: --announce bgp reaches vigil run with its flags, checked here as
+// vigil run checks them.
+func TestBGP(t *testing.T) {
+	p, err := Pod(PodOptions{VIP: "10.0.0.100/32", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001,
+		BGPPeers: []string{"10.0.1.1,65000", "10.0.2.1,65000,password=x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(p.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--announce bgp --bgp-local-as 65001 --bgp-peer 10.0.1.1,65000 --bgp-peer 10.0.2.1,65000,password=x") {
+		t.Fatalf("args %q lack the BGP flags", args)
+	}
+	if _, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}}); err != nil {
+		t.Fatalf("a bare address is a host address: %v", err)
+	}
+	for _, o := range []PodOptions{
+		{VIP: "10.0.0.100/24", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}},
+		{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPPeers: []string{"10.0.1.1,65000"}},
+		{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001},
+		{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1"}},
+		{VIP: "10.0.0.100", Interface: "lo", Announce: "ospf"},
+		{VIP: "10.0.0.100", Interface: "eth0", BGPLocalAS: 65001},
+	} {
+		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
+		}
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	for _, o := range []PodOptions{{Interface: "eth0"}, {VIP: "10.0.0.100"}, {VIP: "10.0.0.300", Interface: "eth0"}, {VIP: "10.0.0.1", Interface: "eth0", LBPort: 70000}, {VIP: "10.0.0.1", Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIP: "10.0.0.1", Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIP: "10.0.0.1", Interface: "eth0", PruneAfter: 5 * time.Second}} {
 		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
