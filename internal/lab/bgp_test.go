@@ -3,8 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"os/exec"
 	"slices"
 	"syscall"
@@ -21,35 +19,13 @@ import (
 // from a node that died without withdrawing (which loses on MED). A router
 // that goes away leaves no node holding the VIP; when it is back, one does.
 func TestBGPLab(t *testing.T) {
-	nstest.RequireRoot(t)
-	if testing.Short() {
-		t.Skip("builds a 3-node routed lab; skipped with -short")
-	}
 	for _, bin := range []string{"bird", "birdc"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
 		}
 	}
+	l := newTestLab(t, "a 3-node routed lab")
 	ctx := context.Background()
-	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
-		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
-	}
-	log := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
-	l, err := New(Config{Dir: t.TempDir() + "/lab", VigilBin: nstest.Binary(t, "vigil"), SelfBin: nstest.Binary(t, "vigil-lab")}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(context.Background()); err != nil {
-			t.Errorf("down: %v", err)
-		}
-		if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
-			t.Errorf("namespaces left after down: %v", nss)
-		}
-	})
 	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP}); err != nil {
 		t.Fatal(err)
 	}

@@ -30,13 +30,17 @@ import (
 // TestDrills builds the real lab (etcd processes, vigil processes) and runs
 // each drill once. Outage bounds here are generous: timing claims live in
 // bench/failover, this test is about correctness.
-func TestDrills(t *testing.T) {
+// newTestLab returns a handle on a lab for a test that builds one (what it
+// builds, for the -short skip), and takes it down when the test ends,
+// checking that no namespace is left. It skips when not root or when a lab
+// is up already.
+func newTestLab(t *testing.T, builds string) *Lab {
+	t.Helper()
 	nstest.RequireRoot(t)
 	if testing.Short() {
-		t.Skip("builds a 3-node lab; skipped with -short")
+		t.Skipf("builds %s; skipped with -short", builds)
 	}
-	ctx := context.Background()
-	if nss, _ := labNamespaces(ctx); len(nss) > 0 {
+	if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
 		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
 	}
 	log := slog.New(slog.DiscardHandler)
@@ -55,6 +59,12 @@ func TestDrills(t *testing.T) {
 			t.Errorf("namespaces left after down: %v", nss)
 		}
 	})
+	return l
+}
+
+func TestDrills(t *testing.T) {
+	l := newTestLab(t, "a 3-node lab")
+	ctx := context.Background()
 	// With --prune-after, replace-node checks vigil's own pruning (the
 	// command is tested by bench/membership and cmd/vigil); 10 s is far
 	// above how long any other drill keeps a node down.
