@@ -62,6 +62,21 @@ func newTestLab(t *testing.T, builds string) *Lab {
 	return l
 }
 
+// mustDrill runs one drill and fails the test if it failed or its outage was
+// over 5 s (vigil's design gives about one lease duration).
+func mustDrill(ctx context.Context, t *testing.T, l *Lab, kind string) Result {
+	t.Helper()
+	r := l.Drill(ctx, kind, 1)
+	t.Log(r)
+	if !r.OK() {
+		t.Fatalf("drill failed: %s", r)
+	}
+	if r.OutageMillis > float64((5 * time.Second).Milliseconds()) {
+		t.Fatalf("outage %.0fms; vigil's design gives about one lease duration", r.OutageMillis)
+	}
+	return r
+}
+
 func TestDrills(t *testing.T) {
 	l := newTestLab(t, "a 3-node lab")
 	ctx := context.Background()
@@ -80,14 +95,7 @@ func TestDrills(t *testing.T) {
 			continue // TestKubeadmLab
 		}
 		t.Run(kind, func(t *testing.T) {
-			r := l.Drill(ctx, kind, 1)
-			t.Log(r)
-			if !r.OK() {
-				t.Fatalf("drill failed: %s", r)
-			}
-			if r.OutageMillis > float64((5 * time.Second).Milliseconds()) {
-				t.Fatalf("outage %.0fms; vigil's design gives about one lease duration", r.OutageMillis)
-			}
+			r := mustDrill(ctx, t, l, kind)
 			switch kind {
 			case DrillReplaceNode, DrillReplaceHealthy, DrillScale:
 				if len(r.Phases) < 3 {
