@@ -2,6 +2,7 @@ package bgp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -45,6 +46,13 @@ protocol bgp vigil {
 	connect retry time 1;
 	ipv4 { import all; export none; };
 }
+protocol bgp vigil6 {
+	local fd00:192::2 as 65000;
+	neighbor fd00:192::1 as 65001;
+	hold time 9;
+	connect retry time 1;
+	ipv6 { import all; export none; };
+}
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +89,10 @@ func speakerChild(t *testing.T, sock string) {
 	sp, err := New(Config{
 		LocalAS:  65001,
 		RouterID: netip.MustParseAddr("192.0.2.1"),
-		Peers:    []Peer{{Address: netip.MustParseAddr("192.0.2.2"), AS: 65000}},
+		Peers: []Peer{
+			{Address: netip.MustParseAddr("192.0.2.2"), AS: 65000},
+			{Address: netip.MustParseAddr("fd00:192::2"), AS: 65000},
+		},
 	}, log)
 	if err != nil {
 		t.Fatal(err)
@@ -116,12 +127,32 @@ func speakerChild(t *testing.T, sock string) {
 		}
 		return nil
 	})
-	// Withdrawn while the session stays up: gone at once.
+	// A dual-stack VIP: the IPv6 host route goes out on the IPv6 session,
+	// next hop this side's IPv6 address.
+	vip6 := netip.MustParseAddr("2001:db8::10")
+	if err := sp.Advertise(ctx, []netip.Addr{vip, vip6}, MED(7)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the IPv6 route at the router", func() error {
+		r, err := birdRoute(sock, vip6)
+		switch {
+		case err != nil:
+			return err
+		case !strings.Contains(r, "2001:db8::10/128"):
+			return fmt.Errorf("no route: %s", r)
+		case !strings.Contains(r, "BGP.next_hop: fd00:192::1"):
+			return fmt.Errorf("wrong next hop: %s", r)
+		case !strings.Contains(r, fmt.Sprintf("BGP.med: %d", MED(7))):
+			return fmt.Errorf("wrong MED: %s", r)
+		}
+		return nil
+	})
+	// Withdrawn while the sessions stay up: gone at once.
 	start := time.Now()
 	if err := sp.Withdraw(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the withdrawal at the router", func() error { return noRoute(sock, vip) })
+	waitFor(t, "the withdrawal at the router", func() error { return errors.Join(noRoute(sock, vip), noRoute(sock, vip6)) })
 	t.Logf("route gone from the router %v after Withdraw", time.Since(start).Round(time.Millisecond))
 	if sp.Advertised() {
 		t.Fatal("Advertised after Withdraw")
@@ -161,7 +192,7 @@ func noRoute(sock string, a netip.Addr) error {
 	if err != nil {
 		return err
 	}
-	if strings.Contains(r, a.String()+"/32") {
+	if strings.Contains(r, netip.PrefixFrom(a, a.BitLen()).String()) {
 		return fmt.Errorf("route still there: %s", r)
 	}
 	return nil
