@@ -178,8 +178,12 @@ type Speaker struct {
 	log *slog.Logger
 	s   *server.BgpServer
 
-	mu         sync.Mutex // guards advertised
+	mu         sync.Mutex // guards advertised and states
 	advertised []*api.Path
+	// states is each peer's session state (by address), kept from GoBGP's
+	// peer events: reading it never waits on the BGP server, so the
+	// election's eligibility check cannot block on it.
+	states map[string]api.PeerState_SessionState
 }
 
 // New validates cfg; nothing runs until Start.
@@ -204,6 +208,17 @@ func (sp *Speaker) Start(ctx context.Context) error {
 		return fmt.Errorf("bgp: start: %w", err)
 	}
 	sp.s = s
+	sp.mu.Lock()
+	sp.states = map[string]api.PeerState_SessionState{}
+	for _, p := range sp.cfg.Peers {
+		sp.states[p.Address.String()] = api.PeerState_IDLE
+	}
+	sp.mu.Unlock()
+	// Session state changes: logged, and kept for Eligible and Peers.
+	if err := s.WatchEvent(context.Background(), &api.WatchEventRequest{Peer: &api.WatchEventRequest_Peer{}}, sp.peerEvent); err != nil {
+		sp.Close()
+		return fmt.Errorf("bgp: watch sessions: %w", err)
+	}
 	for _, p := range sp.cfg.Peers {
 		fams := []*api.AfiSafi{
 			{Config: &api.AfiSafiConfig{Family: family(true), Enabled: true}},
@@ -326,23 +341,48 @@ func (sp *Speaker) Advertised() bool {
 	return len(sp.advertised) > 0
 }
 
-// Peers reports each session's state.
-func (sp *Speaker) Peers(ctx context.Context) []PeerState {
-	var out []PeerState
-	if sp.s == nil {
-		return out
+// peerEvent keeps a session's new state and logs the changes that matter:
+// up, and down from up.
+func (sp *Speaker) peerEvent(r *api.WatchEventResponse) {
+	ev := r.GetPeer()
+	if ev == nil || ev.Type != api.WatchEventResponse_PeerEvent_STATE || ev.Peer.GetState() == nil {
+		return
 	}
-	_ = sp.s.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
-		st := api.PeerState_UNKNOWN
-		if p.State != nil {
-			st = p.State.SessionState
+	addr, st := ev.Peer.State.NeighborAddress, ev.Peer.State.SessionState
+	if a, err := netip.ParseAddr(addr); err == nil {
+		addr = a.Unmap().String()
+	}
+	sp.mu.Lock()
+	was, known := sp.states[addr]
+	if known {
+		sp.states[addr] = st
+	}
+	sp.mu.Unlock()
+	switch {
+	case !known || was == st:
+	case st == api.PeerState_ESTABLISHED:
+		sp.log.Info("BGP session established", "peer", addr)
+	case was == api.PeerState_ESTABLISHED:
+		sp.log.Warn("BGP session down", "peer", addr, "state", strings.ToLower(st.String()))
+	}
+}
+
+// Peers reports each session's state, in --bgp-peer order.
+func (sp *Speaker) Peers(context.Context) []PeerState {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	var out []PeerState
+	for _, p := range sp.cfg.Peers {
+		st, ok := sp.states[p.Address.String()]
+		if !ok {
+			continue // not started
 		}
 		out = append(out, PeerState{
-			Peer:        fmt.Sprintf("%s,%d", p.Conf.NeighborAddress, p.Conf.PeerAsn),
+			Peer:        fmt.Sprintf("%s,%d", p.Address, p.AS),
 			State:       strings.ToLower(st.String()),
 			Established: st == api.PeerState_ESTABLISHED,
 		})
-	})
+	}
 	return out
 }
 
