@@ -196,8 +196,11 @@ type Elector struct {
 	cfg Config
 	log *slog.Logger
 
-	mu     sync.Mutex // guards status
+	mu     sync.Mutex // guards status and checkWhy
 	status Status
+	// checkWhy is the error of the last failed Eligible check while it is
+	// what status.Ineligible says ("" otherwise).
+	checkWhy string
 
 	beat atomic.Int64 // unix nanoseconds of the last turn of a campaign or renewal loop
 }
@@ -354,7 +357,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 				if why := err.Error(); why != ineligible {
 					e.log.Warn("not campaigning: this node cannot hold the VIP now", "err", err)
 					ineligible = why
-					e.setIneligible(why)
+					e.setIneligibleCheck(why)
 				}
 				ok, wait = false, e.cfg.RetryPeriod
 			} else if ineligible != "" {
@@ -362,12 +365,13 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 				ineligible = ""
 				e.setIneligible("")
 			}
-		} else if !ok && ineligible != "" && e.cfg.Eligible != nil && e.cfg.Eligible() == nil {
-			// A peer holds the lock, and what kept this node out is
-			// over: the status must not go on saying it is ineligible.
+		} else if !ok && e.cfg.Eligible != nil && e.failedCheck() && e.cfg.Eligible() == nil {
+			// A peer holds the lock, and what kept this node out (seen
+			// here, or by the renewals that made it step down) is over:
+			// the status must not go on saying it is ineligible.
 			e.log.Info("eligible again: this node can hold the VIP")
 			ineligible = ""
-			e.setIneligible("")
+			e.clearFailedCheck()
 		}
 		if !ok {
 			yielding, yieldOnce = time.Time{}, false // a peer holds it: stand-by starts anew
@@ -568,7 +572,7 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 				}
 				if e.cfg.Eligible != nil {
 					if err := e.cfg.Eligible(); err != nil {
-						e.setIneligible(err.Error())
+						e.setIneligibleCheck(err.Error())
 						return StepDown{CauseIneligible, "this node cannot hold the VIP: " + err.Error()}
 					}
 				}
@@ -723,6 +727,33 @@ func (e *Elector) noteMoved(o Observation, was string) string {
 		e.setIneligible("")
 	}
 	return to
+}
+
+// setIneligibleCheck is setIneligible for a failed Eligible check, which
+// clearFailedCheck may clear.
+func (e *Elector) setIneligibleCheck(why string) {
+	e.mu.Lock()
+	e.status.Ineligible, e.checkWhy = why, why
+	e.mu.Unlock()
+}
+
+// failedCheck tells whether the status's Ineligible is a failed Eligible
+// check (not, say, a retired election).
+func (e *Elector) failedCheck() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.checkWhy != "" && e.status.Ineligible == e.checkWhy
+}
+
+// clearFailedCheck clears the status's Ineligible if it is still the
+// failed check's.
+func (e *Elector) clearFailedCheck() {
+	e.mu.Lock()
+	if e.status.Ineligible == e.checkWhy {
+		e.status.Ineligible = ""
+	}
+	e.checkWhy = ""
+	e.mu.Unlock()
 }
 
 func (e *Elector) setIneligible(why string) {
