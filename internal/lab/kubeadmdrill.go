@@ -363,7 +363,12 @@ func (l *Lab) killVigilContainer(ctx context.Context, n *Node, oom bool, w *vipW
 		if err != nil {
 			return err
 		}
-		if killed, err = waitDead(ctx, pid, 60*time.Second); err != nil {
+		squeeze := func() {
+			if dir, err := memoryCgroup(pid); err == nil {
+				_ = lowerMemoryLimit(dir)
+			}
+		}
+		if killed, err = waitDead(ctx, pid, 60*time.Second, squeeze); err != nil {
 			return err
 		}
 		phase("OOM-killed", fmt.Sprintf("%v after its memory limit was lowered", killed.Sub(limited).Round(time.Millisecond)))
@@ -622,12 +627,21 @@ func (l *Lab) restartVigilPod(ctx context.Context, n *Node, w *vipWatch, k *Kube
 	return err
 }
 
-// waitDead returns when pid has exited, polled every millisecond.
-func waitDead(ctx context.Context, pid int, d time.Duration) (time.Time, error) {
+// waitDead returns when pid has exited, polled every millisecond; every
+// 200 ms meanwhile it calls squeeze (when not nil). A starved process
+// whose cgroup still holds page cache (its own binary's text, which the
+// kernel can drop and read again) is not OOM-killed until that is gone:
+// lowering the limit again, to just below the usage, takes it away.
+func waitDead(ctx context.Context, pid int, d time.Duration, squeeze func()) (time.Time, error) {
 	deadline := time.Now().Add(d)
+	next := time.Now().Add(200 * time.Millisecond)
 	for alive(pid) {
 		if time.Now().After(deadline) {
 			return time.Time{}, fmt.Errorf("vigil (pid %d) still alive %v after its memory limit was lowered", pid, d)
+		}
+		if squeeze != nil && time.Now().After(next) {
+			squeeze()
+			next = time.Now().Add(200 * time.Millisecond)
 		}
 		if !sleepCtx(ctx, time.Millisecond) {
 			return time.Time{}, ctx.Err()
@@ -642,30 +656,14 @@ func waitDead(ctx context.Context, pid int, d time.Duration) (time.Time, error) 
 // what it cannot reclaim (EBUSY), so the write is retried as vigil's use
 // moves. It returns when the limit took.
 func starveMemory(ctx context.Context, pid int) (time.Time, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	dir, err := memoryCgroup(pid)
 	if err != nil {
 		return time.Time{}, err
-	}
-	var dir string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.SplitN(line, ":", 3); len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "memory") {
-			dir = filepath.Join(cgroupFS, "memory", f[2])
-		}
-	}
-	if dir == "" {
-		return time.Time{}, fmt.Errorf("no memory cgroup for pid %d", pid)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	var last error
 	for time.Now().Before(deadline) {
-		u, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
-		if err != nil {
-			return time.Time{}, err
-		}
-		var usage int64
-		fmt.Sscan(strings.TrimSpace(string(u)), &usage)
-		limit := usage - 256<<10
-		if last = os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0o644); last == nil {
+		if last = lowerMemoryLimit(dir); last == nil {
 			return time.Now(), nil
 		}
 		if !sleepCtx(ctx, 50*time.Millisecond) {
@@ -673,6 +671,32 @@ func starveMemory(ctx context.Context, pid int) (time.Time, error) {
 		}
 	}
 	return time.Time{}, fmt.Errorf("could not lower the memory limit of %s: %w", dir, last)
+}
+
+// memoryCgroup is the cgroup v1 memory directory of pid.
+func memoryCgroup(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "memory") {
+			return filepath.Join(cgroupFS, "memory", f[2]), nil
+		}
+	}
+	return "", fmt.Errorf("no memory cgroup for pid %d", pid)
+}
+
+// lowerMemoryLimit sets dir's limit 256 KiB below its usage now; the
+// kernel refuses (EBUSY) when it cannot reclaim that much.
+func lowerMemoryLimit(dir string) error {
+	u, err := os.ReadFile(filepath.Join(dir, "memory.usage_in_bytes"))
+	if err != nil {
+		return err
+	}
+	var usage int64
+	fmt.Sscan(strings.TrimSpace(string(u)), &usage)
+	return os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(usage-256<<10)), 0o644)
 }
 
 // lastTermination is why vigil's container in the static pod on node last
