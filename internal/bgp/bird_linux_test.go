@@ -113,40 +113,14 @@ func speakerChild(t *testing.T, sock string) {
 	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(7)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the route at the router", func() error {
-		r, err := birdRoute(sock, vip)
-		switch {
-		case err != nil:
-			return err
-		case !strings.Contains(r, "198.51.100.10/32"):
-			return fmt.Errorf("no route: %s", r)
-		case !strings.Contains(r, "BGP.next_hop: 192.0.2.1"):
-			return fmt.Errorf("wrong next hop: %s", r)
-		case !strings.Contains(r, fmt.Sprintf("BGP.med: %d", MED(7))):
-			return fmt.Errorf("wrong MED: %s", r)
-		}
-		return nil
-	})
+	waitFor(t, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(7)) })
 	// A dual-stack VIP: the IPv6 host route goes out on the IPv6 session,
 	// next hop this side's IPv6 address.
 	vip6 := netip.MustParseAddr("2001:db8::10")
 	if err := sp.Advertise(ctx, []netip.Addr{vip, vip6}, MED(7)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the IPv6 route at the router", func() error {
-		r, err := birdRoute(sock, vip6)
-		switch {
-		case err != nil:
-			return err
-		case !strings.Contains(r, "2001:db8::10/128"):
-			return fmt.Errorf("no route: %s", r)
-		case !strings.Contains(r, "BGP.next_hop: fd00:192::1"):
-			return fmt.Errorf("wrong next hop: %s", r)
-		case !strings.Contains(r, fmt.Sprintf("BGP.med: %d", MED(7))):
-			return fmt.Errorf("wrong MED: %s", r)
-		}
-		return nil
-	})
+	waitFor(t, "the IPv6 route at the router", func() error { return routeIs(sock, vip6, "fd00:192::1", MED(7)) })
 	// Withdrawn while the sessions stay up: gone at once.
 	start := time.Now()
 	if err := sp.Withdraw(ctx); err != nil {
@@ -185,6 +159,22 @@ func birdRoute(sock string, a netip.Addr) (string, error) {
 		return "", fmt.Errorf("birdc: %w: %s", err, out)
 	}
 	return string(out), nil
+}
+
+// routeIs checks BIRD's route to a: a host route, next hop nh, MED med.
+func routeIs(sock string, a netip.Addr, nh string, med uint32) error {
+	r, err := birdRoute(sock, a)
+	switch {
+	case err != nil:
+		return err
+	case !strings.Contains(r, netip.PrefixFrom(a, a.BitLen()).String()):
+		return fmt.Errorf("no route: %s", r)
+	case !strings.Contains(r, "BGP.next_hop: "+nh):
+		return fmt.Errorf("wrong next hop: %s", r)
+	case !strings.Contains(r, fmt.Sprintf("BGP.med: %d", med)):
+		return fmt.Errorf("wrong MED: %s", r)
+	}
+	return nil
 }
 
 func noRoute(sock string, a netip.Addr) error {
