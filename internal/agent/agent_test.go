@@ -23,12 +23,11 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...) }
+func TestMain(m *testing.M) { etcdtest.Main(m, etcdtest.LeakOptions()...) }
 
 // standIn is an HTTPS server answering /readyz with 200 and every other path
 // with its name, on a given address, like a kube-apiserver on a node.

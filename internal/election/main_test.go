@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
@@ -19,5 +18,5 @@ func startEmbedded(cfg *embed.Config) (*embed.Etcd, error) {
 }
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, etcdtest.LeakOptions()...)
+	etcdtest.Main(m, etcdtest.LeakOptions()...)
 }

@@ -13,13 +13,12 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, etcdtest.MemberChangeLeakOptions()...)
+	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
 }
 
 func testLog(t *testing.T) *slog.Logger {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
@@ -22,7 +21,7 @@ func TestMain(m *testing.M) {
 	// A killed member leaves etcd's own peer HTTP goroutines behind, and
 	// the options that ignore them would hide the Lister's too:
 	// TestListerKeepsOneConnection counts the Lister's connections instead.
-	goleak.VerifyTestMain(m, etcdtest.MemberChangeLeakOptions()...)
+	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
 }
 
 func ctx(t *testing.T) context.Context {

@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, etcdtest.LeakOptions()...) }
+func TestMain(m *testing.M) { etcdtest.Main(m, etcdtest.LeakOptions()...) }
 
 func TestRules(t *testing.T) {
 	now := time.Now()

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"os"
 	"sync"
@@ -39,6 +40,11 @@ type request struct {
 	start, end time.Time
 	node       string // which API server answered
 	err        string
+	// reached, for a request that failed: the API server it reached
+	// through the VIP, when the TLS handshake with that server completed
+	// and the request was written: vigil had delivered it to a live
+	// server, which did not answer in time.
+	reached string
 }
 
 // httpsProber sends GET /version through VIP:port from the client namespace.
@@ -47,6 +53,9 @@ type httpsProber struct {
 	url    string
 	stop   chan struct{}
 	wg     sync.WaitGroup
+	// servers names the API servers by the addresses in their serving
+	// certificates, so that a failed request says which server it reached.
+	servers map[netip.Addr]string
 
 	mu   sync.Mutex // guards reqs
 	reqs []request
@@ -60,9 +69,13 @@ func (l *Lab) startHTTPSProber(port int, timeout time.Duration) (*httpsProber, e
 		return nil, err
 	}
 	p := &httpsProber{
-		client: &http.Client{Timeout: timeout, Transport: tr},
-		url:    vipURL(port, "/version"),
-		stop:   make(chan struct{}),
+		client:  &http.Client{Timeout: timeout, Transport: tr},
+		url:     vipURL(port, "/version"),
+		stop:    make(chan struct{}),
+		servers: map[netip.Addr]string{},
+	}
+	for _, n := range l.st.Nodes {
+		p.servers[n.IP] = n.Name
 	}
 	p.wg.Add(1)
 	go func() {
@@ -83,7 +96,19 @@ func (l *Lab) startHTTPSProber(port int, timeout time.Duration) (*httpsProber, e
 
 func (p *httpsProber) once() {
 	r := request{start: time.Now()}
-	resp, err := p.client.Get(p.url)
+	tr := &requestTrace{start: r.start, servers: p.servers}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), tr.hooks()), http.MethodGet, p.url, nil)
+	if err != nil {
+		panic(err) // a constant URL
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		// How far the request got: a timeout alone does not say whether
+		// the connection, the handshake or the server was slow, nor which
+		// server the load balancer chose.
+		err = fmt.Errorf("%w [%s]", err, tr.String())
+		r.reached = tr.reachedServer()
+	}
 	if err == nil {
 		var v struct{ Node string }
 		err = json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&v)
@@ -100,6 +125,96 @@ func (p *httpsProber) once() {
 	p.mu.Lock()
 	p.reqs = append(p.reqs, r)
 	p.mu.Unlock()
+}
+
+// requestTrace records how far one request through the VIP got, and which
+// API server it reached, for the message of a request that fails.
+type requestTrace struct {
+	start   time.Time
+	servers map[netip.Addr]string
+
+	mu                          sync.Mutex
+	connected, handshaken, sent time.Duration // 0: not reached
+	server                      string
+}
+
+func (t *requestTrace) hooks() *httptrace.ClientTrace {
+	at := func(d *time.Duration) {
+		t.mu.Lock()
+		*d = time.Since(t.start)
+		t.mu.Unlock()
+	}
+	return &httptrace.ClientTrace{
+		ConnectDone: func(_, _ string, err error) {
+			if err == nil {
+				at(&t.connected)
+			}
+		},
+		TLSHandshakeDone: func(cs tls.ConnectionState, err error) {
+			if err != nil {
+				return
+			}
+			at(&t.handshaken)
+			if len(cs.PeerCertificates) == 0 {
+				return
+			}
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			// The node's own address, among the certificate's (the VIP's,
+			// the Service's): a name for the lab's first nodes, the address
+			// for a machine added since.
+			for _, ip := range cs.PeerCertificates[0].IPAddresses {
+				a, ok := netip.AddrFromSlice(ip)
+				if !ok || a.Unmap() == VIP.Addr() || !VIP.Masked().Contains(a.Unmap()) {
+					continue
+				}
+				if name, ok := t.servers[a.Unmap()]; ok {
+					t.server = name
+				} else {
+					t.server = a.Unmap().String()
+				}
+			}
+		},
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				at(&t.sent)
+			}
+		},
+	}
+}
+
+// reachedServer is the server the request was written to after a
+// completed TLS handshake, or "".
+func (t *requestTrace) reachedServer() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.handshaken == 0 || t.sent == 0 {
+		return ""
+	}
+	return t.server
+}
+
+// String tells how far the request got, e.g. "connected 1ms, TLS 9ms
+// (server n2), request sent 9ms, no reply".
+func (t *requestTrace) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+	if t.connected == 0 {
+		return "no TCP connection"
+	}
+	s := "connected " + ms(t.connected)
+	if t.handshaken == 0 {
+		return s + ", no TLS handshake"
+	}
+	s += ", TLS " + ms(t.handshaken)
+	if t.server != "" {
+		s += " (server " + t.server + ")"
+	}
+	if t.sent == 0 {
+		return s + ", request not sent"
+	}
+	return s + ", request sent " + ms(t.sent)
 }
 
 // close stops the prober and returns every request. Safe to call twice.

@@ -117,6 +117,13 @@ type KubeadmResult struct {
 	// OutsideErrors are the first requests that failed outside the
 	// failover window: when, in which phase, and why.
 	OutsideErrors []string `json:"outsideErrors,omitempty"`
+	// LateAnswers are requests outside the failover window that vigil
+	// delivered to a live API server (TLS handshake with it completed, the
+	// request written) and that the server did not answer within the
+	// request timeout. Not counted in FailedOutside; LateAnswerErrors are
+	// the first of them.
+	LateAnswers      int      `json:"lateAnswers,omitempty"`
+	LateAnswerErrors []string `json:"lateAnswerErrors,omitempty"`
 	// LeaseHolder is, for kubeadm-lease, the holder of the Lease after the
 	// move (the node with the VIP), and Order the order the nodes moved in.
 	LeaseHolder string   `json:"leaseHolder,omitempty"`
@@ -151,6 +158,12 @@ func (k *KubeadmResult) String() string {
 	s += fmt.Sprintf("; requests through the VIP %d, failed %d (%d outside the %.0fms failover window)", k.Requests, k.Failed, k.FailedOutside, k.FailoverMs)
 	for _, e := range k.OutsideErrors {
 		s += "\n      outside: " + e
+	}
+	if k.LateAnswers > 0 {
+		s += fmt.Sprintf("\n      delivered to a live API server that answered late (not counted as failed): %d", k.LateAnswers)
+		for _, e := range k.LateAnswerErrors {
+			s += "\n      late: " + e
+		}
 	}
 	for _, p := range k.Preflights {
 		s += fmt.Sprintf("\n      vigil members preflight %s: %s", p.When, preflightLine(p))
@@ -264,6 +277,20 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	k.FailoverMs = millis(recovered.Sub(fault))
 	for _, q := range reqs {
 		if q.err != "" && (q.end.Before(fault) || q.start.After(recovered.Add(time.Second))) {
+			if q.reached != "" {
+				// vigil delivered it: the TLS handshake with a live API
+				// server completed through the VIP (a dead or frozen
+				// server cannot complete one) and the request was
+				// written; the server then did not answer in time. On
+				// two cores running four control planes this happens
+				// (a CI run's kubeadm join, a Lease move under load
+				// here). Reported, but not vigil's failure.
+				k.LateAnswers++
+				if len(k.LateAnswerErrors) < 5 {
+					k.LateAnswerErrors = append(k.LateAnswerErrors, fmt.Sprintf("+%v (%s): %s", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(phaseStart, q.start), q.err))
+				}
+				continue
+			}
 			k.FailedOutside++
 			if len(k.OutsideErrors) < 5 {
 				// When, from the fault, and in which phase.

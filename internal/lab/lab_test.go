@@ -277,6 +277,7 @@ func TestKubeadmLab(t *testing.T) {
 			defer func() {
 				if t.Failed() {
 					t.Log(vigilPodLogs(l, 40))
+					keepLabLogs(t, l)
 				}
 			}()
 			if !r.OK() || r.Kubeadm == nil {
@@ -611,4 +612,26 @@ func vigilPodLogs(l *Lab, lines int) string {
 		}
 	}
 	return b.String()
+}
+
+// keepLabLogs copies every container log of the lab's machines (vigil's,
+// the API servers', etcd's, kubelet's pods) to the directory named by
+// VIGIL_TEST_LOGS, when it is set: the lab is gone once the test ends.
+func keepLabLogs(t *testing.T, l *Lab) {
+	dst := os.Getenv("VIGIL_TEST_LOGS")
+	if dst == "" {
+		return
+	}
+	dst = filepath.Join(dst, strings.ReplaceAll(t.Name(), "/", "_"))
+	for _, n := range l.st.Nodes {
+		src := filepath.Join(l.nodeDir(n), "machine", "var-log-pods")
+		if err := os.MkdirAll(filepath.Join(dst, n.Name), 0o755); err != nil {
+			t.Logf("keeping logs: %v", err)
+			return
+		}
+		if out, err := exec.Command("cp", "-r", src, filepath.Join(dst, n.Name)).CombinedOutput(); err != nil {
+			t.Logf("keeping %s's logs: %v: %s", n.Name, err, out)
+		}
+	}
+	t.Logf("container logs kept in %s", dst)
 }

@@ -11,13 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, etcdtest.MemberChangeLeakOptions()...)
+	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
 }
 
 func newCluster(t *testing.T, c *etcdtest.Cluster) *Cluster {
