@@ -3,10 +3,12 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,6 +128,24 @@ func StartDistinct(t testing.TB, n int) *Cluster {
 func Host(i int) string { return fmt.Sprintf("127.0.0.%d", 11+i) }
 
 func start(t testing.TB, n int, distinct bool) *Cluster {
+	// FreePort's ports were free a moment ago; another test binary running
+	// beside this one (go test runs packages in parallel) may take one
+	// first. Then the whole cluster starts again on new ports.
+	for attempt := 1; ; attempt++ {
+		c, err := tryStart(t, n, distinct)
+		if err == nil {
+			t.Cleanup(c.Close)
+			return c
+		}
+		inUse := errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
+		if !inUse || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("%v; starting the cluster again on other ports", err)
+	}
+}
+
+func tryStart(t testing.TB, n int, distinct bool) (*Cluster, error) {
 	c := &Cluster{t: t, distinct: distinct}
 	clientPorts, peerPorts := make([]int, n), make([]int, n)
 	var initial []string
@@ -141,7 +161,7 @@ func start(t testing.TB, n int, distinct bool) *Cluster {
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
 			c.Close()
-			t.Fatalf("start etcd member %s: %v", c.Names[i], err)
+			return nil, fmt.Errorf("start etcd member %s: %w", c.Names[i], err)
 		}
 		c.Members = append(c.Members, e)
 		c.cfgs = append(c.cfgs, cfg)
@@ -152,11 +172,10 @@ func start(t testing.TB, n int, distinct bool) *Cluster {
 		case <-e.Server.ReadyNotify():
 		case <-time.After(30 * time.Second):
 			c.Close()
-			t.Fatalf("etcd member %s not ready", c.Names[i])
+			return nil, fmt.Errorf("etcd member %s not ready", c.Names[i])
 		}
 	}
-	t.Cleanup(c.Close)
-	return c
+	return c, nil
 }
 
 // Leader returns the index of the raft leader, or -1.
