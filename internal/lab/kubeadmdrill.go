@@ -320,6 +320,11 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	if k.FailedOutside > 0 && kind != DrillKubeadmCertsRenew {
 		return fmt.Errorf("%d requests through the VIP failed outside the failover window", k.FailedOutside)
 	}
+	// A slow server costs one late request per timeout (the client sends
+	// one at a time): more than 1% late is no longer load, whoever is slow.
+	if k.LateAnswers*100 > k.Requests && kind != DrillKubeadmCertsRenew {
+		return fmt.Errorf("%d of %d requests through the VIP were answered late by the API server they reached (more than 1%%)", k.LateAnswers, k.Requests)
+	}
 	return nil
 }
 
