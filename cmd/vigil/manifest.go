@@ -49,7 +49,7 @@ Lease election").`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.VIP, "vip", "", "virtual IP, optionally with prefix length (required)")
+	f.StringSliceVar(&o.VIPs, "vip", nil, "virtual IP, optionally with prefix length (required); twice, one IPv4 and one IPv6, for dual-stack")
 	f.StringVar(&o.Interface, "interface", "", "interface that carries the VIP (required)")
 	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
 	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")

@@ -23,7 +23,7 @@ import (
 func newRunCmd() *cobra.Command {
 	var (
 		cfg       daemon.Config
-		vipFlag   string
+		vipFlag   []string
 		logLevel  string
 		logFormat string
 		guard     bool
@@ -134,7 +134,7 @@ any rights. See docs/kubeadm.md.`,
 			if cfg.NodeName == "" {
 				cfg.NodeName, _ = os.Hostname() // "" if unknown; Validate then asks for --node-name
 			}
-			if cfg.VIP, err = daemon.ParseVIP(vipFlag); err != nil {
+			if cfg.VIPs, err = daemon.ParseVIPs(vipFlag); err != nil {
 				return err
 			}
 			if guard {
@@ -147,7 +147,7 @@ any rights. See docs/kubeadm.md.`,
 	}
 	f := cmd.Flags()
 	config.AddFlag(f, string(config.SectionRun))
-	f.StringVar(&vipFlag, "vip", "", "virtual IP with prefix length, e.g. 10.250.0.100/24 (a bare address means /32 or /128)")
+	f.StringSliceVar(&vipFlag, "vip", nil, "virtual IP with prefix length, e.g. 10.250.0.100/24 (a bare address means /32 or /128); give it twice, one IPv4 and one IPv6, for a dual-stack VIP that moves as one")
 	f.StringVar(&cfg.Interface, "interface", "", "interface that carries the VIP, e.g. eth0")
 	f.StringVar(&cfg.NodeName, "node-name", "", "this node's name in the election; unique per control-plane node (default: the host name)")
 	f.StringVar(&cfg.Election, "election", daemon.ElectionEtcd, "election backend: etcd (works before the API server exists) or kubernetes (a coordination.k8s.io/v1 Lease)")
@@ -228,7 +228,7 @@ A vigil run that no guard listens to does not hold the VIP.`,
 				signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 				return daemon.Guard(cfg, os.Stdin, log)
 			}
-			if _, err := daemon.ParseVIP(cfg.VIP); err != nil {
+			if _, err := daemon.ParseVIPs(cfg.VIPs); err != nil {
 				return err
 			}
 			if err := os.Remove(listen); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -248,7 +248,7 @@ A vigil run that no guard listens to does not hold the VIP.`,
 			return daemon.ServeGuard(ctx, cfg, ln, log)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.VIP, "vip", "", "VIP to remove")
+	cmd.Flags().StringSliceVar(&cfg.VIPs, "vip", nil, "VIP to remove (twice for dual-stack)")
 	cmd.Flags().StringVar(&cfg.Interface, "interface", "", "interface that carries it")
 	cmd.Flags().DurationVar(&cfg.Slack, "slack", 0, "without --listen: remove the VIP this long after a lease deadline vigil run sent passes without a newer one (with --listen, each vigil run sends its own)")
 	cmd.Flags().StringVar(&listen, "listen", "", "serve vigil run --guard-socket on this Unix socket, as a process of its own (the static pod's guard container)")

@@ -7,6 +7,7 @@ package announce
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -29,6 +30,10 @@ var burst = []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond}
 type Config struct {
 	Interface string
 	Address   netip.Addr
+	// Also are further addresses announced with Address each time: the
+	// other family's VIP of a dual-stack cluster (ARP for IPv4, NA for
+	// IPv6).
+	Also []netip.Addr
 	// Interval between periodic announcements; DefaultInterval when zero.
 	Interval time.Duration
 }
@@ -55,8 +60,15 @@ func New(cfg Config, log *slog.Logger) (*Announcer, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
+	for _, a := range cfg.Also {
+		if !a.IsValid() {
+			return nil, fmt.Errorf("announce: invalid address")
+		}
+	}
 	return &Announcer{cfg: cfg, send: newSender(), log: log.With("vip", cfg.Address.String(), "interface", cfg.Interface)}, nil
 }
+
+func (a *Announcer) addrs() []netip.Addr { return append([]netip.Addr{a.cfg.Address}, a.cfg.Also...) }
 
 // Prepare opens the sockets announcements need, so that the first one after
 // a failover does not pay for it. Errors are reported again by Once.
@@ -65,22 +77,29 @@ func (a *Announcer) Prepare() error {
 	if err != nil {
 		return fmt.Errorf("announce %s: %w", a.cfg.Address, err)
 	}
-	return a.send.prepare(ifi, a.cfg.Address)
+	var errs []error
+	for _, ip := range a.addrs() {
+		errs = append(errs, a.send.prepare(ifi, ip))
+	}
+	return errors.Join(errs...)
 }
 
 // Close releases the sockets. Call it after the last Run has returned.
 func (a *Announcer) Close() { a.send.close() }
 
-// Once sends one announcement now.
+// Once sends one announcement now, for every address.
 func (a *Announcer) Once() error {
 	ifi, err := net.InterfaceByName(a.cfg.Interface)
 	if err != nil {
 		return fmt.Errorf("announce %s: %w", a.cfg.Address, err)
 	}
-	if err := a.send.send(ifi, a.cfg.Address); err != nil {
-		return fmt.Errorf("announce %s on %s: %w", a.cfg.Address, a.cfg.Interface, err)
+	var errs []error
+	for _, ip := range a.addrs() {
+		if err := a.send.send(ifi, ip); err != nil {
+			errs = append(errs, fmt.Errorf("announce %s on %s: %w", ip, a.cfg.Interface, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Run sends the initial burst, then one announcement per interval, until ctx

@@ -68,3 +68,41 @@ func forEachVIP(t *testing.T, f func(t *testing.T, vip, bits string)) {
 		t.Run(vip, func(t *testing.T) { f(t, vip, bits) })
 	}
 }
+
+// TestDualStackAnnouncesBoth: one Once with an IPv4 and an IPv6 address
+// moves B's neighbour entries for both.
+func TestDualStackAnnouncesBoth(t *testing.T) {
+	p := nstest.NewPair(t)
+	v4, v6 := "192.0.2.100", "fd00:192::100"
+	for _, ip := range []string{v4, v6} {
+		nstest.IP(t, "-n", p.B, "neigh", "replace", ip, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
+	}
+	nstest.IP(t, "-n", p.A, "addr", "add", v4+"/24", "dev", "a0")
+	nstest.IP(t, "-n", p.A, "addr", "add", v6+"/64", "dev", "a0", "nodad")
+	var mac string
+	err := netns.Do(p.A, func() error {
+		ifi, err := net.InterfaceByName("a0")
+		if err != nil {
+			return err
+		}
+		mac = ifi.HardwareAddr.String()
+		a, err := New(Config{Interface: "a0", Address: netip.MustParseAddr(v4), Also: []netip.Addr{netip.MustParseAddr(v6)}}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer a.Close()
+		return a.Once()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ip := range []string{v4, v6} {
+		deadline := time.Now().Add(5 * time.Second)
+		for out := ""; !strings.Contains(out, mac); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("B's neighbour entry for %s is %q, want it to point at A (%s)", ip, strings.TrimSpace(out), mac)
+			}
+			out = nstest.IP(t, "-n", p.B, "neigh", "show", ip, "dev", "b0")
+		}
+	}
+}

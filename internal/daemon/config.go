@@ -32,7 +32,10 @@ var ErrConfig = errors.New("invalid configuration")
 
 // Config is everything `vigil run` needs.
 type Config struct {
-	VIP       netip.Prefix
+	// VIPs are the virtual IPs, one per address family: one address, or
+	// an IPv4 and an IPv6 address that one election holds, announces,
+	// load-balances and releases together (dual-stack).
+	VIPs      []netip.Prefix
 	Interface string
 	NodeName  string
 
@@ -195,11 +198,66 @@ func ParseVIP(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
+// ParseVIPs parses --vip given once, or twice for dual-stack (one address
+// per family); see ParseVIP and CheckVIPs.
+func ParseVIPs(ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range ss {
+		p, err := ParseVIP(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, CheckVIPs(out)
+}
+
+// CheckVIPs accepts one VIP, or two of different families.
+func CheckVIPs(vips []netip.Prefix) error {
+	switch {
+	case len(vips) == 0:
+		return fmt.Errorf("%w: --vip is required", ErrConfig)
+	case len(vips) > 2:
+		return fmt.Errorf("%w: --vip given %d times: give one VIP, or two for dual-stack (one IPv4, one IPv6)", ErrConfig, len(vips))
+	case len(vips) == 2 && vips[0].Addr().Is4() == vips[1].Addr().Is4():
+		return fmt.Errorf("%w: --vip %s and %s are of the same family: a dual-stack VIP is one IPv4 and one IPv6 address", ErrConfig, vips[0], vips[1])
+	}
+	for _, p := range vips {
+		if !p.IsValid() {
+			return fmt.Errorf("%w: --vip is required", ErrConfig)
+		}
+		if p.Addr().Is4In6() {
+			return fmt.Errorf("%w: --vip %s: give an IPv4 VIP in dotted form, not IPv4-mapped IPv6", ErrConfig, p)
+		}
+	}
+	return nil
+}
+
+// VIPAddrs returns the addresses of the VIPs.
+func (c *Config) VIPAddrs() []netip.Addr {
+	out := make([]netip.Addr, len(c.VIPs))
+	for i, p := range c.VIPs {
+		out[i] = p.Addr()
+	}
+	return out
+}
+
+// VIPString lists the VIPs, comma-separated.
+func (c *Config) VIPString() string { return vipList(c.VIPs) }
+
+func vipList(vips []netip.Prefix) string {
+	s := make([]string, len(vips))
+	for i, p := range vips {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
 // Validate checks everything that can be checked without touching the
 // network or etcd.
 func (c *Config) Validate() error {
-	if !c.VIP.IsValid() {
-		return fmt.Errorf("%w: --vip is required", ErrConfig)
+	if err := CheckVIPs(c.VIPs); err != nil {
+		return err
 	}
 	if c.Interface == "" {
 		return fmt.Errorf("%w: --interface is required", ErrConfig)
@@ -295,8 +353,10 @@ func (c *Config) validateAnnounce() error {
 	default:
 		return fmt.Errorf("%w: unknown --announce %q (arp or bgp)", ErrConfig, c.Announce)
 	}
-	if c.VIP.Bits() != c.VIP.Addr().BitLen() {
-		return fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto --interface", ErrConfig, c.VIP, c.VIP.Addr(), c.VIP.Addr().BitLen())
+	for _, v := range c.VIPs {
+		if v.Bits() != v.Addr().BitLen() {
+			return fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto --interface", ErrConfig, v, v.Addr(), v.Addr().BitLen())
+		}
 	}
 	if c.BGPLocalAS < 0 || c.BGPLocalAS > 4294967294 {
 		return fmt.Errorf("%w: --bgp-local-as %d: give this node's AS number, 1 to 4294967294", ErrConfig, c.BGPLocalAS)
@@ -362,7 +422,7 @@ func (c *Config) checkLeaseServer() error {
 	if err != nil {
 		return fmt.Errorf("%w: --kubeconfig %s: server %q: %w", ErrConfig, c.Kubeconfig, server, err)
 	}
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil && a.Unmap() == c.VIP.Addr() {
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil && slices.Contains(c.VIPAddrs(), a.Unmap()) {
 		return fmt.Errorf("%w: --kubeconfig %s points at the VIP (%s): the Lease election must reach an API server without the VIP it elects, or with no holder nobody could ever take the Lease. Point it at this node's own API server (https://<node IP>:6443)", ErrConfig, c.Kubeconfig, server)
 	}
 	return nil

@@ -48,7 +48,7 @@ func TestParseVIP(t *testing.T) {
 
 func validConfig() Config {
 	return Config{
-		VIP:           netip.MustParsePrefix("10.250.0.100/24"),
+		VIPs:          []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")},
 		Interface:     "eth0",
 		NodeName:      "cp1",
 		Election:      "etcd",
@@ -72,7 +72,12 @@ func TestValidate(t *testing.T) {
 		wantErr error
 	}{
 		{"valid", func(*Config) {}, nil},
-		{"no vip", func(c *Config) { c.VIP = netip.Prefix{} }, ErrConfig},
+		{"no vip", func(c *Config) { c.VIPs = nil }, ErrConfig},
+		{"dual-stack", func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) }, nil},
+		{"two IPv4 VIPs", func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("10.250.0.101/24")) }, ErrConfig},
+		{"three VIPs", func(c *Config) {
+			c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64"), netip.MustParsePrefix("fd00:250::101/64"))
+		}, ErrConfig},
 		{"no interface", func(c *Config) { c.Interface = "" }, ErrConfig},
 		{"no node name", func(c *Config) { c.NodeName = "" }, ErrConfig},
 		{"unknown backend", func(c *Config) { c.Election = "raft" }, ErrConfig},
@@ -199,7 +204,7 @@ func TestValidateKubernetesElection(t *testing.T) {
 func TestValidateAnnounce(t *testing.T) {
 	bgpConfig := func() Config {
 		c := validConfig()
-		c.VIP = netip.MustParsePrefix("10.250.0.100/32")
+		c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/32")}
 		c.Interface = "lo"
 		c.Announce = AnnounceBGP
 		c.BGPLocalAS = 65001
@@ -221,7 +226,8 @@ func TestValidateAnnounce(t *testing.T) {
 	bad := map[string]func(c *Config){
 		"need --announce bgp":     func(c *Config) { c.Announce = AnnounceARP },
 		"unknown --announce":      func(c *Config) { c.Announce = "ospf" },
-		"host address":            func(c *Config) { c.VIP = netip.MustParsePrefix("10.250.0.100/24") },
+		"host address":            func(c *Config) { c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")} },
+		"fd00:250::100/64":        func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) },
 		"--bgp-local-as":          func(c *Config) { c.BGPLocalAS = 0 },
 		"--bgp-local-as -1":       func(c *Config) { c.BGPLocalAS = -1 },
 		"not an IPv4 address":     func(c *Config) { c.BGPRouterID = "router1" },

@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -41,7 +43,8 @@ import (
 
 // GuardConfig is what the guard needs to know.
 type GuardConfig struct {
-	VIP       string
+	// VIPs are the addresses to remove: one, or two in dual-stack.
+	VIPs      []string
 	Interface string
 	// Slack is how long after vigil's own deadline the guard acts: vigil
 	// steps down at its deadline when it runs, so the guard does not race
@@ -70,11 +73,11 @@ func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
 }
 
 func guardVIP(cfg GuardConfig, log *slog.Logger) (*vip.Manager, error) {
-	p, err := ParseVIP(cfg.VIP)
+	ps, err := ParseVIPs(cfg.VIPs)
 	if err != nil {
 		return nil, err
 	}
-	return vip.New(vip.Config{Address: p, Interface: cfg.Interface}, log)
+	return vip.New(vip.Config{Address: ps[0], Also: ps[1:], Interface: cfg.Interface}, log)
 }
 
 // guardStream reads deadlines from r until EOF, removing the VIP when one
@@ -128,7 +131,7 @@ func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog
 		ln.Close()
 		return err
 	}
-	log.Info("guard listening", "socket", ln.Addr().String(), "vip", cfg.VIP, "interface", cfg.Interface)
+	log.Info("guard listening", "socket", ln.Addr().String(), "vip", strings.Join(cfg.VIPs, ","), "interface", cfg.Interface)
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -281,12 +284,21 @@ func (g *guardProc) stayConnected(ctx context.Context) {
 	}
 }
 
+// guardVIPArgs is "guard" and a --vip per VIP.
+func guardVIPArgs(vips []netip.Prefix) []string {
+	args := []string{"guard"}
+	for _, v := range vips {
+		args = append(args, "--vip", v.String())
+	}
+	return args
+}
+
 // startGuard starts `bin guard` and keeps it running until ctx is done.
 func startGuard(ctx context.Context, bin string, cfg Config, log *slog.Logger) (*guardProc, error) {
 	g := &guardProc{
 		bin: bin,
-		args: []string{"guard", "--vip", cfg.VIP.String(), "--interface", cfg.Interface,
-			"--slack", guardSlack(cfg.LeaseDuration, cfg.RenewDeadline).String()},
+		args: append(guardVIPArgs(cfg.VIPs), "--interface", cfg.Interface,
+			"--slack", guardSlack(cfg.LeaseDuration, cfg.RenewDeadline).String()),
 		log:   log,
 		kick:  make(chan struct{}, 1),
 		wrote: make(chan struct{}),

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"log/slog"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,7 +116,7 @@ func (h *holder) start(ctx context.Context) {
 	h.m.leaderRuns.Inc()
 	h.m.vipHeld.Set(1)
 	if h.events != nil {
-		h.events.Emit(false, kube.ReasonBecameLeader, "%s became leader and holds the VIP %s on %s", h.cfg.NodeName, h.cfg.VIP, h.cfg.Interface)
+		h.events.Emit(false, kube.ReasonBecameLeader, "%s became leader and holds the VIP %s on %s", h.cfg.NodeName, h.cfg.VIPString(), h.cfg.Interface)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -125,7 +124,7 @@ func (h *holder) start(ctx context.Context) {
 	h.since = time.Now()
 	if h.speaker != nil {
 		actx, cancel := context.WithTimeout(ctx, time.Second)
-		err := h.speaker.Advertise(actx, []netip.Addr{h.cfg.VIP.Addr()}, bgp.MED(h.term()))
+		err := h.speaker.Advertise(actx, h.cfg.VIPAddrs(), bgp.MED(h.term()))
 		cancel()
 		if err != nil {
 			h.log.Error("cannot advertise the VIP over BGP", "err", err)
@@ -186,7 +185,7 @@ func (h *holder) stop(sd election.StepDown) {
 		// Losing the lock is worth a warning; a clean stop or a yield is
 		// not.
 		warn := sd.Cause != election.CauseShutdown && sd.Cause != election.CauseYield
-		h.events.Emit(warn, kube.ReasonSteppedDown, "%s stepped down and removed the VIP %s: %s", h.cfg.NodeName, h.cfg.VIP, reason)
+		h.events.Emit(warn, kube.ReasonSteppedDown, "%s stepped down and removed the VIP %s: %s", h.cfg.NodeName, h.cfg.VIPString(), reason)
 	}
 }
 

@@ -121,7 +121,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		}
 	}()
 
-	vm, err := vip.New(vip.Config{Address: cfg.VIP, Interface: cfg.Interface, Lifetime: cfg.VIPLifetime}, log)
+	vm, err := vip.New(vip.Config{Address: cfg.VIPs[0], Also: cfg.VIPs[1:], Interface: cfg.Interface, Lifetime: cfg.VIPLifetime}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		n.onClose(n.speaker.Close)
 		n.m.registerBGP(n.speaker)
 	} else {
-		if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIP.Addr(), Interval: cfg.AnnounceInterval}, log); err != nil {
+		if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIPs[0].Addr(), Also: cfg.VIPAddrs()[1:], Interval: cfg.AnnounceInterval}, log); err != nil {
 			return nil, err
 		}
 		n.onClose(func() { n.ann.Close() })
@@ -179,7 +179,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		OnStray: func() {
 			n.m.strays.Inc()
 			if n.events != nil {
-				n.events.Emit(true, kube.ReasonStrayVIP, "%s removed the VIP %s from %s: it does not hold the lock, yet the address was there", cfg.NodeName, cfg.VIP, cfg.Interface)
+				n.events.Emit(true, kube.ReasonStrayVIP, "%s removed the VIP %s from %s: it does not hold the lock, yet the address was there", cfg.NodeName, cfg.VIPString(), cfg.Interface)
 			}
 		},
 		OnRestored: func() {
@@ -207,7 +207,8 @@ func (n *node) openListeners() error {
 	if cfg.LBPort != 0 {
 		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
 		bal, err := lb.New(lb.Config{
-			Listen:       netip.AddrPortFrom(cfg.VIP.Addr(), uint16(cfg.LBPort)).String(),
+			Listen:       netip.AddrPortFrom(cfg.VIPs[0].Addr(), uint16(cfg.LBPort)).String(),
+			AlsoListen:   alsoListen(cfg),
 			Picker:       policy,
 			FreeBind:     true,
 			DrainTimeout: cfg.LBDrainTimeout,
@@ -234,6 +235,16 @@ func (n *node) openListeners() error {
 		n.onClose(func() { _ = ln.Close() })
 	}
 	return nil
+}
+
+// alsoListen are the load balancer's addresses besides the first VIP's: the
+// other family's, in dual-stack.
+func alsoListen(cfg Config) []string {
+	var out []string
+	for _, v := range cfg.VIPs[1:] {
+		out = append(out, netip.AddrPortFrom(v.Addr(), uint16(cfg.LBPort)).String())
+	}
+	return out
 }
 
 // startGuard connects to the guard container's socket, or starts the guard
@@ -403,7 +414,7 @@ func (n *node) newElector() error {
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
-		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, vip: cfg.VIP.Addr(), log: n.log, gauge: n.m.yielding}
+		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, vips: cfg.VIPAddrs(), log: n.log, gauge: n.m.yielding}
 		ecfg.Yield = n.pl.yield
 	}
 	el, err := election.New(ecfg, n.log)
@@ -413,7 +424,7 @@ func (n *node) newElector() error {
 	n.el = el
 	h.term = func() int { return el.Status().Transitions }
 	h.conflicts = &conflicts{
-		iface: cfg.Interface, vip: cfg.VIP.Addr(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
+		iface: cfg.Interface, vip: cfg.VIPs[0].Addr(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
 		total: n.m.conflicts, gauge: n.m.conflict,
 		expected: func() (string, string, time.Time, bool) {
 			st := el.Status()
@@ -468,7 +479,7 @@ func (n *node) Run(ctx context.Context) error {
 	// Listeners are open and the parts run: ready as far as systemd is
 	// concerned, before etcd answers (kubeadm init starts etcd after vigil).
 	wg.Go(func() { observe.Systemd(cctx, n.el.Live, log) })
-	log.Info("vigil starting", "vip", cfg.VIP.String(), "interface", cfg.Interface, "announce", cfg.Announce, "election", cfg.Election,
+	log.Info("vigil starting", "vip", cfg.VIPString(), "interface", cfg.Interface, "announce", cfg.Announce, "election", cfg.Election,
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
 	if cfg.Election == ElectionEtcd {

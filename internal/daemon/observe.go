@@ -170,7 +170,7 @@ type BackendReport struct {
 
 func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts, sp *bgp.Speaker) Report {
 	st := el.Status()
-	r := Report{Node: cfg.NodeName, VIP: cfg.VIP.String(), Leader: st.Leader, Holder: st.Holder,
+	r := Report{Node: cfg.NodeName, VIP: cfg.VIPString(), Leader: st.Leader, Holder: st.Holder,
 		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: c.Report()}
 	if sp != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

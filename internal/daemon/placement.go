@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,7 +28,7 @@ const localAddrsTTL = 5 * time.Second
 type placement struct {
 	checker *health.Checker
 	grace   time.Duration
-	vip     netip.Addr
+	vips    []netip.Addr
 	log     *slog.Logger
 	gauge   prometheus.Gauge
 
@@ -98,7 +99,7 @@ func (p *placement) localAddrs() map[netip.Addr]bool {
 	}
 	m := map[netip.Addr]bool{}
 	for _, a := range addrs {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() != p.vip {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil && !slices.Contains(p.vips, pfx.Addr()) {
 			m[pfx.Addr().Unmap()] = true
 		}
 	}

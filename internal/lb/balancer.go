@@ -88,6 +88,10 @@ const (
 type Config struct {
 	// Listen is the address the balancer accepts on, VIP:port.
 	Listen string
+	// AlsoListen are further addresses accepted on, with the same backends,
+	// limits and metrics: the other family's VIP:port of a dual-stack
+	// cluster.
+	AlsoListen []string
 	// Picker chooses the backend of each new connection (nil: LeastConn).
 	Picker Picker
 	// FreeBind lets the listener bind the VIP while this node does not hold
@@ -155,7 +159,9 @@ type Balancer struct {
 	cfg Config
 	log *slog.Logger
 	ln  net.Listener
-	m   *metrics
+	// also are the listeners of cfg.AlsoListen.
+	also []net.Listener
+	m    *metrics
 
 	mu      sync.Mutex // guards the fields below
 	pool    *pool
@@ -262,20 +268,20 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 	if err := CheckLimits(cfg.MaxConns, cfg.MaxConnsPerSource, cfg.IdleTimeout); err != nil {
 		return nil, err
 	}
-	host, port, err := net.SplitHostPort(cfg.Listen)
-	if err != nil || host == "" {
-		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", ErrInvalidConfig, cfg.Listen)
-	}
-	ln, err := listen(cfg.Listen, cfg.FreeBind, cfg.ReusePort)
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("%w: cannot listen on %s: something already listens on port %s of all or this address. "+
-				"If it is kube-apiserver bound to 0.0.0.0, start it with --bind-address set to the node's own IP, "+
-				"or give vigil another --lb-port (such as 8443) and use that in controlPlaneEndpoint", ErrPortInUse, cfg.Listen, port)
+	var lns []net.Listener
+	for _, addr := range append([]string{cfg.Listen}, cfg.AlsoListen...) {
+		ln, err := openListener(addr, cfg)
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, err
 		}
-		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+		lns = append(lns, ln)
 	}
+	ln := lns[0]
 	b := &Balancer{
+		also:    lns[1:],
 		cfg:     cfg,
 		log:     log.With("listen", cfg.Listen),
 		ln:      ln,
@@ -288,25 +294,71 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 	}
 	if cfg.Metrics != nil {
 		if err := b.m.register(cfg.Metrics); err != nil {
-			ln.Close()
+			b.Close()
 			return nil, err
 		}
 	}
 	return b, nil
 }
 
+func openListener(addr string, cfg Config) (net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", ErrInvalidConfig, addr)
+	}
+	ln, err := listen(addr, cfg.FreeBind, cfg.ReusePort)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("%w: cannot listen on %s: something already listens on port %s of all or this address. "+
+				"If it is kube-apiserver bound to 0.0.0.0, start it with --bind-address set to the node's own IP, "+
+				"or give vigil another --lb-port (such as 8443) and use that in controlPlaneEndpoint", ErrPortInUse, addr, port)
+		}
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
 // Addr is the listener's address.
 func (b *Balancer) Addr() net.Addr { return b.ln.Addr() }
+
+// Addrs are the addresses of every listener, Listen's first.
+func (b *Balancer) Addrs() []net.Addr {
+	out := []net.Addr{b.ln.Addr()}
+	for _, ln := range b.also {
+		out = append(out, ln.Addr())
+	}
+	return out
+}
 
 // Run accepts and forwards connections until ctx is cancelled, then closes
 // the listener and every connection and waits for them.
 func (b *Balancer) Run(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { b.ln.Close() })
+	stop := context.AfterFunc(ctx, b.Close)
 	defer stop()
-	b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker))
+	b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen)
+	var loops sync.WaitGroup
+	for _, ln := range b.also {
+		loops.Go(func() { b.accept(ctx, ln) })
+	}
+	b.accept(ctx, b.ln)
+	b.Close() // the other listeners too, if this one failed alone
+	loops.Wait()
+	b.mu.Lock()
+	b.closed = true
+	for _, pc := range b.closing {
+		pc.timer.Stop()
+	}
+	b.mu.Unlock()
+	b.CloseAll("load balancer stopping")
+	b.wg.Wait()
+	return nil
+}
+
+// accept takes connections from ln until it is closed.
+func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 	var backoff time.Duration
 	for {
-		c, err := b.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				break
@@ -365,15 +417,6 @@ func (b *Balancer) Run(ctx context.Context) error {
 			b.mu.Unlock()
 		}()
 	}
-	b.mu.Lock()
-	b.closed = true
-	for _, pc := range b.closing {
-		pc.timer.Stop()
-	}
-	b.mu.Unlock()
-	b.CloseAll("load balancer stopping")
-	b.wg.Wait()
-	return nil
 }
 
 // SetBackends makes the backend set exactly addrs (host:port each). New
@@ -773,4 +816,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // Close closes the listener of a balancer that never ran; Run closes it
 // otherwise.
-func (b *Balancer) Close() { b.ln.Close() }
+func (b *Balancer) Close() {
+	b.ln.Close()
+	for _, ln := range b.also {
+		ln.Close()
+	}
+}

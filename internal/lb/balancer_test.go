@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -553,5 +554,67 @@ func TestBusy(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if busy, _ := b.Busy(10 * time.Millisecond); busy != 1 {
 		t.Fatalf("a request to a hung backend: busy %d, want 1", busy)
+	}
+}
+
+// TestDualStackListeners: a balancer on an IPv4 and an IPv6 address serves
+// both with one backend set; a second address that cannot be bound fails
+// New and leaves the first closed.
+func TestDualStackListeners(t *testing.T) {
+	if ln, err := net.Listen("tcp", "[::1]:0"); err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	} else {
+		ln.Close()
+	}
+	be := newBackend(t, "a", false)
+	b, err := New(Config{Listen: "127.0.0.1:0", AlsoListen: []string{"[::1]:0"}}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetBackends([]string{be.addr()})
+	b.Update(health.Status{Backend: be.addr(), State: health.Up})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	addrs := b.Addrs()
+	if len(addrs) != 2 {
+		t.Fatalf("listening on %v, want two addresses", addrs)
+	}
+	for _, a := range addrs {
+		c, err := net.Dial("tcp", a.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, "hi\n")
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "a\n" {
+			t.Errorf("through %s: %q, %v; want a greeting from a", a, got, err)
+		}
+		c.Close()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if c, err := net.Dial("tcp", a.String()); err == nil {
+			c.Close()
+			t.Errorf("%s still accepts after Run returned", a)
+		}
+	}
+
+	busy, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	first := "127.0.0.1:" + strings.TrimPrefix(busy.Addr().String(), "[::1]:")
+	if _, err := New(Config{Listen: first, AlsoListen: []string{busy.Addr().String()}}, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrPortInUse) {
+		t.Fatalf("New with a busy second address: %v, want ErrPortInUse", err)
+	}
+	if ln, err := net.Listen("tcp", first); err != nil {
+		t.Fatalf("the first listener was left open after New failed: %v", err)
+	} else {
+		ln.Close()
 	}
 }

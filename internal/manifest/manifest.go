@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -53,7 +54,7 @@ const (
 
 // PodOptions configures the static pod.
 type PodOptions struct {
-	VIP       string // address, or address/prefix
+	VIPs      []string // address, or address/prefix; one, or one per family (dual-stack)
 	Interface string
 	Image     string
 	// LBPort runs vigil's load balancer on VIP:LBPort (0: none).
@@ -95,7 +96,7 @@ const minPruneAfter = 10 * time.Second
 
 // announceArgs checks the announcement options as vigil run will, so a
 // manifest never crash-loops on them, and returns vigil run's flags.
-func announceArgs(o PodOptions, vip string) ([]string, error) {
+func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	switch o.Announce {
 	case "", "arp":
 		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 {
@@ -106,14 +107,16 @@ func announceArgs(o PodOptions, vip string) ([]string, error) {
 	default:
 		return nil, fmt.Errorf("%w: --announce %q: use arp or bgp", ErrInvalid, o.Announce)
 	}
-	host := false // a bare address is a host address to vigil run
-	if p, err := netip.ParsePrefix(vip); err == nil {
-		host = p.Bits() == p.Addr().BitLen()
-	} else if _, err := netip.ParseAddr(vip); err == nil {
-		host = true
-	}
-	if !host {
-		return nil, fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (/32 or /128), and --interface lo", ErrInvalid, vip)
+	for _, vip := range vips {
+		host := false // a bare address is a host address to vigil run
+		if p, err := netip.ParsePrefix(vip); err == nil {
+			host = p.Bits() == p.Addr().BitLen()
+		} else if _, err := netip.ParseAddr(vip); err == nil {
+			host = true
+		}
+		if !host {
+			return nil, fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (/32 or /128), and --interface lo", ErrInvalid, vip)
+		}
 	}
 	if o.BGPLocalAS < 1 || o.BGPLocalAS > 4294967294 {
 		return nil, fmt.Errorf("%w: --bgp-local-as %d: give the nodes' AS number, 1 to 4294967294", ErrInvalid, o.BGPLocalAS)
@@ -139,7 +142,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.Interface == "" {
 		return nil, fmt.Errorf("%w: --interface is required (the interface that carries the VIP, e.g. eth0)", ErrInvalid)
 	}
-	vip, err := parseVIP(o.VIP)
+	vips, err := parseVIPs(o.VIPs)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +163,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	default:
 		return nil, fmt.Errorf("%w: --election %q: use etcd or kubernetes", ErrInvalid, o.Election)
 	}
-	bgpArgs, err := announceArgs(o, vip)
+	bgpArgs, err := announceArgs(o, vips)
 	if err != nil {
 		return nil, err
 	}
@@ -170,15 +173,15 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if err := validate.EtcdEndpoints(o.EtcdEndpoints); err != nil {
 		return nil, fmt.Errorf("%w: --etcd-endpoints: %w", ErrInvalid, err)
 	}
-	args := []string{"run",
-		"--vip", vip,
+	args := append([]string{"run"}, vipArgs(vips)...)
+	args = append(args,
 		"--interface", o.Interface,
 		"--election", o.Election,
 		"--etcd-endpoints", join(o.EtcdEndpoints),
-		"--etcd-cacert", PKIDir + "/etcd/ca.crt",
-		"--etcd-cert", PKIDir + "/apiserver-etcd-client.crt",
-		"--etcd-key", PKIDir + "/apiserver-etcd-client.key",
-	}
+		"--etcd-cacert", PKIDir+"/etcd/ca.crt",
+		"--etcd-cert", PKIDir+"/apiserver-etcd-client.crt",
+		"--etcd-key", PKIDir+"/apiserver-etcd-client.key",
+	)
 	if o.LBPort > 0 {
 		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
 	}
@@ -244,7 +247,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 				// needs NET_ADMIN only.
 				Name:  "guard",
 				Image: image(o.Image),
-				Args:  []string{"guard", "--listen", guardSocket, "--vip", vip, "--interface", o.Interface},
+				Args:  append(append([]string{"guard", "--listen", guardSocket}, vipArgs(vips)...), "--interface", o.Interface),
 				SecurityContext: &corev1.SecurityContext{
 					Capabilities:             &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}, Drop: []corev1.Capability{"ALL"}},
 					AllowPrivilegeEscalation: ptr(false),
@@ -435,6 +438,40 @@ func YAML(header string, objs ...runtime.Object) ([]byte, error) {
 		b.Write(y)
 	}
 	return b.Bytes(), nil
+}
+
+// parseVIPs checks --vip, given once or once per family, as vigil run will.
+func parseVIPs(ss []string) ([]string, error) {
+	if len(ss) == 0 {
+		return nil, fmt.Errorf("%w: --vip is required, e.g. 10.0.0.100 or 10.0.0.100/24", ErrInvalid)
+	}
+	if len(ss) > 2 {
+		return nil, fmt.Errorf("%w: --vip given %d times: give one VIP, or two for dual-stack (one IPv4, one IPv6)", ErrInvalid, len(ss))
+	}
+	var out []string
+	v4 := 0
+	for _, s := range ss {
+		v, err := parseVIP(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		if !strings.Contains(v, ":") {
+			v4++
+		}
+		out = append(out, v)
+	}
+	if len(out) == 2 && v4 != 1 {
+		return nil, fmt.Errorf("%w: --vip %s and %s are of the same family: a dual-stack VIP is one IPv4 and one IPv6 address", ErrInvalid, out[0], out[1])
+	}
+	return out, nil
+}
+
+func vipArgs(vips []string) []string {
+	var args []string
+	for _, v := range vips {
+		args = append(args, "--vip", v)
+	}
+	return args
 }
 
 func parseVIP(s string) (string, error) {

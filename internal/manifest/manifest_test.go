@@ -31,15 +31,15 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // the pod with a kubeconfig, with each election.
 func generated(t *testing.T) map[string][]byte {
 	t.Helper()
-	pod, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0"})
+	pod, err := Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "eth0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	podKC, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0", Kubeconfig: "/etc/kubernetes/vigil.conf"})
+	podKC, err := Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "eth0", Kubeconfig: "/etc/kubernetes/vigil.conf"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	podLease, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0", Kubeconfig: "/etc/kubernetes/vigil.conf", Election: ElectionKubernetes})
+	podLease, err := Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "eth0", Kubeconfig: "/etc/kubernetes/vigil.conf", Election: ElectionKubernetes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestGolden(t *testing.T) {
 }
 
 func TestMinimalPrivileges(t *testing.T) {
-	pod, err := Pod(PodOptions{VIP: "10.0.0.100/24", Interface: "eth0", LBPort: 8443})
+	pod, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/24"}, Interface: "eth0", LBPort: 8443})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestPruneAfter(t *testing.T) {
 	if minPruneAfter != daemon.MinPruneAfter {
 		t.Fatalf("manifest's bound %v differs from vigil run's %v", minPruneAfter, daemon.MinPruneAfter)
 	}
-	p, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0", PruneAfter: 45 * time.Second})
+	p, err := Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "eth0", PruneAfter: 45 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestPruneAfter(t *testing.T) {
 	if !strings.Contains(args, "--prune-after 45s") {
 		t.Fatalf("args %q lack --prune-after 45s", args)
 	}
-	p, err = Pod(PodOptions{VIP: "10.0.0.100", Interface: "eth0"})
+	p, err = Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "eth0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestPruneAfter(t *testing.T) {
 // TestBGP: --announce bgp reaches vigil run with its flags, checked here as
 // vigil run checks them.
 func TestBGP(t *testing.T) {
-	p, err := Pod(PodOptions{VIP: "10.0.0.100/32", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001,
+	p, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/32"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001,
 		BGPPeers: []string{"10.0.1.1,65000", "10.0.2.1,65000,password=x"}})
 	if err != nil {
 		t.Fatal(err)
@@ -185,16 +185,16 @@ func TestBGP(t *testing.T) {
 	if !strings.Contains(args, "--announce bgp --bgp-local-as 65001 --bgp-peer 10.0.1.1,65000 --bgp-peer 10.0.2.1,65000,password=x") {
 		t.Fatalf("args %q lack the BGP flags", args)
 	}
-	if _, err := Pod(PodOptions{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}}); err != nil {
+	if _, err := Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}}); err != nil {
 		t.Fatalf("a bare address is a host address: %v", err)
 	}
 	for _, o := range []PodOptions{
-		{VIP: "10.0.0.100/24", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}},
-		{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPPeers: []string{"10.0.1.1,65000"}},
-		{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001},
-		{VIP: "10.0.0.100", Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1"}},
-		{VIP: "10.0.0.100", Interface: "lo", Announce: "ospf"},
-		{VIP: "10.0.0.100", Interface: "eth0", BGPLocalAS: 65001},
+		{VIPs: []string{"10.0.0.100/24"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}},
+		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPPeers: []string{"10.0.1.1,65000"}},
+		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001},
+		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1"}},
+		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "ospf"},
+		{VIPs: []string{"10.0.0.100"}, Interface: "eth0", BGPLocalAS: 65001},
 	} {
 		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
@@ -202,8 +202,21 @@ func TestBGP(t *testing.T) {
 	}
 }
 
+// TestDualStack: two VIPs reach vigil run and the guard as two --vip flags.
+func TestDualStack(t *testing.T) {
+	p, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/24", "fd00::100/64"}, Interface: "eth0", LBPort: 8443})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range p.Spec.Containers {
+		if args := strings.Join(c.Args, " "); !strings.Contains(args, "--vip 10.0.0.100/24 --vip fd00::100/64") {
+			t.Errorf("container %s: args %q lack both VIPs", c.Name, args)
+		}
+	}
+}
+
 func TestBadInput(t *testing.T) {
-	for _, o := range []PodOptions{{Interface: "eth0"}, {VIP: "10.0.0.100"}, {VIP: "10.0.0.300", Interface: "eth0"}, {VIP: "10.0.0.1", Interface: "eth0", LBPort: 70000}, {VIP: "10.0.0.1", Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIP: "10.0.0.1", Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIP: "10.0.0.1", Interface: "eth0", PruneAfter: 5 * time.Second}} {
+	for _, o := range []PodOptions{{Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "10.0.0.2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "fd00::1", "fd00::2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.100"}}, {VIPs: []string{"10.0.0.300"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBPort: 70000}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", PruneAfter: 5 * time.Second}} {
 		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
 		}

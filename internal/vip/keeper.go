@@ -71,7 +71,7 @@ const addFailMemory = 10 * time.Second
 // NewKeeper returns a Keeper for m; it does nothing until Run, Hold or
 // Release.
 func NewKeeper(m *Manager, cfg KeeperConfig, log *slog.Logger) *Keeper {
-	return &Keeper{m: m, cfg: cfg, log: log.With("vip", m.cfg.Address.String(), "interface", m.cfg.Interface)}
+	return &Keeper{m: m, cfg: cfg, log: log.With("vip", m.cfg.String(), "interface", m.cfg.Interface)}
 }
 
 // Hold records that this node holds the lock until deadline (a monotonic
@@ -201,7 +201,7 @@ func (k *Keeper) after(stray, restored bool) {
 func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 	if !k.validLocked(time.Now()) {
 		holding := !k.until.IsZero()
-		removed, err := k.m.link.remove(k.m.cfg.Address)
+		removed, err := k.m.remove()
 		switch {
 		case err != nil:
 			k.log.Error("cannot remove the VIP", "err", err)
@@ -217,7 +217,7 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 		}
 		return false
 	}
-	present, err := k.m.link.has(k.m.cfg.Address)
+	present, err := k.m.has()
 	if err != nil {
 		present = false
 	}
@@ -225,7 +225,7 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 		k.present = true
 		return false
 	}
-	added, err := k.m.link.add(k.m.cfg.Address, k.m.cfg.Lifetime)
+	added, err := k.m.add()
 	if err != nil {
 		if k.addFails == 0 {
 			k.firstFail = time.Now()
@@ -239,7 +239,7 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 	// The add may have been delayed past the deadline (the process was
 	// stopped between the check above and the netlink call): undo it.
 	if !k.validLocked(time.Now()) {
-		_, _ = k.m.link.remove(k.m.cfg.Address)
+		_, _ = k.m.remove()
 		k.present = false
 		k.log.Warn("VIP removed again: the lease deadline passed while adding it (fenced)")
 		return false

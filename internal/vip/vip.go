@@ -1,6 +1,10 @@
 // Package vip adds and removes the virtual IP on a network interface. Every
 // operation is idempotent, so a step-down can always call Remove and a new
 // leader can always call Add, whatever state a crash left behind.
+//
+// A dual-stack VIP is one IPv4 and one IPv6 address that move together: a
+// Manager holds the set, adds and removes all of it in every operation, and
+// counts it present only when every address is there.
 package vip
 
 import (
@@ -8,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -18,12 +23,15 @@ var ErrNoInterface = errors.New("vip: interface not found")
 // has no carrier.
 var ErrLinkDown = errors.New("vip: interface cannot carry traffic")
 
-// Config names the address and where it lives.
+// Config names the addresses and where they live.
 type Config struct {
 	// Address is the VIP with its prefix length, e.g. 10.250.0.100/24. A /32
 	// (or /128) adds no route; a wider prefix adds the subnet route as a
 	// secondary address would.
-	Address   netip.Prefix
+	Address netip.Prefix
+	// Also are further addresses held with Address: the other family's VIP
+	// of a dual-stack cluster.
+	Also      []netip.Prefix
 	Interface string
 	// Lifetime, when positive, is the address's valid lifetime in the
 	// kernel (rounded up to whole seconds). The holder refreshes it by calling
@@ -59,23 +67,36 @@ type Manager struct {
 	log  *slog.Logger
 }
 
-// New checks that the interface exists and that the address is valid.
+// New checks that the interface exists and that the addresses are valid.
 func New(cfg Config, log *slog.Logger) (*Manager, error) {
 	if !cfg.Address.IsValid() {
 		return nil, errors.New("vip: no address")
 	}
-	if cfg.Address.Addr().IsUnspecified() || cfg.Address.Addr().IsLoopback() || cfg.Address.Addr().IsMulticast() {
-		return nil, fmt.Errorf("vip: %s cannot be a virtual IP (unspecified, loopback or multicast)", cfg.Address)
+	for _, p := range cfg.all() {
+		if !p.IsValid() || p.Addr().IsUnspecified() || p.Addr().IsLoopback() || p.Addr().IsMulticast() {
+			return nil, fmt.Errorf("vip: %s cannot be a virtual IP (unspecified, loopback or multicast)", p)
+		}
 	}
 	l, err := openLink(cfg.Interface)
 	if err != nil {
 		return nil, err
 	}
-	return &Manager{cfg: cfg, link: l, log: log.With("vip", cfg.Address.String(), "interface", cfg.Interface)}, nil
+	return &Manager{cfg: cfg, link: l, log: log.With("vip", cfg.String(), "interface", cfg.Interface)}, nil
 }
 
-// Address returns the managed address.
-func (m *Manager) Address() netip.Prefix { return m.cfg.Address }
+func (c Config) all() []netip.Prefix { return append([]netip.Prefix{c.Address}, c.Also...) }
+
+// String lists the addresses, comma-separated.
+func (c Config) String() string {
+	s := make([]string, 0, 1+len(c.Also))
+	for _, p := range c.all() {
+		s = append(s, p.String())
+	}
+	return strings.Join(s, ",")
+}
+
+// Addresses returns the managed addresses, Address first.
+func (m *Manager) Addresses() []netip.Prefix { return m.cfg.all() }
 
 // Interface returns the interface name.
 func (m *Manager) Interface() string { return m.cfg.Interface }
@@ -83,9 +104,9 @@ func (m *Manager) Interface() string { return m.cfg.Interface }
 // Add puts the VIP on the interface, or refreshes its lifetime if it is
 // there already.
 func (m *Manager) Add() error {
-	added, err := m.link.add(m.cfg.Address, m.cfg.Lifetime)
+	added, err := m.add()
 	if err != nil {
-		return fmt.Errorf("add vip %s to %s: %w", m.cfg.Address, m.cfg.Interface, err)
+		return fmt.Errorf("add vip %s to %s: %w", m.cfg, m.cfg.Interface, err)
 	}
 	if added {
 		m.log.Info("VIP added")
@@ -95,9 +116,9 @@ func (m *Manager) Add() error {
 
 // Remove takes the VIP off the interface; absent already is fine.
 func (m *Manager) Remove(reason string) error {
-	removed, err := m.link.remove(m.cfg.Address)
+	removed, err := m.remove()
 	if err != nil {
-		return fmt.Errorf("remove vip %s from %s: %w", m.cfg.Address, m.cfg.Interface, err)
+		return fmt.Errorf("remove vip %s from %s: %w", m.cfg, m.cfg.Interface, err)
 	}
 	if removed {
 		m.log.Info("VIP removed", "reason", reason)
@@ -105,5 +126,39 @@ func (m *Manager) Remove(reason string) error {
 	return nil
 }
 
-// Present reports whether the VIP is on the interface.
-func (m *Manager) Present() (bool, error) { return m.link.has(m.cfg.Address) }
+// Present reports whether every address of the VIP is on the interface.
+func (m *Manager) Present() (bool, error) { return m.has() }
+
+// add adds every address (or refreshes its lifetime) and reports whether
+// any was missing. It tries them all even when one fails.
+func (m *Manager) add() (added bool, err error) {
+	var errs []error
+	for _, p := range m.cfg.all() {
+		a, err := m.link.add(p, m.cfg.Lifetime)
+		added = added || a
+		errs = append(errs, err)
+	}
+	return added, errors.Join(errs...)
+}
+
+// remove removes every address and reports whether any was there. It
+// tries them all even when one fails.
+func (m *Manager) remove() (removed bool, err error) {
+	var errs []error
+	for _, p := range m.cfg.all() {
+		r, err := m.link.remove(p)
+		removed = removed || r
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// has reports whether every address is on the interface.
+func (m *Manager) has() (bool, error) {
+	for _, p := range m.cfg.all() {
+		if ok, err := m.link.has(p); err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
+}

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
@@ -72,5 +74,51 @@ func TestAddRemove(t *testing.T) {
 				t.Fatal("removing the VIP removed the node's own address")
 			}
 		})
+	}
+}
+
+// TestDualStackKeeper holds an IPv4 and an IPv6 VIP as one: both come and
+// go together, either one removed by hand on the holder is put back, and
+// either one added by hand on a non-holder is removed as a stray.
+func TestDualStackKeeper(t *testing.T) {
+	p := nstest.NewPair(t)
+	v4, v6 := "192.0.2.100/32", "fd00:192::100/128"
+	on := func() (has4, has6 bool) {
+		out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0")
+		return strings.Contains(out, " "+v4+" "), strings.Contains(out, " "+v6+" ")
+	}
+	var strays, restored atomic.Int32
+	err := netns.Do(p.A, func() error {
+		m, err := New(Config{Address: netip.MustParsePrefix(v4), Also: []netip.Prefix{netip.MustParsePrefix(v6)}, Interface: "a0"}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		k := NewKeeper(m, KeeperConfig{OnStray: func() { strays.Add(1) }, OnRestored: func() { restored.Add(1) }}, slog.New(slog.DiscardHandler))
+		k.Hold(time.Now().Add(time.Hour))
+		if a, b := on(); !a || !b {
+			t.Errorf("after Hold: IPv4 on %v, IPv6 on %v; want both", a, b)
+		}
+		// Someone removes the IPv6 VIP only: the holder puts it back.
+		nstest.IP(t, "-n", p.A, "addr", "del", v6, "dev", "a0")
+		k.check(false)
+		if a, b := on(); !a || !b || restored.Load() != 1 {
+			t.Errorf("after the IPv6 VIP was removed by hand: IPv4 %v, IPv6 %v, restores %d; want both, 1", a, b, restored.Load())
+		}
+		if err := k.Release("test"); err != nil {
+			return err
+		}
+		if a, b := on(); a || b {
+			t.Errorf("after Release: IPv4 on %v, IPv6 on %v; want neither", a, b)
+		}
+		// A non-holder: one family re-added by the OS is a stray.
+		nstest.IP(t, "-n", p.A, "addr", "add", v6, "dev", "a0", "nodad")
+		k.check(false)
+		if a, b := on(); a || b || strays.Load() != 1 {
+			t.Errorf("stray IPv6 VIP on a non-holder: IPv4 %v, IPv6 %v, strays %d; want neither, 1", a, b, strays.Load())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
