@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,6 +37,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.StringVar(&s.EtcdLogLevel, "etcd-log-level", "warn", "etcd's --log-level (debug, info, warn, error); info shows raft leader changes and peer removals in each node's etcd.log")
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; the prune-* drills need it, and replace-node then waits for vigil to prune instead of running vigil members prune")
 	f.StringVar(&s.Announce, "announce", lab.AnnounceARP, "how vigil announces the VIP: arp (on the nodes' segment, with the client) or bgp (a router namespace running BIRD 2 between the nodes and the client, which reaches the VIP only by the holder's BGP route; docs/bgp.md)")
+	f.StringVar(&s.IPFamily, "ip-family", lab.IPv4, "the VIP's address family: ipv4, ipv6 (fd00:250::100; every host gets an IPv6 address too, etcd stays on IPv4) or dual (one VIP of each family, held as one: vigil run --vip twice); the client probes every VIP address and drills report the outage per family")
 	f.BoolVar(&s.Kubeadm, "kubeadm", false, "build a real kubeadm cluster: every node runs containerd and a kubelet, kubeadm init and join run through the VIP, and etcd, the control plane and vigil (written by vigil manifest pod) run as static pods from local images (hack/build-kube-images.sh builds them; --workers N adds kubeadm workers); docs/kubeadm.md")
 }
 
@@ -105,7 +107,16 @@ func printStatus(cmd *cobra.Command, l *lab.Lab, asJSON bool) error {
 	if asJSON {
 		return writeJSON(out, r)
 	}
-	fmt.Fprintf(out, "impl %s  vip %s  holder %s  answering %s\n", r.Impl, r.VIP, strings.Join(r.Holders, ","), dash(r.Answering))
+	answering := dash(r.Answering)
+	if len(r.AnsweringByVIP) > 0 {
+		var by []string
+		for vip, who := range r.AnsweringByVIP {
+			by = append(by, vip+": "+dash(who))
+		}
+		sort.Strings(by)
+		answering = strings.Join(by, ", ")
+	}
+	fmt.Fprintf(out, "impl %s  vip %s  holder %s  answering %s\n", r.Impl, r.VIP, strings.Join(r.Holders, ","), answering)
 	if r.Router != nil {
 		fmt.Fprintf(out, "router: forwards the VIP to %s; BGP routes from %s\n", dash(r.Router.NextHop), dash(strings.Join(r.Router.Learned, ",")))
 	}

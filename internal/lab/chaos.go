@@ -247,7 +247,7 @@ func (l *Lab) newChaos(cfg ChaosConfig) (*chaos, error) {
 		w.close()
 		return nil, err
 	}
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		smp.close()
 		w.close()
@@ -460,8 +460,12 @@ func (c *chaos) linkDown(ctx context.Context, n *Node, hold time.Duration) error
 // cloned VM) and checks that it refuses to run and never holds the VIP.
 func (c *chaos) duplicate(ctx context.Context, n *Node, name string) error {
 	s := c.l.st.Settings
-	args := []string{"run", "--vip", s.vipPrefix().String(), "--interface", s.vipIface(), "--node-name", name,
-		"--etcd-endpoints", strings.Join(c.l.etcdEndpoints(), ","), "--metrics-address", ""}
+	args := []string{"run"}
+	for _, v := range s.vips() {
+		args = append(args, "--vip", v.String())
+	}
+	args = append(args, "--interface", s.vipIface(), "--node-name", name,
+		"--etcd-endpoints", strings.Join(c.l.etcdEndpoints(), ","), "--metrics-address", "")
 	out, code, err := c.l.runWithTimeout(ctx, n, 15*time.Second, c.l.vigilBin, args...)
 	switch {
 	case err != nil:

@@ -62,7 +62,8 @@ func DrillsFor(s Settings) []string {
 		return failoverDrills
 	}
 	out := []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
-	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() {
+	// The API server and watch drills go through the IPv4 VIP.
+	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() && s.has4() {
 		out = append(out, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled)
 	}
 	return out
@@ -108,7 +109,28 @@ type Result struct {
 	Kubeadm *KubeadmResult `json:"kubeadm,omitempty"`
 	// Handoff is set by the handoff drill.
 	Handoff *HandoffResult `json:"handoff,omitempty"`
-	Error   string         `json:"error,omitempty"`
+	// Families is the outage of each VIP address, in labs with IPv6
+	// (OutageMillis is then the longest of them).
+	Families []FamilyResult `json:"families,omitempty"`
+	// SkewMillis, in a dual-stack lab, is how far apart the two families
+	// switched to the new holder.
+	SkewMillis float64 `json:"skewMillis,omitempty"`
+	Error      string  `json:"error,omitempty"`
+}
+
+// FamilyResult is one VIP address's view of a drill.
+type FamilyResult struct {
+	Family       string  `json:"family"`
+	VIP          string  `json:"vip"`
+	OutageMillis float64 `json:"outageMillis"`
+	// SwitchedMillis is when the node that answered after recovery first
+	// answered on this address, counted from the fault.
+	SwitchedMillis float64 `json:"switchedMillis"`
+	After          string  `json:"after"`
+}
+
+func (f FamilyResult) String() string {
+	return fmt.Sprintf("%s outage %.0fms (answered by %s from %+.0fms)", f.Family, f.OutageMillis, orDash(f.After), f.SwitchedMillis)
 }
 
 // OK reports whether the drill ended well: no error, no split brain, one
@@ -158,6 +180,16 @@ func (r Result) String() string {
 	}
 	if r.LateReplies > 0 {
 		s += fmt.Sprintf("  (%d late replies left out)", r.LateReplies)
+	}
+	if len(r.Families) > 0 {
+		var fs []string
+		for _, f := range r.Families {
+			fs = append(fs, f.String())
+		}
+		s += "\n    " + strings.Join(fs, "; ")
+		if len(r.Families) > 1 {
+			s += fmt.Sprintf("; families switched %.0fms apart", r.SkewMillis)
+		}
 	}
 	if r.Error != "" {
 		s += "  ERROR: " + r.Error
@@ -257,15 +289,20 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	r.Target = d.target.Name
 
-	pr, err := startProber(probeInterval)
-	if err != nil {
-		return err
+	var probers []*prober // one per VIP address, the first family's first
+	for _, v := range l.st.Settings.vips() {
+		p, err := startProber(probeInterval, v.Addr())
+		if err != nil {
+			return err
+		}
+		defer p.close()
+		probers = append(probers, p)
 	}
-	defer pr.close()
+	pr := probers[0]
 	mon := startMonitor(w, d.live, probeInterval)
 	defer mon.close()
 	var kac *keepAliveClients
-	if kind == DrillHandoff && l.st.Settings.LBPort != 0 {
+	if kind == DrillHandoff && l.st.Settings.LBPort != 0 && l.st.Settings.has4() {
 		if kac, err = l.startKeepAliveClients(l.st.Settings.LBPort); err != nil {
 			return err
 		}
@@ -289,6 +326,14 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 		avoid = ""
 	}
 	recovered, err := waitAnswering(ctx, pr, avoid, fault)
+	for _, p := range probers[1:] {
+		if err == nil {
+			_, err = waitAnswering(ctx, p, avoid, fault)
+			if err != nil {
+				err = fmt.Errorf("%s: %w", p.vip, err)
+			}
+		}
+	}
 	if err != nil {
 		r.Before = lastBefore(pr.snapshot(), fault)
 		r.SplitBrain, r.SplitDetail = judgeSplit(mon.close(), pr.snapshot(), fault)
@@ -315,6 +360,11 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	r.OutageMillis = millis(longestGap(replies, fault, recovered))
 	r.HealOutageMillis = millis(longestGap(replies, healStart, time.Now()))
 	r.SplitBrain, r.SplitDetail = judgeSplit(doubles, replies, fault)
+	if l.st.Settings.has6() {
+		if err := r.judgeFamilies(probers, fault, healStart); err != nil {
+			return err
+		}
+	}
 	final, err := w.holders(d.live())
 	if err != nil {
 		return err
@@ -324,6 +374,60 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 		return fmt.Errorf("after the heal the VIP is on %v", final)
 	}
 	return nil
+}
+
+// judgeFamilies fills Families and SkewMillis from every address's
+// replies (the probers are closed already), and fails the drill when the
+// addresses ended on different nodes.
+func (r *Result) judgeFamilies(probers []*prober, fault, healStart time.Time) error {
+	var switched []time.Time
+	for _, p := range probers {
+		rs := p.snapshot()
+		rec := recoveredAt(rs, r.After, fault)
+		f := FamilyResult{Family: family(p.vip), VIP: p.vip.String(), After: nodeAt(rs, rec)}
+		f.OutageMillis = millis(longestGap(rs, fault, rec))
+		f.SwitchedMillis = millis(rec.Sub(fault))
+		r.Families = append(r.Families, f)
+		r.OutageMillis = max(r.OutageMillis, f.OutageMillis)
+		r.HealOutageMillis = max(r.HealOutageMillis, millis(longestGap(rs, healStart, time.Now())))
+		r.LateReplies += p.lateReplies()
+		if split, detail := judgeSplit(nil, rs, fault); split {
+			r.SplitBrain = true
+			r.SplitDetail = strings.TrimPrefix(r.SplitDetail+"; "+f.Family+": "+detail, "; ")
+		}
+		switched = append(switched, rec)
+	}
+	if len(switched) > 1 {
+		r.SkewMillis = millis(max(switched[0].Sub(switched[1]), switched[1].Sub(switched[0])))
+	}
+	for _, f := range r.Families {
+		if f.After != r.After {
+			return fmt.Errorf("after the fault %s answered on %s, but %s on %s", r.After, r.Families[0].VIP, f.After, f.VIP)
+		}
+	}
+	return nil
+}
+
+// recoveredAt is when node first answered after fault: the first reply
+// from it that has no reply from another node after it (the new holder's
+// run of answers), or the fault itself when node answered throughout.
+func recoveredAt(rs []reply, node string, fault time.Time) time.Time {
+	at := time.Time{}
+	for _, x := range rs {
+		if x.at.Before(fault) {
+			continue
+		}
+		switch {
+		case x.node != node:
+			at = time.Time{}
+		case at.IsZero():
+			at = x.at
+		}
+	}
+	if at.IsZero() {
+		return fault
+	}
+	return at
 }
 
 // inject breaks the lab.
@@ -435,6 +539,7 @@ func (l *Lab) waitStable(ctx context.Context, d time.Duration) (string, error) {
 		return "", err
 	}
 	defer w.close()
+	vips := l.st.Settings.vips()
 	deadline := time.Now().Add(d)
 	streak, last := 0, ""
 	var why string
@@ -448,9 +553,16 @@ func (l *Lab) waitStable(ctx context.Context, d time.Duration) (string, error) {
 			why = fmt.Sprintf("VIP on %d nodes %v", len(h), h)
 			streak = 0
 		default:
-			ans, err := probeOnce(ctx, 200*time.Millisecond)
-			if err != nil || ans != h[0] {
-				why = fmt.Sprintf("VIP on %s but answered by %q (%v)", h[0], ans, err)
+			bad := false
+			for _, v := range vips {
+				ans, err := probeOnce(ctx, v.Addr(), 200*time.Millisecond)
+				if err != nil || ans != h[0] {
+					why = fmt.Sprintf("VIP on %s but %s answered by %q (%v)", h[0], v.Addr(), ans, err)
+					bad = true
+					break
+				}
+			}
+			if bad {
 				streak = 0
 				break
 			}

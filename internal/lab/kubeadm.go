@@ -182,7 +182,7 @@ func (l *Lab) addMachine(ctx context.Context, n *Node, in kubeadmInputs) error {
 	if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	if err := createHost(ctx, n.Name, n.IP); err != nil {
+	if err := createHost(ctx, n.Name, n.IP, netip.Addr{}); err != nil {
 		return err
 	}
 	if err := l.createMachine(ctx, n); err != nil {

@@ -215,7 +215,7 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 		return err
 	}
 	defer pr.close()
-	udp, err := startProber(probeInterval)
+	udp, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}

@@ -69,6 +69,60 @@ type Settings struct {
 	// Announce is how vigil announces the VIP: AnnounceARP (default) or
 	// AnnounceBGP, through a router running BIRD (router.go).
 	Announce string `json:"announce,omitempty"`
+	// IPFamily is the VIP's family: IPv4 (default), IPv6, or Dual (one
+	// address of each, held as one by vigil). Labs with IPv6 give every
+	// host an address on subnet6 too; etcd and the API servers stay on
+	// IPv4.
+	IPFamily string `json:"ipFamily,omitempty"`
+}
+
+// IP families of the lab's VIP (--ip-family).
+const (
+	IPv4 = "ipv4"
+	IPv6 = "ipv6"
+	Dual = "dual"
+)
+
+// has4 and has6 tell which families the VIP has.
+func (s Settings) has4() bool { return s.IPFamily != IPv6 }
+func (s Settings) has6() bool { return s.IPFamily == IPv6 || s.IPFamily == Dual }
+
+// vips are the VIP's addresses as vigil and the lab's faults add them,
+// IPv4 first: host addresses in the routed lab, where they sit on lo.
+func (s Settings) vips() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{VIP, VIP6} {
+		if (p.Addr().Is4() && s.has4()) || (p.Addr().Is6() && s.has6()) {
+			if s.bgp() {
+				p = netip.PrefixFrom(p.Addr(), p.Addr().BitLen())
+			}
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// vipPrefix is the VIP's first address (IPv4 unless the lab is IPv6-only).
+func (s Settings) vipPrefix() netip.Prefix { return s.vips()[0] }
+
+// vipAddr is the address of vipPrefix: what single-family checks probe.
+func (s Settings) vipAddr() netip.Addr { return s.vipPrefix().Addr() }
+
+// family names the family of a.
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// addr6 is the IPv6 address of node index i in a lab with IPv6, else the
+// zero Addr.
+func (s Settings) addr6(i int) netip.Addr {
+	if !s.has6() {
+		return netip.Addr{}
+	}
+	return nodeIP6(i)
 }
 
 // vipIface is the interface vigil puts the VIP on.
@@ -146,6 +200,18 @@ func (s Settings) Validate() error {
 		case s.LBPort != APIServerPort || s.BackendPort != APIServerPort:
 			return fmt.Errorf("lab: --kubeadm puts the load balancer on VIP:%d in front of the API servers on %d; drop --lb-port and --backend-port", APIServerPort, APIServerPort)
 		}
+	}
+	switch s.IPFamily {
+	case "", IPv4:
+	case IPv6, Dual:
+		switch {
+		case s.Impl != ImplVigil:
+			return fmt.Errorf("lab: --ip-family %s needs --impl vigil", s.IPFamily)
+		case s.Kubeadm:
+			return fmt.Errorf("lab: --kubeadm does not support --ip-family %s yet (its cluster and certificates are IPv4)", s.IPFamily)
+		}
+	default:
+		return fmt.Errorf("lab: unknown --ip-family %q (ipv4, ipv6 or dual)", s.IPFamily)
 	}
 	switch s.Announce {
 	case "", AnnounceARP:
@@ -297,10 +363,10 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 		return err
 	}
 	if s.bgp() {
-		if err := createRoutedClient(ctx); err != nil {
+		if err := createRoutedClient(ctx, s); err != nil {
 			return err
 		}
-	} else if err := createHost(ctx, "cl", clientIP); err != nil {
+	} else if err := createHost(ctx, "cl", clientIP, s.clientIP6()); err != nil {
 		return err
 	}
 	ca, err := l.newPKI()
@@ -320,7 +386,7 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 		if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
-		if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
+		if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), VIP6.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
 			return err
 		}
 		if err := l.createNodeHost(ctx, n); err != nil {
@@ -366,11 +432,11 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 
 // createNodeHost makes a control-plane node's namespace and links.
 func (l *Lab) createNodeHost(ctx context.Context, n *Node) error {
-	if err := createHost(ctx, n.Name, n.IP); err != nil {
+	if err := createHost(ctx, n.Name, n.IP, l.st.Settings.addr6(n.Index)); err != nil {
 		return err
 	}
 	if l.st.Settings.bgp() {
-		return routeNode(ctx, n.Name)
+		return routeNode(ctx, n.Name, l.st.Settings.has6())
 	}
 	if l.st.Settings.VIPLink {
 		return addVIPLink(ctx, n.Name)
@@ -503,14 +569,20 @@ func (l *Lab) startVigil(n *Node) error {
 	if s.Election == ElectionKubernetes {
 		election = ElectionKubernetes
 	}
-	args := []string{"run",
-		"--vip", s.vipPrefix().String(), "--interface", s.vipIface(), "--node-name", n.Name,
-		"--election", election, "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
+	args := []string{"run"}
+	for _, v := range s.vips() {
+		args = append(args, "--vip", v.String())
 	}
+	args = append(args, "--interface", s.vipIface(), "--node-name", n.Name,
+		"--election", election, "--etcd-endpoints", strings.Join(l.etcdEndpoints(), ","),
+	)
 	if s.bgp() {
 		// The router ID defaults to the node's address towards the peer.
 		args = append(args, "--announce", AnnounceBGP, "--bgp-local-as", itoa(NodeAS),
 			"--bgp-peer", fmt.Sprintf("%s,%d", routerIP, RouterAS))
+		if s.has6() {
+			args = append(args, "--bgp-peer", fmt.Sprintf("%s,%d", routerIP6, RouterAS))
+		}
 	}
 	if s.kube() {
 		// This node's own API server: the Lease (with that election),

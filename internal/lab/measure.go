@@ -91,6 +91,18 @@ type Summary struct {
 	MinMillis    float64 `json:"minMillis"`
 	MedianMillis float64 `json:"medianMillis"`
 	MaxMillis    float64 `json:"maxMillis"`
+	// Families are the outages per VIP family, in labs with IPv6.
+	Families []FamilySummary `json:"families,omitempty"`
+	// MaxSkewMillis, in a dual-stack lab, is the furthest apart the two
+	// families switched in any run.
+	MaxSkewMillis float64 `json:"maxSkewMillis,omitempty"`
+}
+
+// FamilySummary is one family's outages over the runs of a drill.
+type FamilySummary struct {
+	Family       string  `json:"family"`
+	MedianMillis float64 `json:"medianMillis"`
+	MaxMillis    float64 `json:"maxMillis"`
 }
 
 // Summarize groups results by drill, in first-seen order.
@@ -123,9 +135,32 @@ func Summarize(rs []Result) []Summary {
 			s.MinMillis, s.MaxMillis = o[0], o[len(o)-1]
 			s.MedianMillis = median(o)
 		}
+		s.summarizeFamilies(by[k])
 		out = append(out, s)
 	}
 	return out
+}
+
+func (s *Summary) summarizeFamilies(rs []Result) {
+	var order []string
+	by := map[string][]float64{}
+	for _, r := range rs {
+		if r.Error != "" {
+			continue
+		}
+		s.MaxSkewMillis = max(s.MaxSkewMillis, r.SkewMillis)
+		for _, f := range r.Families {
+			if _, ok := by[f.Family]; !ok {
+				order = append(order, f.Family)
+			}
+			by[f.Family] = append(by[f.Family], f.OutageMillis)
+		}
+	}
+	for _, fam := range order {
+		o := by[fam]
+		sort.Float64s(o)
+		s.Families = append(s.Families, FamilySummary{Family: fam, MedianMillis: median(o), MaxMillis: o[len(o)-1]})
+	}
 }
 
 func median(sorted []float64) float64 {
@@ -137,8 +172,15 @@ func median(sorted []float64) float64 {
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("%-17s %-16s runs %3d  outage min %6.0fms  median %6.0fms  max %6.0fms  split-brain %d  failed %d",
+	out := fmt.Sprintf("%-17s %-16s runs %3d  outage min %6.0fms  median %6.0fms  max %6.0fms  split-brain %d  failed %d",
 		s.Drill, s.Impl, s.Runs, s.MinMillis, s.MedianMillis, s.MaxMillis, s.SplitBrains, s.Failed)
+	for _, f := range s.Families {
+		out += fmt.Sprintf("\n%-17s   %s: median %6.0fms  max %6.0fms", "", f.Family, f.MedianMillis, f.MaxMillis)
+	}
+	if len(s.Families) > 1 {
+		out += fmt.Sprintf("\n%-17s   families switched at most %.0fms apart", "", s.MaxSkewMillis)
+	}
+	return out
 }
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

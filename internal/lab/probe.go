@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -15,7 +16,8 @@ import (
 // Respond runs the node-side UDP responder: every datagram is answered with
 // its first 8 bytes (the probe's sequence number) followed by the node name.
 func Respond(ctx context.Context, name string, port int) error {
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{Port: port})
+	// "udp" on the wildcard address: one socket for both families.
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{Port: port})
 	if err != nil {
 		return fmt.Errorf("responder: %w", err)
 	}
@@ -46,9 +48,10 @@ type reply struct {
 	node string
 }
 
-// prober sends a datagram to the VIP every interval from the client
-// namespace and records who answered and when.
+// prober sends a datagram to one VIP address every interval from the
+// client namespace and records who answered and when.
 type prober struct {
+	vip  netip.Addr
 	conn *net.UDPConn
 	wg   sync.WaitGroup
 	stop chan struct{}
@@ -64,17 +67,23 @@ type prober struct {
 	late int
 }
 
-func listenInClient() (*net.UDPConn, error) {
-	return netns.ListenUDP(clientNS, &net.UDPAddr{IP: net.IPv4zero})
+// listenInClient opens a UDP socket in the client namespace, on the
+// wildcard address of vip's family.
+func listenInClient(vip netip.Addr) (*net.UDPConn, error) {
+	any := net.IPv4zero
+	if vip.Is6() {
+		any = net.IPv6unspecified
+	}
+	return netns.ListenUDP(clientNS, &net.UDPAddr{IP: any})
 }
 
-func startProber(interval time.Duration) (*prober, error) {
-	conn, err := listenInClient()
+func startProber(interval time.Duration, vip netip.Addr) (*prober, error) {
+	conn, err := listenInClient(vip)
 	if err != nil {
 		return nil, fmt.Errorf("prober: %w", err)
 	}
-	p := &prober{conn: conn, stop: make(chan struct{})}
-	dst := &net.UDPAddr{IP: VIP.Addr().AsSlice(), Port: ResponderPort}
+	p := &prober{vip: vip, conn: conn, stop: make(chan struct{})}
+	dst := &net.UDPAddr{IP: vip.AsSlice(), Port: ResponderPort}
 	p.wg.Add(2)
 	go func() {
 		defer p.wg.Done()
@@ -147,14 +156,15 @@ func (p *prober) close() []reply {
 	return p.snapshot()
 }
 
-// probeOnce asks the VIP once and returns the name of the node that answered.
-func probeOnce(ctx context.Context, timeout time.Duration) (string, error) {
-	conn, err := listenInClient()
+// probeOnce asks the VIP address vip once and returns the name of the node
+// that answered.
+func probeOnce(ctx context.Context, vip netip.Addr, timeout time.Duration) (string, error) {
+	conn, err := listenInClient(vip)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	dst := &net.UDPAddr{IP: VIP.Addr().AsSlice(), Port: ResponderPort}
+	dst := &net.UDPAddr{IP: vip.AsSlice(), Port: ResponderPort}
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d

@@ -124,7 +124,7 @@ func (l *Lab) pruneOneSided(ctx context.Context, r *Result, p *PruneResult, hold
 	if err != nil {
 		return err
 	}
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}
@@ -227,7 +227,7 @@ func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, vic
 }
 
 func (l *Lab) pruneRealDeath(ctx context.Context, r *Result, p *PruneResult, holder string, victim *Node, phase func(string, string)) error {
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}

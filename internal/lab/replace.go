@@ -71,7 +71,7 @@ func (l *Lab) addNode(ctx context.Context) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
+	if err := ca.issue(n.Name, []netip.Addr{n.IP, VIP.Addr(), VIP6.Addr(), netip.MustParseAddr("127.0.0.1")}, l.apiCert(n), l.apiKey(n)); err != nil {
 		return nil, err
 	}
 	if err := l.createNodeHost(ctx, n); err != nil {
@@ -191,7 +191,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	}
 	dead := d.target
 	r.Target, r.Before = holder, holder
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}
@@ -402,7 +402,7 @@ func (l *Lab) replaceHealthy(ctx context.Context, r *Result) error {
 	}
 	old := l.otherNode(holder)
 	r.Target, r.Before = old.Name, holder
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}
@@ -554,7 +554,7 @@ func (l *Lab) scale(ctx context.Context, r *Result) error {
 		return fmt.Errorf("drill %s starts from 3 nodes; the lab has %d", DrillScale, len(l.st.Nodes))
 	}
 	r.Before = holder
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}

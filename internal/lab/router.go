@@ -37,19 +37,27 @@ var (
 	clientNet      = netip.MustParsePrefix("10.251.0.0/24")
 	routerClientIP = netip.MustParseAddr("10.251.0.1")
 	routedClientIP = netip.MustParseAddr("10.251.0.2")
+	// The same for IPv6, in labs with IPv6.
+	routerIP6       = netip.MustParseAddr("fd00:250::fe")
+	clientNet6      = netip.MustParsePrefix("fd00:251::/64")
+	routerClientIP6 = netip.MustParseAddr("fd00:251::1")
+	routedClientIP6 = netip.MustParseAddr("fd00:251::2")
 )
+
+// clientIP6 is the client's IPv6 address in a lab with IPv6 (routed or
+// not), else the zero Addr.
+func (s Settings) clientIP6() netip.Addr {
+	switch {
+	case !s.has6():
+		return netip.Addr{}
+	case s.bgp():
+		return routedClientIP6
+	}
+	return clientIP6
+}
 
 // bgp tells whether the lab announces the VIP over BGP through a router.
 func (s Settings) bgp() bool { return s.Announce == AnnounceBGP }
-
-// vipPrefix is the VIP as vigil and the lab's faults add it: a host
-// address in the routed lab, where it sits on lo.
-func (s Settings) vipPrefix() netip.Prefix {
-	if s.bgp() {
-		return netip.PrefixFrom(VIP.Addr(), VIP.Addr().BitLen())
-	}
-	return VIP
-}
 
 // routerNode is the router's entry in the lab's state (its processes).
 func (l *Lab) routerNode() *Node {
@@ -61,8 +69,12 @@ func (l *Lab) routerNode() *Node {
 
 // createRoutedClient makes the router namespace, plugged into the bridge,
 // and the client namespace behind it.
-func createRoutedClient(ctx context.Context) error {
-	if err := createHost(ctx, routerName, routerIP); err != nil {
+func createRoutedClient(ctx context.Context, s Settings) error {
+	var rip6 netip.Addr
+	if s.has6() {
+		rip6 = routerIP6
+	}
+	if err := createHost(ctx, routerName, routerIP, rip6); err != nil {
 		return err
 	}
 	rt, cl := nodeNS(routerName), clientNS
@@ -76,12 +88,20 @@ func createRoutedClient(ctx context.Context) error {
 		{"-n", cl, "link", "set", nodeIface, "up"},
 		{"-n", cl, "route", "add", "default", "via", routerClientIP.String()},
 	}
-	for _, s := range steps {
-		if err := ip(ctx, s...); err != nil {
+	sysctls := []string{"net.ipv4.ip_forward=1"}
+	if s.has6() {
+		steps = append(steps,
+			[]string{"-n", rt, "addr", "add", netip.PrefixFrom(routerClientIP6, clientNet6.Bits()).String(), "dev", routerLink, "nodad"},
+			[]string{"-n", cl, "addr", "add", netip.PrefixFrom(routedClientIP6, clientNet6.Bits()).String(), "dev", nodeIface, "nodad"},
+			[]string{"-n", cl, "-6", "route", "add", "default", "via", routerClientIP6.String()})
+		sysctls = append(sysctls, "net.ipv6.conf.all.forwarding=1")
+	}
+	for _, st := range steps {
+		if err := ip(ctx, st...); err != nil {
 			return err
 		}
 	}
-	for _, kv := range []string{"net.ipv4.ip_forward=1"} {
+	for _, kv := range sysctls {
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", rt, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
 			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, rt, err, strings.TrimSpace(string(out)))
 		}
@@ -92,10 +112,15 @@ func createRoutedClient(ctx context.Context) error {
 // routeNode prepares a node of the routed lab: the way back to the client
 // through the router, and ARP answered only for the link's own addresses,
 // so the VIP on lo is reachable only by the router's BGP route.
-func routeNode(ctx context.Context, node string) error {
+func routeNode(ctx context.Context, node string, v6 bool) error {
 	ns := nodeNS(node)
 	if err := ip(ctx, "-n", ns, "route", "add", clientNet.String(), "via", routerIP.String()); err != nil {
 		return err
+	}
+	if v6 {
+		if err := ip(ctx, "-n", ns, "-6", "route", "add", clientNet6.String(), "via", routerIP6.String()); err != nil {
+			return err
+		}
 	}
 	for _, kv := range []string{"net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2"} {
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
@@ -106,15 +131,15 @@ func routeNode(ctx context.Context, node string) error {
 }
 
 // birdConf is the router's BIRD 2 configuration: one eBGP session per
-// node, every route learned installed in the router's kernel table. BIRD
-// compares MEDs of routes from one neighbouring AS (all nodes share
-// NodeAS), which is how the newest holder's route wins at once.
-func birdConf(nodes []*Node) string {
+// node and family, every route learned installed in the router's kernel
+// table. BIRD compares MEDs of routes from one neighbouring AS (all nodes
+// share NodeAS), which is how the newest holder's route wins at once.
+func birdConf(nodes []*Node, v6 bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `router id %s;
 log stderr all;
 protocol device { scan time 10; }
-protocol kernel {
+protocol kernel kernel4 {
 	ipv4 { import none; export all; };
 }
 template bgp vigil {
@@ -126,8 +151,25 @@ template bgp vigil {
 	ipv4 { import all; export none; };
 }
 `, routerIP, routerIP, RouterAS)
+	if v6 {
+		fmt.Fprintf(&b, `protocol kernel kernel6 {
+	ipv6 { import none; export all; };
+}
+template bgp vigil6 {
+	local %s as %d;
+	hold time 9;
+	keepalive time 3;
+	connect retry time 1;
+	error wait time 1, 10;
+	ipv6 { import all; export none; };
+}
+`, routerIP6, RouterAS)
+	}
 	for _, n := range nodes {
 		fmt.Fprintf(&b, "protocol bgp %s from vigil { neighbor %s as %d; }\n", n.Name, n.IP, NodeAS)
+		if v6 {
+			fmt.Fprintf(&b, "protocol bgp %s_6 from vigil6 { neighbor %s as %d; }\n", n.Name, nodeIP6(n.Index), NodeAS)
+		}
 	}
 	return b.String()
 }
@@ -141,7 +183,7 @@ func (l *Lab) startRouter() error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	conf := filepath.Join(dir, "bird.conf")
-	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6())), 0o644); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	return l.start(rt, roleBird, "bird", "-f", "-c", conf, "-s", l.birdSocket(), "-P", filepath.Join(dir, "bird.pid"))
@@ -163,14 +205,15 @@ func (l *Lab) VIPRoute(ctx context.Context) (RouterRoute, error) {
 	if !l.st.Settings.bgp() {
 		return r, errors.New("lab: not a routed lab (vigil-lab up --announce bgp)")
 	}
-	out, err := ipOut(ctx, "-n", nodeNS(routerName), "-4", "route", "show", VIP.Addr().String()+"/32")
+	vip := l.st.Settings.vipAddr()
+	out, err := ipOut(ctx, "-n", nodeNS(routerName), "route", "show", netip.PrefixFrom(vip, vip.BitLen()).String())
 	if err != nil {
 		return r, err
 	}
 	if f := strings.Fields(out); len(f) >= 3 && f[1] == "via" {
 		r.NextHop = f[2]
 	}
-	cmd := exec.CommandContext(ctx, "birdc", "-s", l.birdSocket(), "show", "route", "for", VIP.Addr().String(), "all")
+	cmd := exec.CommandContext(ctx, "birdc", "-s", l.birdSocket(), "show", "route", "for", vip.String(), "all")
 	b, err := cmd.Output()
 	if err != nil {
 		return r, fmt.Errorf("lab: birdc: %w", err)
@@ -197,7 +240,11 @@ func (l *Lab) waitRouterSessions(ctx context.Context, d time.Duration) error {
 					up++
 				}
 			}
-			if up == len(l.st.Nodes) {
+			want := len(l.st.Nodes)
+			if l.st.Settings.has6() {
+				want *= 2
+			}
+			if up == want {
 				return nil
 			}
 			last = string(out)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -90,18 +92,19 @@ func (w *vipWatch) close() {
 	}
 }
 
-// has reports whether node has the VIP.
+// has reports whether node has the VIP: any of its addresses, of either
+// family.
 func (w *vipWatch) has(node string) (bool, error) {
 	h, ok := w.handles[node]
 	if !ok {
 		return false, fmt.Errorf("lab: node %s is not watched (it joined after the watch began)", node)
 	}
-	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return false, err
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == VIP.Addr() {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && slices.Contains(labVIPs, ip.Unmap()) {
 			return true, nil
 		}
 	}
@@ -128,12 +131,12 @@ func (w *vipWatch) holders(nodes []*Node) ([]string, error) {
 // would.
 func (w *vipWatch) flushVIP(node string) error {
 	h := w.handles[node]
-	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return err
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); !ok || ip.Unmap() != VIP.Addr() {
+		if ip, ok := netip.AddrFromSlice(a.IP); !ok || !slices.Contains(labVIPs, ip.Unmap()) {
 			continue
 		}
 		lk, err := h.LinkByIndex(a.LinkIndex)
@@ -149,12 +152,14 @@ func (w *vipWatch) flushVIP(node string) error {
 
 // Report is what `vigil-lab status` prints.
 type Report struct {
-	Impl       string      `json:"impl"`
-	VIP        string      `json:"vip"`
-	Holders    []string    `json:"vipHolders"`
-	Answering  string      `json:"answering"`
-	Etcd       *EtcdStatus `json:"etcd,omitempty"`
-	NodeStates []NodeState `json:"nodes"`
+	Impl      string   `json:"impl"`
+	VIP       string   `json:"vip"`
+	Holders   []string `json:"vipHolders"`
+	Answering string   `json:"answering"`
+	// AnsweringByVIP, in a dual-stack lab, is who answers on each address.
+	AnsweringByVIP map[string]string `json:"answeringByVIP,omitempty"`
+	Etcd           *EtcdStatus       `json:"etcd,omitempty"`
+	NodeStates     []NodeState       `json:"nodes"`
 	// Workers run vigil agent; Etcd FOLLOWS does not apply to them.
 	Workers []NodeState `json:"workers,omitempty"`
 	// Router is the routed lab's route to the VIP (--announce bgp).
@@ -171,7 +176,11 @@ type NodeState struct {
 
 // Status reports the lab's state.
 func (l *Lab) Status(ctx context.Context) (Report, error) {
-	r := Report{Impl: l.st.Settings.Impl, VIP: l.st.Settings.vipPrefix().String()}
+	var vips []string
+	for _, v := range l.st.Settings.vips() {
+		vips = append(vips, v.String())
+	}
+	r := Report{Impl: l.st.Settings.Impl, VIP: strings.Join(vips, ",")}
 	w, err := newVIPWatch(l.st.Nodes)
 	if err != nil {
 		return r, err
@@ -180,7 +189,13 @@ func (l *Lab) Status(ctx context.Context) (Report, error) {
 	if r.Holders, err = w.holders(l.st.Nodes); err != nil {
 		return r, err
 	}
-	r.Answering, _ = probeOnce(ctx, 300*time.Millisecond) // "" when nobody answers
+	r.Answering, _ = probeOnce(ctx, l.st.Settings.vipAddr(), 300*time.Millisecond) // "" when nobody answers
+	if vs := l.st.Settings.vips(); len(vs) > 1 {
+		r.AnsweringByVIP = map[string]string{}
+		for _, v := range vs {
+			r.AnsweringByVIP[v.Addr().String()], _ = probeOnce(ctx, v.Addr(), 300*time.Millisecond)
+		}
+	}
 	if l.st.Settings.Impl == ImplVigil {
 		if st, err := l.etcdStatus(ctx); err == nil {
 			r.Etcd = &st

@@ -33,12 +33,30 @@ var (
 	clientIP   = netip.MustParseAddr("10.250.0.2")
 	// VIP is the lab's virtual IP.
 	VIP = netip.MustParsePrefix("10.250.0.100/24")
+	// VIP6 is the lab's IPv6 virtual IP (--ip-family ipv6 or dual), on
+	// subnet6, which labs with IPv6 add beside the IPv4 subnet.
+	VIP6      = netip.MustParsePrefix("fd00:250::100/64")
+	subnet6   = netip.MustParsePrefix("fd00:250::/64")
+	clientIP6 = netip.MustParseAddr("fd00:250::2")
 )
 
 // nodeIP returns the address of node i (1-based): 10.250.0.10+i.
 func nodeIP(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, 250, 0, byte(10 + i)})
 }
+
+// nodeIP6 returns the IPv6 address of node i (1-based): fd00:250::10+i
+// (the last byte is 10+i, as in nodeIP).
+func nodeIP6(i int) netip.Addr {
+	b := subnet6.Addr().As16()
+	b[15] = byte(10 + i)
+	return netip.AddrFrom16(b)
+}
+
+// labVIPs are every address the lab's VIP can have. The lab's own view of
+// who holds the VIP counts a node that has any of them: one holder of
+// either family, never two.
+var labVIPs = []netip.Addr{VIP.Addr(), VIP6.Addr()}
 
 // nodeNS is the namespace of a node.
 func nodeNS(name string) string { return Prefix + name }
@@ -84,8 +102,9 @@ func createSwitch(ctx context.Context) error {
 
 // createHost makes a namespace for a host, plugs it into the bridge through
 // a veth pair (port name = host name on the switch side, eth0 inside) and
-// gives it addr.
-func createHost(ctx context.Context, name string, addr netip.Addr) error {
+// gives it addr, and addr6 when valid (labs with IPv6; without duplicate
+// address detection, which would leave the address unusable for a second).
+func createHost(ctx context.Context, name string, addr, addr6 netip.Addr) error {
 	ns := Prefix + name
 	steps := [][]string{
 		{"netns", "add", ns},
@@ -93,8 +112,11 @@ func createHost(ctx context.Context, name string, addr netip.Addr) error {
 		{"-n", switchNS, "link", "add", name, "type", "veth", "peer", "name", nodeIface, "netns", ns},
 		{"-n", switchNS, "link", "set", name, "master", bridge, "up"},
 		{"-n", ns, "addr", "add", fmt.Sprintf("%s/%d", addr, subnetBits), "dev", nodeIface},
-		{"-n", ns, "link", "set", nodeIface, "up"},
 	}
+	if addr6.IsValid() {
+		steps = append(steps, []string{"-n", ns, "addr", "add", netip.PrefixFrom(addr6, subnet6.Bits()).String(), "dev", nodeIface, "nodad"})
+	}
+	steps = append(steps, []string{"-n", ns, "link", "set", nodeIface, "up"})
 	for _, s := range steps {
 		if err := ip(ctx, s...); err != nil {
 			return err

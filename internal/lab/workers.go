@@ -50,7 +50,7 @@ func (l *Lab) ensureWorkers(ctx context.Context, n int) error {
 		if err := os.MkdirAll(l.nodeDir(w), 0o755); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
-		if err := createHost(ctx, w.Name, w.IP); err != nil {
+		if err := createHost(ctx, w.Name, w.IP, netip.Addr{}); err != nil {
 			return err
 		}
 		l.st.Workers = append(l.st.Workers, w)
@@ -210,7 +210,7 @@ func (l *Lab) scaleWorkers(ctx context.Context, r *Result) error {
 	for _, w := range l.st.Workers {
 		pids[w.Name] = map[string]int{roleAgent: w.PIDs[roleAgent], roleWorkerClient: w.PIDs[roleWorkerClient]}
 	}
-	pr, err := startProber(probeInterval)
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
 	}
