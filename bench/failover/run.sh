@@ -10,6 +10,12 @@
 #   vigil-bgp         default timings, --announce bgp: the client reaches the
 #                     VIP through a router namespace running BIRD 2, by the
 #                     holder's BGP host route (not in the default SETS)
+#   vigil-ipv6        default timings, an IPv6 VIP (NDP)          (not default)
+#   vigil-dual        default timings, an IPv4 and an IPv6 VIP held as one
+#                     (vigil run --vip twice); outage per family and how far
+#                     apart the families switched                 (not default)
+#   vigil-bgp-dual    vigil-dual in the routed lab: two BGP host routes over
+#                     an IPv4 and an IPv6 session per node         (not default)
 # COUNT runs of each drill, then MIXED consecutive mixed drills on vigil.
 # Every run is kept as JSON in results/<timestamp>/, with summary.md.
 # Usage, as root: bash bench/failover/run.sh   (COUNT=10 MIXED=50 by default)
@@ -34,6 +40,9 @@ up_args() {
     keepalived-tuned) echo "--impl keepalived-tuned" ;;
     vigil-lease) echo "--impl vigil --apiserver kube --election kubernetes" ;;
     vigil-bgp) echo "--impl vigil --announce bgp" ;;
+    vigil-ipv6) echo "--impl vigil --ip-family ipv6" ;;
+    vigil-dual) echo "--impl vigil --ip-family dual" ;;
+    vigil-bgp-dual) echo "--impl vigil --announce bgp --ip-family dual" ;;
   esac
 }
 
@@ -46,7 +55,7 @@ for set in $SETS; do
   case $set in vigil*) drills="$drills kill-etcd-leader" ;; esac
   for d in $drills; do
     $lab drill "$d" --count "$COUNT" --json > "$out/$set-$d.json" || true
-    jq -r '.summary[] | "  \(.drill) median \(.medianMillis)ms max \(.maxMillis)ms split-brain \(.splitBrains) failed \(.failed)"' "$out/$set-$d.json"
+    jq -r '.summary[] | "  \(.drill) median \(.medianMillis)ms max \(.maxMillis)ms split-brain \(.splitBrains) failed \(.failed)" + ([.families[]? | " \(.family) median \(.medianMillis)ms max \(.maxMillis)ms"] | join(";")) + (if .maxSkewMillis then "; families at most \(.maxSkewMillis)ms apart" else "" end)' "$out/$set-$d.json"
   done
   if [ "$set" = vigil ] && [ "$MIXED" -gt 0 ]; then
     $lab drill mixed --count "$MIXED" --json > "$out/$set-mixed.json" || true

@@ -14,7 +14,7 @@ cmd=$(cat "$out/command" 2>/dev/null || echo "bash bench/failover/run.sh")
   echo
   echo "| set | drill | runs | median ms | min ms | max ms | split brain | failed |"
   echo "|---|---|---|---|---|---|---|---|"
-  for set in vigil vigil-tuned keepalived keepalived-tuned vigil-lease vigil-bgp; do
+  for set in vigil vigil-tuned keepalived keepalived-tuned vigil-lease vigil-bgp vigil-ipv6 vigil-dual vigil-bgp-dual; do
     for d in kill-leader graceful partition-leader kill-etcd-leader kill-daemon mixed; do
       f="$out/$set-$d.json"
       [ -s "$f" ] || continue
@@ -24,6 +24,17 @@ cmd=$(cat "$out/command" 2>/dev/null || echo "bash bench/failover/run.sh")
     done
   done
   echo
+  if compgen -G "$out/*ipv6*.json" >/dev/null || compgen -G "$out/*dual*.json" >/dev/null; then
+    echo "Per family (labs with IPv6; skew = how far apart the two families switched to the new holder, resolution 10 ms):"
+    echo
+    echo "| file | drill | family | median ms | max ms | max skew ms |"
+    echo "|---|---|---|---|---|---|"
+    for f in "$out"/*ipv6*.json "$out"/*dual*.json; do
+      [ -s "$f" ] || continue
+      jq -r --arg set "$(basename "$f" .json)" '.summary[] | . as $s | .families[]? | "| \($set) | \($s.drill) | \(.family) | \(.medianMillis | round) | \(.maxMillis | round) | \($s.maxSkewMillis // 0 | round) |"' "$f"
+    done
+    echo
+  fi
   echo "Split-brain details, if any:"
   for f in "$out"/*.json; do
     jq -r --arg f "$(basename "$f")" '.results[] | select(.splitBrain or .error) | "- \($f) run \(.run): \(.splitDetail // "") \(.error // "")"' "$f"

@@ -430,8 +430,14 @@ func (c *chaos) pause(ctx context.Context, n *Node, freeze bool, hold time.Durat
 func (c *chaos) stray(ctx context.Context, n *Node, r *FaultResult) error {
 	c.smp.exclude(n.Name)
 	defer c.smp.exclude("")
+	// In dual-stack, either family's address: each alone is a stray.
+	vips := c.l.st.Settings.vips()
+	vip := vips[0]
+	if len(vips) > 1 {
+		vip = vips[c.rng.IntN(len(vips))]
+	}
 	added := time.Now()
-	if err := ip(ctx, "-n", nodeNS(n.Name), "addr", "add", c.l.st.Settings.vipPrefix().String(), "dev", c.l.st.Settings.vipIface()); err != nil {
+	if err := ip(ctx, "-n", nodeNS(n.Name), "addr", "add", vip.String(), "dev", c.l.st.Settings.vipIface()); err != nil {
 		return err
 	}
 	gone, err := waitVIPGone(ctx, c.d.w, n.Name, 5*time.Second)
