@@ -11,7 +11,9 @@
 #
 # ANNOUNCE=bgp runs them in the routed lab instead (docs/bgp.md): a BIRD 2
 # router between the nodes and the client, the VIP on lo, no VIP link and so
-# no link faults.
+# no link faults. IP_FAMILY=dual (or ipv6) gives the VIP an IPv6 address too
+# (or only one): stray-VIP faults then add either family's address, and
+# every node's addresses of both families are sampled (docs/dualstack.md).
 #
 # Usage, as root: bash bench/chaos/run.sh        (SETS="all pause freeze", SEED=1)
 set -euo pipefail
@@ -20,6 +22,7 @@ source hack/deps.sh ip jq bird
 hack/build.sh
 SEED=${SEED:-1}
 ANNOUNCE=${ANNOUNCE:-arp} # bgp: the routed lab (BIRD 2 router), without the VIP link faults
+IP_FAMILY=${IP_FAMILY:-ipv4}
 SETS=${SETS:-"all pause freeze"}
 out=bench/chaos/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
@@ -33,12 +36,12 @@ for set in $SETS; do
     freeze) args=(--duration "${FREEZE_DURATION:-4m}" --faults freeze) ;;
     *) echo "unknown set $set" >&2; exit 2 ;;
   esac
-  args+=(--announce "$ANNOUNCE")
+  args+=(--announce "$ANNOUNCE" --ip-family "$IP_FAMILY")
   echo "== $set: vigil-lab chaos ${args[*]} --seed $SEED"
   $lab chaos "${args[@]}" --seed "$SEED" --json --logs "$out/logs-$set" > "$out/$set.json" || status=1
   jq -r '.summary[] | "  \(.kind): \(.count) faults, outage median \(.outageMedianMillis)ms worst \(.outageWorstMillis)ms, no holder worst \(.noHolderWorstMillis)ms, dual-holder samples \(.dualSamples) (worst \(.dualWorstMillis)ms), failed \(.failed)"' "$out/$set.json" | tee "$out/$set.txt"
 done
-echo "ANNOUNCE=$ANNOUNCE SETS=\"$SETS\" DURATION=${DURATION:-30m} SEED=$SEED bash bench/chaos/run.sh" > "$out/command"
+echo "ANNOUNCE=$ANNOUNCE IP_FAMILY=$IP_FAMILY SETS=\"$SETS\" DURATION=${DURATION:-30m} SEED=$SEED bash bench/chaos/run.sh" > "$out/command"
 bash bench/chaos/summarize.sh "$out"
 echo "results in $out"
 exit $status
