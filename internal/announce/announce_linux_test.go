@@ -26,23 +26,7 @@ func TestPeerLearnsNewLocation(t *testing.T) {
 		if out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0"); !strings.Contains(out, "02:00:00:00:00:01") {
 			t.Fatalf("B's entry changed before any announcement: %q", out)
 		}
-		var mac string
-		err := netns.Do(p.A, func() error {
-			ifi, err := net.InterfaceByName("a0")
-			if err != nil {
-				return err
-			}
-			mac = ifi.HardwareAddr.String()
-			a, err := New(Config{Interface: "a0", Address: netip.MustParseAddr(vip)}, slog.New(slog.DiscardHandler))
-			if err != nil {
-				return err
-			}
-			defer a.Close()
-			return a.Once()
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		mac := announceOnce(t, p, Config{Interface: "a0", Address: netip.MustParseAddr(vip)})
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0")
@@ -79,23 +63,7 @@ func TestDualStackAnnouncesBoth(t *testing.T) {
 	}
 	nstest.IP(t, "-n", p.A, "addr", "add", v4+"/24", "dev", "a0")
 	nstest.IP(t, "-n", p.A, "addr", "add", v6+"/64", "dev", "a0", "nodad")
-	var mac string
-	err := netns.Do(p.A, func() error {
-		ifi, err := net.InterfaceByName("a0")
-		if err != nil {
-			return err
-		}
-		mac = ifi.HardwareAddr.String()
-		a, err := New(Config{Interface: "a0", Address: netip.MustParseAddr(v4), Also: []netip.Addr{netip.MustParseAddr(v6)}}, slog.New(slog.DiscardHandler))
-		if err != nil {
-			return err
-		}
-		defer a.Close()
-		return a.Once()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mac := announceOnce(t, p, Config{Interface: "a0", Address: netip.MustParseAddr(v4), Also: []netip.Addr{netip.MustParseAddr(v6)}})
 	for _, ip := range []string{v4, v6} {
 		deadline := time.Now().Add(5 * time.Second)
 		for out := ""; !strings.Contains(out, mac); time.Sleep(10 * time.Millisecond) {
@@ -105,4 +73,28 @@ func TestDualStackAnnouncesBoth(t *testing.T) {
 			out = nstest.IP(t, "-n", p.B, "neigh", "show", ip, "dev", "b0")
 		}
 	}
+}
+
+// announceOnce sends one announcement from A's a0 with cfg and returns a0's
+// hardware address.
+func announceOnce(t *testing.T, p *nstest.Pair, cfg Config) string {
+	t.Helper()
+	var mac string
+	err := netns.Do(p.A, func() error {
+		ifi, err := net.InterfaceByName("a0")
+		if err != nil {
+			return err
+		}
+		mac = ifi.HardwareAddr.String()
+		a, err := New(cfg, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer a.Close()
+		return a.Once()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mac
 }
