@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
@@ -24,6 +25,7 @@ func TestIPFamilyLabs(t *testing.T) {
 		{"ipv6", Settings{IPFamily: IPv6}, []string{IPv6}},
 		{"dual", Settings{IPFamily: Dual}, []string{IPv4, IPv6}},
 		{"dual-bgp", Settings{IPFamily: Dual, Announce: AnnounceBGP}, []string{IPv4, IPv6}},
+		{"ipv6-bgp", Settings{IPFamily: IPv6, Announce: AnnounceBGP}, []string{IPv6}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -47,6 +49,26 @@ func TestIPFamilyLabs(t *testing.T) {
 			}
 			if len(st.Holders) != 1 || strings.Count(st.VIP, ",") != len(c.families)-1 {
 				t.Fatalf("status: VIP %s on %v; want %d addresses on one node", st.VIP, st.Holders, len(c.families))
+			}
+			if s.bgp() {
+				// The router forwards the VIP's first address to the
+				// holder's address of that family.
+				n, err := l.node(st.Holders[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := n.IP
+				if !s.has4() {
+					want = nodeIP6(n.Index)
+				}
+				for deadline := time.Now().Add(10 * time.Second); st.Router == nil || st.Router.NextHop != want.String(); time.Sleep(100 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("router: %+v; want the VIP forwarded to %s (%s)", st.Router, want, n.Name)
+					}
+					if st, err = l.Status(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 			for _, kind := range []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon, DrillKillEtcdLeader} {
 				t.Run(kind, func(t *testing.T) {

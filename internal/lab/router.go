@@ -206,7 +206,11 @@ func (l *Lab) VIPRoute(ctx context.Context) (RouterRoute, error) {
 		return r, errors.New("lab: not a routed lab (vigil-lab up --announce bgp)")
 	}
 	vip := l.st.Settings.vipAddr()
-	out, err := ipOut(ctx, "-n", nodeNS(routerName), "route", "show", netip.PrefixFrom(vip, vip.BitLen()).String())
+	fam := "-4"
+	if vip.Is6() {
+		fam = "-6"
+	}
+	out, err := ipOut(ctx, "-n", nodeNS(routerName), fam, "route", "show", netip.PrefixFrom(vip, vip.BitLen()).String())
 	if err != nil {
 		return r, err
 	}
