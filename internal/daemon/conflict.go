@@ -58,7 +58,9 @@ type ConflictReport struct {
 // conflicts runs the probes of one node.
 type conflicts struct {
 	iface string
-	vip   netip.Addr
+	// vips are the VIP's addresses; each is probed (dual-stack: ARP and
+	// NDP).
+	vips []netip.Addr
 	// expected returns the holder ("" when none), the MAC it announces,
 	// when the holder last changed, and whether that view is fresh (this
 	// node read or renewed the lock a moment ago).
@@ -121,8 +123,13 @@ func (c *conflicts) probeOnce() {
 	}
 	ifi, err := net.InterfaceByName(c.iface)
 	var macs []net.HardwareAddr
-	if err == nil {
-		macs, err = announce.Probe(ifi, c.vip, conflictWait)
+	for _, vip := range c.vips {
+		if err != nil {
+			break
+		}
+		var m []net.HardwareAddr
+		m, err = announce.Probe(ifi, vip, conflictWait)
+		macs = append(macs, m...)
 	}
 	now := time.Now()
 	// A holder change during the probe makes its answers ambiguous.
@@ -143,6 +150,8 @@ func (c *conflicts) probeOnce() {
 			bad = append(bad, s)
 		}
 	}
+	slices.Sort(bad)
+	bad = slices.Compact(bad) // one machine answering for both families
 	c.report.MACs = bad
 	if len(bad) == 0 {
 		if c.active != nil {
@@ -166,9 +175,17 @@ func (c *conflicts) probeOnce() {
 		c.total.Inc()
 		c.log.Warn("VIP conflict: another machine answers for the VIP", "mac", m, "holder_mac", mac)
 		if c.events != nil {
-			c.events.Emit(true, kube.ReasonVIPConflict, "hardware address %s answers for the VIP %s besides the holder's (%s)", m, c.vip, orNone(mac))
+			c.events.Emit(true, kube.ReasonVIPConflict, "hardware address %s answers for the VIP %s besides the holder's (%s)", m, joinAddrs(c.vips), orNone(mac))
 		}
 	}
+}
+
+func joinAddrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
 }
 
 func orNone(s string) string {

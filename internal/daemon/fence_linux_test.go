@@ -301,6 +301,26 @@ func TestConflictReported(t *testing.T) {
 	waitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
 }
 
+// In dual-stack every address of the VIP is probed: a foreign host that
+// answers for the IPv6 address alone is reported too.
+func TestConflictReportedOnEitherFamily(t *testing.T) {
+	p := nstest.NewPair(t)
+	startEtcdIn(t, p.A)
+	const vip6 = "fd00:192::100"
+	startVigilA(t, p.A, "--vip", vip6+"/64")
+	waitFor(t, 20*time.Second, "both VIP addresses on a0", func() bool {
+		out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0")
+		return strings.Contains(out, " "+testVIP+"/") && strings.Contains(out, " "+vip6+"/64 ")
+	})
+	time.Sleep(2 * time.Second) // past the probe after the takeover
+	nstest.IP(t, "-n", p.B, "addr", "add", vip6+"/128", "dev", "b0", "nodad")
+	bmac := strings.Fields(nstest.IP(t, "-n", p.B, "-br", "link", "show", "b0"))[2]
+	status := func() string { return nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status") }
+	waitFor(t, 5*time.Second, "the IPv6 conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
+	nstest.IP(t, "-n", p.B, "addr", "del", vip6+"/128", "dev", "b0")
+	waitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
+}
+
 // A second process with a candidate's name (a third node holds the lock, so
 // the lock record shows no twin) is refused at start by the name claim, and
 // never touches the VIP.

@@ -424,7 +424,7 @@ func (n *node) newElector() error {
 	n.el = el
 	h.term = func() int { return el.Status().Transitions }
 	h.conflicts = &conflicts{
-		iface: cfg.Interface, vip: cfg.VIPs[0].Addr(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
+		iface: cfg.Interface, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
 		total: n.m.conflicts, gauge: n.m.conflict,
 		expected: func() (string, string, time.Time, bool) {
 			st := el.Status()
