@@ -175,62 +175,23 @@ const DefaultHealthCA = validate.DefaultHealthCA
 // a dead API server moves it in about 2.5 s.
 const DefaultHealthGrace = 2 * time.Second
 
-// ParseVIP accepts "10.0.0.10/24", "10.0.0.10" (taken as /32) and IPv6
-// equivalents.
+// ParseVIP parses one --vip (see validate.VIP).
 func ParseVIP(s string) (netip.Prefix, error) {
-	if s == "" {
-		return netip.Prefix{}, fmt.Errorf("%w: --vip is required", ErrConfig)
-	}
-	if !strings.Contains(s, "/") {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("%w: --vip %q is not an IP address or CIDR", ErrConfig, s)
-		}
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	p, err := netip.ParsePrefix(s)
+	p, err := validate.VIP(s)
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%w: --vip %q is not an IP address or CIDR", ErrConfig, s)
-	}
-	if p.Addr().Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("%w: --vip %q must not have a zone", ErrConfig, s)
+		return netip.Prefix{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return p, nil
 }
 
 // ParseVIPs parses --vip given once, or twice for dual-stack (one address
-// per family); see ParseVIP and CheckVIPs.
+// per family; see validate.VIPs).
 func ParseVIPs(ss []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range ss {
-		p, err := ParseVIP(strings.TrimSpace(s))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
+	ps, err := validate.VIPs(ss)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	return out, CheckVIPs(out)
-}
-
-// CheckVIPs accepts one VIP, or two of different families.
-func CheckVIPs(vips []netip.Prefix) error {
-	switch {
-	case len(vips) == 0:
-		return fmt.Errorf("%w: --vip is required", ErrConfig)
-	case len(vips) > 2:
-		return fmt.Errorf("%w: --vip given %d times: give one VIP, or two for dual-stack (one IPv4, one IPv6)", ErrConfig, len(vips))
-	case len(vips) == 2 && vips[0].Addr().Is4() == vips[1].Addr().Is4():
-		return fmt.Errorf("%w: --vip %s and %s are of the same family: a dual-stack VIP is one IPv4 and one IPv6 address", ErrConfig, vips[0], vips[1])
-	}
-	for _, p := range vips {
-		if !p.IsValid() {
-			return fmt.Errorf("%w: --vip is required", ErrConfig)
-		}
-		if p.Addr().Is4In6() {
-			return fmt.Errorf("%w: --vip %s: give an IPv4 VIP in dotted form, not IPv4-mapped IPv6", ErrConfig, p)
-		}
-	}
-	return nil
+	return ps, nil
 }
 
 // VIPAddrs returns the addresses of the VIPs.
@@ -256,8 +217,8 @@ func vipList(vips []netip.Prefix) string {
 // Validate checks everything that can be checked without touching the
 // network or etcd.
 func (c *Config) Validate() error {
-	if err := CheckVIPs(c.VIPs); err != nil {
-		return err
+	if err := validate.VIPSet(c.VIPs); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c.Interface == "" {
 		return fmt.Errorf("%w: --interface is required", ErrConfig)

@@ -377,17 +377,22 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 }
 
 // judgeFamilies fills Families and SkewMillis from every address's
-// replies (the probers are closed already), and fails the drill when the
-// addresses ended on different nodes.
+// replies, and fails the drill when the addresses ended on different
+// nodes. The first prober's replies are in r already (outage, heal
+// outage, late replies, split brain); the others' are added to them.
 func (r *Result) judgeFamilies(probers []*prober, fault, healStart time.Time) error {
 	var switched []time.Time
-	for _, p := range probers {
-		rs := p.snapshot()
+	for i, p := range probers {
+		rs := p.close()
 		rec := recoveredAt(rs, r.After, fault)
 		f := FamilyResult{Family: family(p.vip), VIP: p.vip.String(), After: nodeAt(rs, rec)}
 		f.OutageMillis = millis(longestGap(rs, fault, rec))
 		f.SwitchedMillis = millis(rec.Sub(fault))
 		r.Families = append(r.Families, f)
+		switched = append(switched, rec)
+		if i == 0 {
+			continue
+		}
 		r.OutageMillis = max(r.OutageMillis, f.OutageMillis)
 		r.HealOutageMillis = max(r.HealOutageMillis, millis(longestGap(rs, healStart, time.Now())))
 		r.LateReplies += p.lateReplies()
@@ -395,7 +400,6 @@ func (r *Result) judgeFamilies(probers []*prober, fault, healStart time.Time) er
 			r.SplitBrain = true
 			r.SplitDetail = strings.TrimPrefix(r.SplitDetail+"; "+f.Family+": "+detail, "; ")
 		}
-		switched = append(switched, rec)
 	}
 	if len(switched) > 1 {
 		r.SkewMillis = millis(max(switched[0].Sub(switched[1]), switched[1].Sub(switched[0])))

@@ -70,11 +70,11 @@ type prober struct {
 // listenInClient opens a UDP socket in the client namespace, on the
 // wildcard address of vip's family.
 func listenInClient(vip netip.Addr) (*net.UDPConn, error) {
-	any := net.IPv4zero
+	wildcard := net.IPv4zero
 	if vip.Is6() {
-		any = net.IPv6unspecified
+		wildcard = net.IPv6unspecified
 	}
-	return netns.ListenUDP(clientNS, &net.UDPAddr{IP: any})
+	return netns.ListenUDP(clientNS, &net.UDPAddr{IP: wildcard})
 }
 
 func startProber(interval time.Duration, vip netip.Addr) (*prober, error) {

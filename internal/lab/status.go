@@ -189,12 +189,16 @@ func (l *Lab) Status(ctx context.Context) (Report, error) {
 	if r.Holders, err = w.holders(l.st.Nodes); err != nil {
 		return r, err
 	}
-	r.Answering, _ = probeOnce(ctx, l.st.Settings.vipAddr(), 300*time.Millisecond) // "" when nobody answers
-	if vs := l.st.Settings.vips(); len(vs) > 1 {
-		r.AnsweringByVIP = map[string]string{}
-		for _, v := range vs {
-			r.AnsweringByVIP[v.Addr().String()], _ = probeOnce(ctx, v.Addr(), 300*time.Millisecond)
+	for i, v := range l.st.Settings.vips() {
+		ans, _ := probeOnce(ctx, v.Addr(), 300*time.Millisecond) // "" when nobody answers
+		if i == 0 {
+			r.Answering = ans
+			continue
 		}
+		if r.AnsweringByVIP == nil {
+			r.AnsweringByVIP = map[string]string{l.st.Settings.vipAddr().String(): r.Answering}
+		}
+		r.AnsweringByVIP[v.Addr().String()] = ans
 	}
 	if l.st.Settings.Impl == ImplVigil {
 		if st, err := l.etcdStatus(ctx); err == nil {

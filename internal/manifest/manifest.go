@@ -440,28 +440,16 @@ func YAML(header string, objs ...runtime.Object) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// parseVIPs checks --vip, given once or once per family, as vigil run will.
+// parseVIPs checks --vip, given once or once per family, as vigil run
+// will, and returns the addresses as given (a bare address stays bare: a
+// host address to vigil run).
 func parseVIPs(ss []string) ([]string, error) {
-	if len(ss) == 0 {
-		return nil, fmt.Errorf("%w: --vip is required, e.g. 10.0.0.100 or 10.0.0.100/24", ErrInvalid)
+	if _, err := validate.VIPs(ss); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	if len(ss) > 2 {
-		return nil, fmt.Errorf("%w: --vip given %d times: give one VIP, or two for dual-stack (one IPv4, one IPv6)", ErrInvalid, len(ss))
-	}
-	var out []string
-	v4 := 0
-	for _, s := range ss {
-		v, err := parseVIP(strings.TrimSpace(s))
-		if err != nil {
-			return nil, err
-		}
-		if !strings.Contains(v, ":") {
-			v4++
-		}
-		out = append(out, v)
-	}
-	if len(out) == 2 && v4 != 1 {
-		return nil, fmt.Errorf("%w: --vip %s and %s are of the same family: a dual-stack VIP is one IPv4 and one IPv6 address", ErrInvalid, out[0], out[1])
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = strings.TrimSpace(s)
 	}
 	return out, nil
 }
@@ -472,19 +460,6 @@ func vipArgs(vips []string) []string {
 		args = append(args, "--vip", v)
 	}
 	return args
-}
-
-func parseVIP(s string) (string, error) {
-	if s == "" {
-		return "", fmt.Errorf("%w: --vip is required, e.g. 10.0.0.100 or 10.0.0.100/24", ErrInvalid)
-	}
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p.String(), nil
-	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a.String(), nil
-	}
-	return "", fmt.Errorf("%w: --vip %q is not an IP address or address/prefix", ErrInvalid, s)
 }
 
 // DefaultImage is this version's image, pinned by tag: a static pod must
