@@ -131,6 +131,13 @@ type Config struct {
 	// can bind the same address before the old one exits (an upgrade of
 	// the worker agent without a moment with nothing listening).
 	ReusePort bool
+	// Loops is how many event loops serve connections (see loop_linux.go;
+	// 0: one per CPU, at most 4). -1 serves every connection with
+	// goroutines instead, as do an IdleTimeout, a custom Dial, and systems
+	// other than Linux.
+	Loops int
+
+	customDial bool // Dial was given
 }
 
 // CheckLimits validates the connection limits and the idle timeout as
@@ -163,15 +170,26 @@ type Balancer struct {
 	also []net.Listener
 	m    *metrics
 
+	loops    []*evloop       // the event loops, while Run runs them
+	runCtx   context.Context // Run's context, for connections handed to goroutines
+	stopCh   chan struct{}   // closed by Close
+	stopOnce sync.Once
+	// loopsRunning and handovers are for tests: event loops running, and
+	// connections they handed over to goroutines.
+	loopsRunning, handovers atomic.Int64
+
 	mu      sync.Mutex // guards the fields below
 	pool    *pool
 	closing map[string]*pendingClose // by backend address
 	closed  bool
 	serving bool
-	clients map[net.Conn]struct{} // every accepted connection until it ends
-	sources map[netip.Addr]int    // accepted connections per source address
+	// clients holds every accepted connection until it ends: its
+	// net.Conn, or its *lpair while an event loop owns it.
+	clients map[any]struct{}
+	sources map[netip.Addr]int // accepted connections per source address
 	lastNoB time.Time
 	lastCap time.Time // last "limit reached" log
+	running []*evloop // the event loops, once started
 
 	wg sync.WaitGroup // connection goroutines
 }
@@ -185,7 +203,11 @@ type pendingClose struct {
 
 // proxyConn is one client connection and its backend connection.
 type proxyConn struct {
+	// mu guards client, server and lp where an event loop hands the pair
+	// over to goroutines.
+	mu             sync.Mutex
 	client, server net.Conn
+	lp             *lpair // the loop's pair while a loop owns it
 	once           sync.Once
 	// finished counts the directions whose source ended cleanly (EOF).
 	finished atomic.Int32
@@ -207,6 +229,17 @@ func (c *proxyConn) busy(now int64, quiet time.Duration) bool {
 	if (up > down && now-up < int64(inFlight)) || now-max(up, down) < int64(quiet) || c.bulk.Load() > 0 {
 		return true
 	}
+	return c.queued()
+}
+
+// queued tells whether the kernel holds bytes of the exchange (see
+// queued).
+func (c *proxyConn) queued() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if lp := c.lp; lp != nil {
+		return !lp.closed && (fdQueued(lp.cfd, false) || fdQueued(lp.sfd, true))
+	}
 	return queued(c.client, false) || queued(c.server, true)
 }
 
@@ -222,7 +255,18 @@ func (c *proxyConn) touch(d time.Duration) {
 	_ = c.server.SetReadDeadline(t)
 }
 
+// close closes both connections; a loop's pair is closed by its loop.
 func (c *proxyConn) close() {
+	c.mu.Lock()
+	lp := c.lp
+	open := lp != nil && !lp.closed
+	c.mu.Unlock()
+	if lp != nil {
+		if open {
+			lp.loop.post(loopCmd{p: lp})
+		}
+		return
+	}
 	c.once.Do(func() {
 		c.client.Close()
 		c.server.Close()
@@ -253,6 +297,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 	if cfg.HalfCloseTimeout == 0 {
 		cfg.HalfCloseTimeout = DefaultHalfCloseTimeout
 	}
+	cfg.customDial = cfg.Dial != nil
 	if cfg.Dial == nil {
 		// TCP keepalive towards backends too: a backend path that breaks
 		// silently (a powered-off machine between health checks, a
@@ -287,7 +332,8 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		ln:      ln,
 		pool:    newPool(cfg.Picker),
 		closing: map[string]*pendingClose{},
-		clients: map[net.Conn]struct{}{},
+		clients: map[any]struct{}{},
+		stopCh:  make(chan struct{}),
 		sources: map[netip.Addr]int{},
 		serving: !cfg.Standby,
 		m:       newMetrics(),
@@ -335,14 +381,20 @@ func (b *Balancer) Addrs() []net.Addr {
 func (b *Balancer) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, b.Close)
 	defer stop()
-	b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen)
-	var loops sync.WaitGroup
-	for _, ln := range b.also {
-		loops.Go(func() { b.accept(ctx, ln) })
+	b.runCtx = ctx
+	if b.startLoops() {
+		b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen, "event_loops", len(b.loops))
+		<-b.stopCh
+	} else {
+		b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen)
+		var loops sync.WaitGroup
+		for _, ln := range b.also {
+			loops.Go(func() { b.accept(ctx, ln) })
+		}
+		b.accept(ctx, b.ln)
+		b.Close() // the other listeners too, if this one failed alone
+		loops.Wait()
 	}
-	b.accept(ctx, b.ln)
-	b.Close() // the other listeners too, if this one failed alone
-	loops.Wait()
 	b.mu.Lock()
 	b.closed = true
 	for _, pc := range b.closing {
@@ -350,6 +402,9 @@ func (b *Balancer) Run(ctx context.Context) error {
 	}
 	b.mu.Unlock()
 	b.CloseAll("load balancer stopping")
+	for _, l := range b.loops {
+		l.postWait(loopCmd{stop: true})
+	}
 	b.wg.Wait()
 	return nil
 }
@@ -374,48 +429,68 @@ func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 		backoff = 0
 		src := sourceAddr(c)
 		b.mu.Lock()
-		ok := b.serving
-		limit := ""
-		switch {
-		case !ok:
-		case b.cfg.MaxConns > 0 && len(b.clients) >= b.cfg.MaxConns:
-			limit = "max_conns"
-		case b.cfg.MaxConnsPerSource > 0 && b.sources[src] >= b.cfg.MaxConnsPerSource:
-			limit = "max_conns_per_source"
-		default:
-			b.clients[c] = struct{}{}
-			b.sources[src]++
+		limit, ok := b.admitLocked(c, src)
+		if ok {
+			b.wg.Add(1)
 		}
-		logLimit := limit != "" && time.Since(b.lastCap) > 5*time.Second
-		if logLimit {
-			b.lastCap = time.Now()
-		}
-		n := len(b.clients)
 		b.mu.Unlock()
-		if !ok || limit != "" {
-			// Not the VIP holder (or just stopped being it): a stray
-			// connection; or over a limit. Either way told at once.
+		if !ok {
 			reset(c)
-			if limit != "" {
-				b.m.refused.WithLabelValues(limit).Inc()
-				if logLimit {
-					b.log.Warn("connection limit reached; resetting new connections (logged every 5s)", "limit", limit,
-						"connections", n, "max_conns", b.cfg.MaxConns, "max_conns_per_source", b.cfg.MaxConnsPerSource, "client", src.String())
-				}
-			}
+			b.refusedConn(limit, src)
 			continue
 		}
-		b.wg.Add(1)
 		go func() {
 			defer b.wg.Done()
 			b.serve(ctx, c)
 			b.mu.Lock()
-			delete(b.clients, c)
-			if b.sources[src]--; b.sources[src] <= 0 {
-				delete(b.sources, src)
-			}
+			b.releaseLocked(c, src)
 			b.mu.Unlock()
 		}()
+	}
+}
+
+// admitLocked decides on a new client connection from src, key being its
+// net.Conn or loop pair: admitted and counted, or not (limit names the
+// connection limit reached; empty when this node does not serve, and the
+// connection is a stray). b.mu is held.
+func (b *Balancer) admitLocked(key any, src netip.Addr) (limit string, ok bool) {
+	switch {
+	case !b.serving:
+		return "", false
+	case b.cfg.MaxConns > 0 && len(b.clients) >= b.cfg.MaxConns:
+		limit = "max_conns"
+	case b.cfg.MaxConnsPerSource > 0 && b.sources[src] >= b.cfg.MaxConnsPerSource:
+		limit = "max_conns_per_source"
+	default:
+		b.clients[key] = struct{}{}
+		b.sources[src]++
+		return "", true
+	}
+	if time.Since(b.lastCap) > 5*time.Second {
+		b.lastCap = time.Now()
+		b.log.Warn("connection limit reached; resetting new connections (logged every 5s)", "limit", limit,
+			"connections", len(b.clients), "max_conns", b.cfg.MaxConns, "max_conns_per_source", b.cfg.MaxConnsPerSource, "client", src.String())
+	}
+	return limit, false
+}
+
+// refusedConn counts a connection turned away (and reset) by admitLocked.
+// Not the VIP holder (or just stopped being it): a stray connection; or
+// over a limit. Either way the client is told at once.
+func (b *Balancer) refusedConn(limit string, _ netip.Addr) {
+	if limit != "" {
+		b.m.refused.WithLabelValues(limit).Inc()
+	}
+}
+
+// releaseLocked forgets an admitted client connection (key may be nil
+// when it was forgotten already) and its slot of src. b.mu is held.
+func (b *Balancer) releaseLocked(key any, src netip.Addr) {
+	if key != nil {
+		delete(b.clients, key)
+	}
+	if b.sources[src]--; b.sources[src] <= 0 {
+		delete(b.sources, src)
 	}
 }
 
@@ -536,18 +611,30 @@ func (b *Balancer) SetServing(on bool) {
 	b.mu.Lock()
 	b.serving = on
 	var clients []net.Conn
+	n := 0
+	loops := b.running
 	if !on {
 		for c := range b.clients {
-			clients = append(clients, c)
+			if c, ok := c.(net.Conn); ok {
+				clients = append(clients, c)
+			}
 		}
+		n = len(b.clients)
 	}
 	b.mu.Unlock()
-	if len(clients) > 0 {
-		b.log.Info("resetting client connections: this node no longer serves the VIP", "connections", len(clients))
-		b.m.closed.WithLabelValues("vip_moved").Add(float64(len(clients)))
+	if n > 0 {
+		b.log.Info("resetting client connections: this node no longer serves the VIP", "connections", n)
+		b.m.closed.WithLabelValues("vip_moved").Add(float64(n))
 	}
 	for _, c := range clients {
 		reset(c) // its serve goroutine closes the backend side
+	}
+	if !on && n > len(clients) {
+		// The loops' own: each resets its clients and is done before
+		// this returns, while the resets can still leave from the VIP.
+		for _, l := range loops {
+			l.postWait(loopCmd{resetAll: true})
+		}
 	}
 }
 
@@ -682,6 +769,15 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 		b.proxy(be, &proxyConn{client: client, server: server}, anyway)
 		return
 	}
+	if ctx.Err() == nil {
+		b.noBackend(client.RemoteAddr().String())
+	}
+	reset(client)
+}
+
+// noBackend counts and logs (at most every 5 s) a client turned away
+// because no backend took its connection.
+func (b *Balancer) noBackend(client string) {
 	b.m.rejected.Inc()
 	b.mu.Lock()
 	logIt := time.Since(b.lastNoB) > 5*time.Second
@@ -690,10 +786,9 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 	}
 	n := len(b.pool.m)
 	b.mu.Unlock()
-	if logIt && ctx.Err() == nil {
-		b.log.Warn("no usable backend; closing client connections (logged every 5s)", "backends_known", n, "client", client.RemoteAddr().String())
+	if logIt {
+		b.log.Warn("no usable backend; closing client connections (logged every 5s)", "backends_known", n, "client", client)
 	}
-	reset(client)
 }
 
 // proxy copies both ways until both sides are done or the pair is closed.
@@ -712,15 +807,48 @@ func (b *Balancer) proxy(be *backend, pc *proxyConn, anyway bool) {
 	be.m.active.Inc()
 	be.m.accepted.Inc()
 	b.mu.Unlock()
+	b.pump(be, pc, resume{})
+}
 
+// resume is where an event loop's connection stands when it is handed
+// over to goroutines (see evloop.handOver); the zero value is a new one.
+type resume struct {
+	upDone, downDone       bool      // that direction finished (FIN passed on)
+	halfCloseAt            time.Time // when one has: its deadline
+	pendingUp, pendingDown []byte    // read, not yet written
+	bulkUp, bulkDown       bool      // splice from the start
+}
+
+// pump copies both ways until both sides are done or the pair is closed,
+// then releases be; be.conns holds pc already.
+func (b *Balancer) pump(be *backend, pc *proxyConn, st resume) {
 	if b.cfg.IdleTimeout > 0 {
 		pc.touch(b.cfg.IdleTimeout)
 	}
+	// A direction that finished gives the other its half-close deadline:
+	// its reads are from the side that has not finished.
+	if st.upDone {
+		pc.finished.Add(1)
+		_ = pc.server.SetReadDeadline(st.halfCloseAt)
+	}
+	if st.downDone {
+		pc.finished.Add(1)
+		_ = pc.client.SetReadDeadline(st.halfCloseAt)
+	}
 	done := make(chan int64, 1)
-	go func() {
-		done <- b.pipe(&copier{dst: pc.server, src: pc.client, idle: b.cfg.IdleTimeout, pc: pc, last: &pc.lastUp})
-	}()
-	down := b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc, last: &pc.lastDown})
+	if st.upDone {
+		done <- 0
+	} else {
+		go func() {
+			done <- b.pipe(&copier{dst: pc.server, src: pc.client, idle: b.cfg.IdleTimeout, pc: pc, last: &pc.lastUp,
+				pending: st.pendingUp, bulk: st.bulkUp})
+		}()
+	}
+	var down int64
+	if !st.downDone {
+		down = b.pipe(&copier{dst: pc.client, src: pc.server, idle: b.cfg.IdleTimeout, pc: pc, last: &pc.lastDown,
+			pending: st.pendingDown, bulk: st.bulkDown})
+	}
 	up := <-done
 	pc.close()
 	b.m.toBackend.Add(float64(up))
@@ -817,6 +945,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // Close closes the listener of a balancer that never ran; Run closes it
 // otherwise.
 func (b *Balancer) Close() {
+	b.stopOnce.Do(func() { close(b.stopCh) })
 	b.ln.Close()
 	for _, ln := range b.also {
 		ln.Close()

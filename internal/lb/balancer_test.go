@@ -6,9 +6,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +21,25 @@ import (
 	"github.com/vigil-ha/vigil/internal/health"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// testLoops is Config.Loops for the balancers the tests start.
+var testLoops int
+
+// TestMain runs every test twice: connections served by the event loops
+// (the default), then by goroutines (Config.Loops -1).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		testLoops = -1
+		code = m.Run()
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // tcpBackend reads one line from each connection (clients speak first, as TLS
 // clients do; the balancer only accepts a connection once it has data), then
@@ -116,6 +136,9 @@ func startLB(t *testing.T, cfg Config, backends ...*tcpBackend) (*Balancer, *dia
 	errs := &dialErrs{}
 	cfg.Listen = "127.0.0.1:0"
 	cfg.OnDialError = errs.add
+	if cfg.Loops == 0 {
+		cfg.Loops = testLoops
+	}
 	b, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -567,7 +590,7 @@ func TestDualStackListeners(t *testing.T) {
 		ln.Close()
 	}
 	be := newBackend(t, "a", false)
-	b, err := New(Config{Listen: "127.0.0.1:0", AlsoListen: []string{"[::1]:0"}}, slog.New(slog.DiscardHandler))
+	b, err := New(Config{Listen: "127.0.0.1:0", AlsoListen: []string{"[::1]:0"}, Loops: testLoops}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -617,4 +640,80 @@ func TestDualStackListeners(t *testing.T) {
 	} else {
 		ln.Close()
 	}
+}
+
+// TestEventLoopPaths: with the default Loops, connections are served by
+// the event loops; a bulk transfer is handed over to goroutines intact, and
+// a backend named by host name is dialled by the goroutine path. With
+// Loops -1 no loop runs.
+func TestEventLoopPaths(t *testing.T) {
+	be := newBackend(t, "a", false)
+	b, _ := startLB(t, Config{}, be)
+	c, r, name := dial(t, b, true)
+	if name != "a" {
+		t.Fatalf("greeted by %q", name)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.loopsRunning.Load() == 0 && testLoops == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := b.loopsRunning.Load(); (got > 0) != (testLoops == 0) {
+		t.Fatalf("%d event loops running with Loops %d", got, testLoops)
+	}
+	// Small exchanges stay where they are.
+	for range 20 {
+		_, _ = io.WriteString(c, "ping\n")
+		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("echo: %q, %v", line, err)
+		}
+	}
+	if n := b.handovers.Load(); n != 0 {
+		t.Fatalf("%d connections handed over after small exchanges", n)
+	}
+	// A reader that falls behind: the echo fills the client's socket
+	// while it writes in small pieces and reads nothing; then it reads
+	// it all back, intact.
+	slow := make([]byte, 2<<20)
+	_, _ = rand.Read(slow)
+	wrote := make(chan error, 1)
+	go func() {
+		for off := 0; off < len(slow); off += 512 {
+			if _, err := c.Write(slow[off : off+512]); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	time.Sleep(200 * time.Millisecond)
+	echo := make([]byte, len(slow))
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadFull(r, echo); err != nil || !bytes.Equal(echo, slow) {
+		t.Fatalf("echo to a slow reader: %v, intact %v", err, bytes.Equal(echo, slow))
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	// Bulk both ways: handed over (loops), every byte intact.
+	payload := make([]byte, 1<<20)
+	_, _ = rand.Read(payload)
+	go func() { _, _ = c.Write(payload) }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("bulk echo: %v, intact %v", err, bytes.Equal(got, payload))
+	}
+	if n := b.handovers.Load(); (n > 0) != (testLoops == 0) {
+		t.Fatalf("%d connections handed over after a bulk transfer (Loops %d)", n, testLoops)
+	}
+	c.Close()
+
+	// A backend named by host name.
+	_, port, _ := net.SplitHostPort(be.addr())
+	b.SetBackends([]string{"localhost:" + port})
+	b.Update(health.Status{Backend: "localhost:" + port, State: health.Up})
+	c2, _, name := dial(t, b, true)
+	if name != "a" {
+		t.Fatalf("through a host-name backend: greeted by %q", name)
+	}
+	c2.Close()
 }

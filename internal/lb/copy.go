@@ -32,6 +32,10 @@ type copier struct {
 	pc   *proxyConn
 	// last is when src's last bytes were read (pc.lastUp or pc.lastDown).
 	last *atomic.Int64
+	// pending are bytes read from src before, to be written first (an
+	// event loop's connection handed over); bulk: splice from the start.
+	pending []byte
+	bulk    bool
 
 	// For read, set up once per direction rather than per read: src's raw
 	// connection (nil if it has none), the read callback bound to this
@@ -54,6 +58,18 @@ type copier struct {
 // costs its goroutines and sockets but no buffer.
 func (c *copier) copy() (int64, error) {
 	var total int64
+	if len(c.pending) > 0 {
+		w, err := c.dst.Write(c.pending)
+		total += int64(w)
+		c.pending = nil
+		if err != nil {
+			return total, err
+		}
+	}
+	if c.bulk {
+		n, err := c.copyBulk()
+		return total + n, err
+	}
 	if sc, ok := c.src.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			c.raw, c.ready = raw, c.readReady
@@ -85,9 +101,15 @@ func (c *copier) copy() (int64, error) {
 			break
 		}
 	}
-	// Bulk from here on: io.Copy between two *net.TCPConn splices. With an
-	// idle timeout every read must push the deadlines, which a splice
-	// cannot; that path copies through io.Copy's own buffer instead.
+	n, err := c.copyBulk()
+	return total + n, err
+}
+
+// copyBulk copies the rest of a bulk direction: io.Copy between two
+// *net.TCPConn splices. With an idle timeout every read must push the
+// deadlines, which a splice cannot; that path copies through io.Copy's own
+// buffer instead.
+func (c *copier) copyBulk() (int64, error) {
 	var n int64
 	var err error
 	c.pc.bulk.Add(1)
@@ -97,7 +119,7 @@ func (c *copier) copy() (int64, error) {
 	} else {
 		n, err = io.Copy(c.dst, c.src)
 	}
-	return total + n, err
+	return n, err
 }
 
 func (c *copier) touch() {

@@ -55,7 +55,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	out := bufio.NewReader(stdout)
 	backend := helperLine(t, out)
 
-	b, err := New(Config{Listen: "127.0.0.1:0", MaxConns: -1, MaxConnsPerSource: -1}, slog.New(slog.DiscardHandler))
+	b, err := New(Config{Listen: "127.0.0.1:0", MaxConns: -1, MaxConnsPerSource: -1, Loops: testLoops}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,8 +76,8 @@ func TestIdleConnectionMemory(t *testing.T) {
 	time.Sleep(time.Second) // let every copier settle into its wait
 	after := rss(t)
 	per := (after - before) / int64(n)
-	t.Logf("%d idle connections: RSS %d KiB -> %d KiB, %.1f KiB per connection; copy buffers held: %d",
-		n, before>>10, after>>10, float64(per)/1024, buffersInUse.Load())
+	t.Logf("%d idle connections (event loops %v): RSS %d KiB -> %d KiB, %.1f KiB per connection; copy buffers held: %d",
+		n, b.loopsRunning.Load() > 0, before>>10, after>>10, float64(per)/1024, buffersInUse.Load())
 	if buffersInUse.Load() != 0 {
 		t.Errorf("idle connections hold %d copy buffers", buffersInUse.Load())
 	}

@@ -1,6 +1,9 @@
 package lb
 
-import "slices"
+import (
+	"net/netip"
+	"slices"
+)
 
 // pool is the balancer's view of its backends. It is not safe for concurrent
 // use; the Balancer guards it with its mutex.
@@ -13,8 +16,9 @@ type pool struct {
 
 type backend struct {
 	addr   string
-	usable bool // passed its checks; new connections may go here
-	active int  // connections being dialled or proxied
+	ip     netip.AddrPort // addr, when it is IP:port (not a host name)
+	usable bool           // passed its checks; new connections may go here
+	active int            // connections being dialled or proxied
 	conns  map[*proxyConn]struct{}
 	m      backendMetrics
 }
@@ -34,7 +38,8 @@ func (p *pool) set(addrs []string) (removed []*backend) {
 	for _, a := range addrs {
 		want[a] = true
 		if _, ok := p.m[a]; !ok {
-			p.m[a] = &backend{addr: a, conns: map[*proxyConn]struct{}{}}
+			ip, _ := netip.ParseAddrPort(a)
+			p.m[a] = &backend{addr: a, ip: ip, conns: map[*proxyConn]struct{}{}}
 		}
 	}
 	for a, b := range p.m {
