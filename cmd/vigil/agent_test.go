@@ -76,6 +76,7 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--election", "kubernetes", "--kubeconfig", "/nonexistent"}, "--kubeconfig"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-max-conns", "100", "--lb-max-conns-per-source", "200"}, "--lb-max-conns-per-source 200 is above --lb-max-conns 100"},
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-idle-timeout", "-1s"}, "--lb-idle-timeout"},
+		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "http://127.0.0.1:2379", "--lb-port", "6443", "--lb-event-loops", "-2"}, "--lb-event-loops -2"},
 		{[]string{"agent", "--server", "https://10.0.0.100:6443", "--lb-max-conns", "-7"}, "--lb-max-conns -7"},
 		// One rule for etcd endpoints in every command (internal/validate).
 		{[]string{"run", "--vip", "10.0.0.100", "--interface", "lo", "--etcd-endpoints", "https://10.0.0.11"}, `etcd endpoint "https://10.0.0.11" must look like https://HOST:PORT, such as https://10.0.0.11:2379 (no port)`},

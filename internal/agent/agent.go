@@ -105,6 +105,8 @@ type Config struct {
 	MaxConns          int
 	MaxConnsPerSource int
 	IdleTimeout       time.Duration
+	// EventLoops is lb.Config.Loops for each upstream.
+	EventLoops int
 	// MetricsAddress serves /metrics, /healthz and /status; empty for none.
 	MetricsAddress string
 	// LocalAddrs lists this host's addresses (nil: the interfaces'); a
@@ -257,6 +259,7 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 		MaxConns:          a.cfg.MaxConns,
 		MaxConnsPerSource: a.cfg.MaxConnsPerSource,
 		IdleTimeout:       a.cfg.IdleTimeout,
+		Loops:             a.cfg.EventLoops,
 		OnDialError:       func(b string, err error) { u.checker.DialFailed(b, err) },
 		Metrics:           reg,
 	}, a.log.With("upstream", name))
@@ -442,6 +445,9 @@ func (c *Config) withDefaults() error {
 		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.DrainTimeout)
 	}
 	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if err := lb.CheckLoops(c.EventLoops); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {

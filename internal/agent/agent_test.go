@@ -506,6 +506,7 @@ func TestConfigErrors(t *testing.T) {
 		{"unwritable cache dir", func(c *Config) { c.CacheDir = "/proc/vigil-agent" }, "--cache-dir"},
 		{"per-source above total", func(c *Config) { c.MaxConns, c.MaxConnsPerSource = 10, 20 }, "--lb-max-conns-per-source 20 is above --lb-max-conns 10"},
 		{"negative idle timeout", func(c *Config) { c.IdleTimeout = -time.Second }, "--lb-idle-timeout"},
+		{"too many event loops", func(c *Config) { c.EventLoops = 65 }, "--lb-event-loops 65"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

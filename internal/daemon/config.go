@@ -99,6 +99,9 @@ type Config struct {
 	LBMaxConns          int
 	LBMaxConnsPerSource int
 	LBIdleTimeout       time.Duration
+	// LBEventLoops is lb.Config.Loops: 0 one per CPU (at most 4), -1
+	// none (goroutines serve every connection).
+	LBEventLoops int
 	// BackendPort is the API servers' port; backends are the etcd members'
 	// hosts with this port.
 	BackendPort int
@@ -491,6 +494,9 @@ func (c *Config) validateLB() error {
 		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", ErrConfig, c.HealthGrace)
 	}
 	if err := lb.CheckLimits(c.LBMaxConns, c.LBMaxConnsPerSource, c.LBIdleTimeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if err := lb.CheckLoops(c.LBEventLoops); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {

@@ -213,6 +213,7 @@ func (n *node) openListeners() error {
 			FreeBind:     true,
 			DrainTimeout: cfg.LBDrainTimeout,
 			MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,
+			Loops: cfg.LBEventLoops,
 			// Passive checking: a refused connection ejects the backend
 			// before its next health check; a timed-out one counts as a
 			// failed check.

@@ -159,6 +159,18 @@ func CheckLimits(maxConns, perSource int, idle time.Duration) error {
 	return nil
 }
 
+// MaxLoops bounds Config.Loops.
+const MaxLoops = 64
+
+// CheckLoops validates the event loop count as --lb-event-loops gives it:
+// 0 (one per CPU, at most 4), 1 to MaxLoops, or -1 (none: goroutines).
+func CheckLoops(n int) error {
+	if n < -1 || n > MaxLoops {
+		return fmt.Errorf("%w: --lb-event-loops %d: give 0 (one per CPU, at most 4), 1 to %d, or -1 (serve connections with goroutines)", ErrInvalidConfig, n, MaxLoops)
+	}
+	return nil
+}
+
 // Balancer forwards TCP connections to usable backends. TLS passes through
 // untouched: clients verify the API server's own certificate, whose SANs must
 // include the VIP (kubeadm: controlPlaneEndpoint or apiServer.certSANs).
@@ -311,6 +323,9 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		return nil, fmt.Errorf("%w: dial timeout, attempts, drain and half-close timeouts and unreachable grace must be positive", ErrInvalidConfig)
 	}
 	if err := CheckLimits(cfg.MaxConns, cfg.MaxConnsPerSource, cfg.IdleTimeout); err != nil {
+		return nil, err
+	}
+	if err := CheckLoops(cfg.Loops); err != nil {
 		return nil, err
 	}
 	var lns []net.Listener
