@@ -150,6 +150,16 @@ func (q *fifo) peek() (fifoItem, bool) {
 	return q.items[q.head], true
 }
 
+// due pops and returns the head if it is due at now.
+func (q *fifo) due(now time.Time) (fifoItem, bool) {
+	it, ok := q.peek()
+	if !ok || it.at.After(now) {
+		return fifoItem{}, false
+	}
+	q.pop()
+	return it, true
+}
+
 func (q *fifo) pop() {
 	q.items[q.head] = fifoItem{}
 	q.head++
@@ -737,44 +747,24 @@ func (l *evloop) finish(p *lpair, up bool, now time.Time) {
 
 // expire acts on the deadlines due at now.
 func (l *evloop) expire(now time.Time) {
-	for {
-		it, ok := l.dialQ.peek()
-		if !ok || it.at.After(now) {
-			break
-		}
-		l.dialQ.pop()
+	for it, ok := l.dialQ.due(now); ok; it, ok = l.dialQ.due(now) {
 		if p := it.p; !p.closed && !p.gone && !p.conn && p.dialGen == it.gen && p.sfd >= 0 {
 			l.dialFailed(p, os.ErrDeadlineExceeded)
 			l.dial(p, now)
 		}
 	}
-	for {
-		it, ok := l.halfSoonQ.peek()
-		if !ok || it.at.After(now) {
-			break
-		}
-		l.halfSoonQ.pop()
+	for it, ok := l.halfSoonQ.due(now); ok; it, ok = l.halfSoonQ.due(now) {
 		if p := it.p; !p.closed && !p.gone {
 			l.halfQ.push(fifoItem{p: p, at: p.halfAt})
 		}
 	}
-	for {
-		it, ok := l.halfQ.peek()
-		if !ok || it.at.After(now) {
-			break
-		}
-		l.halfQ.pop()
+	for it, ok := l.halfQ.due(now); ok; it, ok = l.halfQ.due(now) {
 		if p := it.p; !p.closed && !p.gone {
 			l.b.m.closed.WithLabelValues("timeout").Inc()
 			l.closePair(p, false)
 		}
 	}
-	for {
-		it, ok := l.ageQ.peek()
-		if !ok || it.at.After(now) {
-			break
-		}
-		l.ageQ.pop()
+	for it, ok := l.ageQ.due(now); ok; it, ok = l.ageQ.due(now) {
 		if p := it.p; !p.closed && !p.gone && !p.kaSet {
 			setKeepAlive(p.sfd)
 			p.kaSet = true
