@@ -173,7 +173,7 @@ func (q *fifo) pop() {
 
 // loopsFor is how many loops a balancer runs: cfg.Loops, or one per CPU
 // the process may use, at most four: a control plane's connection rate
-// needs no more, and each loop is an OS thread.
+// needs no more, and a loop waiting in epoll holds an OS thread.
 func loopsFor(cfg Config) int {
 	if cfg.Loops != 0 {
 		return cfg.Loops
