@@ -182,13 +182,12 @@ type Balancer struct {
 	also []net.Listener
 	m    *metrics
 
-	loops    []*evloop       // the event loops, while Run runs them
 	runCtx   context.Context // Run's context, for connections handed to goroutines
 	stopCh   chan struct{}   // closed by Close
 	stopOnce sync.Once
-	// loopsRunning and handovers are for tests: event loops running, and
-	// connections they handed over to goroutines.
-	loopsRunning, handovers atomic.Int64
+	// handovers counts connections the loops handed over to goroutines
+	// (for tests).
+	handovers atomic.Int64
 
 	mu      sync.Mutex // guards the fields below
 	pool    *pool
@@ -201,7 +200,7 @@ type Balancer struct {
 	sources map[netip.Addr]int // accepted connections per source address
 	lastNoB time.Time
 	lastCap time.Time // last "limit reached" log
-	running []*evloop // the event loops, once started
+	loops   []*evloop // the event loops, once Run started them
 
 	wg sync.WaitGroup // connection goroutines
 }
@@ -398,7 +397,7 @@ func (b *Balancer) Run(ctx context.Context) error {
 	defer stop()
 	b.runCtx = ctx
 	if b.startLoops() {
-		b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen, "event_loops", len(b.loops))
+		b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen, "event_loops", b.eventLoops())
 		<-b.stopCh
 	} else {
 		b.log.Info("load balancer listening", "policy", fmt.Sprint(b.pool.picker), "also", b.cfg.AlsoListen)
@@ -417,7 +416,10 @@ func (b *Balancer) Run(ctx context.Context) error {
 	}
 	b.mu.Unlock()
 	b.CloseAll("load balancer stopping")
-	for _, l := range b.loops {
+	b.mu.Lock()
+	loops := b.loops
+	b.mu.Unlock()
+	for _, l := range loops {
 		l.postWait(loopCmd{stop: true})
 	}
 	b.wg.Wait()
@@ -451,7 +453,7 @@ func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 		b.mu.Unlock()
 		if !ok {
 			reset(c)
-			b.refusedConn(limit, src)
+			b.refused(limit)
 			continue
 		}
 		go func() {
@@ -489,13 +491,28 @@ func (b *Balancer) admitLocked(key any, src netip.Addr) (limit string, ok bool) 
 	return limit, false
 }
 
-// refusedConn counts a connection turned away (and reset) by admitLocked.
-// Not the VIP holder (or just stopped being it): a stray connection; or
-// over a limit. Either way the client is told at once.
-func (b *Balancer) refusedConn(limit string, _ netip.Addr) {
+// refused counts a connection turned away (and reset) by admitLocked
+// over a limit; a stray one (limit "") is not counted.
+func (b *Balancer) refused(limit string) {
 	if limit != "" {
 		b.m.refused.WithLabelValues(limit).Inc()
 	}
+}
+
+// eventLoops is how many event loops Run started (0: goroutines serve).
+func (b *Balancer) eventLoops() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.loops)
+}
+
+// stillWantedLocked tells whether a connection to be, just established
+// for the client key, may be proxied: be may have gone down or been
+// removed while it was dialled, or this node may have stopped serving or
+// reset the client. b.mu is held.
+func (b *Balancer) stillWantedLocked(key any, be *backend, anyway bool) bool {
+	_, ok := b.clients[key]
+	return ok && !b.closed && b.serving && b.pool.m[be.addr] == be && (be.usable || anyway)
 }
 
 // releaseLocked forgets an admitted client connection (key may be nil
@@ -627,7 +644,7 @@ func (b *Balancer) SetServing(on bool) {
 	b.serving = on
 	var clients []net.Conn
 	n := 0
-	loops := b.running
+	loops := b.loops
 	if !on {
 		for c := range b.clients {
 			if c, ok := c.(net.Conn); ok {
@@ -810,9 +827,7 @@ func (b *Balancer) noBackend(client string) {
 // anyway: the picker chose be although it was not usable (a last resort).
 func (b *Balancer) proxy(be *backend, pc *proxyConn, anyway bool) {
 	b.mu.Lock()
-	// The backend may have gone down or been removed while we dialled,
-	// or this node may have stopped serving.
-	if _, ok := b.clients[pc.client]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || (!be.usable && !anyway) {
+	if !b.stillWantedLocked(pc.client, be, anyway) {
 		b.pool.done(be)
 		b.mu.Unlock()
 		pc.close()

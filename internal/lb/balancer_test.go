@@ -654,10 +654,10 @@ func TestEventLoopPaths(t *testing.T) {
 		t.Fatalf("greeted by %q", name)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for b.loopsRunning.Load() == 0 && testLoops == 0 && time.Now().Before(deadline) {
+	for b.eventLoops() == 0 && testLoops == 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if got := b.loopsRunning.Load(); (got > 0) != (testLoops == 0) {
+	if got := b.eventLoops(); (got > 0) != (testLoops == 0) {
 		t.Fatalf("%d event loops running with Loops %d", got, testLoops)
 	}
 	// Small exchanges stay where they are.

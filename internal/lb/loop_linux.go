@@ -188,17 +188,17 @@ func (b *Balancer) startLoops() bool {
 	if n < 1 || b.cfg.IdleTimeout > 0 || b.cfg.customDial {
 		return false
 	}
+	var loops []*evloop
 	for range n {
 		l, err := b.newLoop()
 		if err != nil {
 			b.log.Warn("event loop unavailable; serving connections with goroutines", "err", err)
-			for _, l := range b.loops {
+			for _, l := range loops {
 				l.closeFDs()
 			}
-			b.loops = nil
 			return false
 		}
-		b.loops = append(b.loops, l)
+		loops = append(loops, l)
 	}
 	// The loops accept on their duplicates. The originals would stay in
 	// Go's own poller, which would then wake a thread for every new
@@ -206,11 +206,10 @@ func (b *Balancer) startLoops() bool {
 	for _, ln := range append([]net.Listener{b.ln}, b.also...) {
 		ln.Close()
 	}
-	b.loopsRunning.Store(int64(len(b.loops)))
 	b.mu.Lock()
-	b.running = b.loops // SetServing's copy
+	b.loops = loops
 	b.mu.Unlock()
-	for _, l := range b.loops {
+	for _, l := range loops {
 		go l.run()
 	}
 	return true
@@ -473,7 +472,7 @@ func (l *evloop) admit(fd int, src netip.Addr, now time.Time) {
 	b.mu.Unlock()
 	if !ok {
 		resetFD(fd)
-		b.refusedConn(limit, src)
+		b.refused(limit)
 		return
 	}
 	p.cseq = l.nextSeq()
@@ -628,9 +627,7 @@ func (l *evloop) connected(p *lpair, now time.Time) {
 	}
 	be := p.be
 	b.mu.Lock()
-	// As in proxy: the backend may have gone down or been removed while
-	// we connected, or this node may have stopped serving.
-	if _, ok := b.clients[p]; b.closed || !ok || !b.serving || b.pool.m[be.addr] != be || (!be.usable && !p.anyway) {
+	if !b.stillWantedLocked(p, be, p.anyway) {
 		b.mu.Unlock()
 		l.closePair(p, false)
 		return
@@ -892,19 +889,21 @@ func (l *evloop) handOver(p *lpair, pending []byte, up, bulk bool) {
 		b.wg.Add(1)
 	}
 	b.mu.Unlock()
-	pc.mu.Lock()
-	pc.client, pc.server, pc.lp = client, server, nil
-	p.gone = true
-	pc.mu.Unlock()
 	if !ok {
+		// Stopped serving meanwhile: as closePair with a reset.
+		pc.mu.Lock()
+		p.closed = true
+		pc.mu.Unlock()
 		reset(client)
 		server.Close()
-		p.gone = false
-		p.closed = true
 		p.cfd, p.sfd = -1, -1
 		l.release(p)
 		return
 	}
+	pc.mu.Lock()
+	pc.client, pc.server, pc.lp = client, server, nil
+	p.gone = true
+	pc.mu.Unlock()
 	if p.up > 0 {
 		b.m.toBackend.Add(float64(p.up))
 	}

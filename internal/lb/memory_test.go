@@ -77,7 +77,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	after := rss(t)
 	per := (after - before) / int64(n)
 	t.Logf("%d idle connections (event loops %v): RSS %d KiB -> %d KiB, %.1f KiB per connection; copy buffers held: %d",
-		n, b.loopsRunning.Load() > 0, before>>10, after>>10, float64(per)/1024, buffersInUse.Load())
+		n, b.eventLoops() > 0, before>>10, after>>10, float64(per)/1024, buffersInUse.Load())
 	if buffersInUse.Load() != 0 {
 		t.Errorf("idle connections hold %d copy buffers", buffersInUse.Load())
 	}
