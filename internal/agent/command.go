@@ -144,7 +144,7 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 	f.IntVar(&cfg.MaxConns, "lb-max-conns", lb.DefaultMaxConns, "most client connections each local endpoint serves at once; more are reset at once (-1: no limit)")
 	f.IntVar(&cfg.MaxConnsPerSource, "lb-max-conns-per-source", -1, "most connections from one source IP address to each local endpoint (-1, the default: no limit, as local clients all come from the loopback address)")
 	f.DurationVar(&cfg.IdleTimeout, "lb-idle-timeout", 0, "close a connection that carried no byte either way for this long (0: never; watches can be quiet for minutes)")
-	f.IntVar(&cfg.EventLoops, "lb-event-loops", 0, "event loops (epoll) serving each local endpoint's connections: 0, one per CPU up to 4; -1 serves every connection with goroutines instead")
+	f.IntVar(&cfg.EventLoops, "lb-event-loops", 0, "event loops (epoll) serving each local endpoint's connections: 0, one per CPU up to 4; 1 to 64, that many; -1 serves every connection with goroutines instead")
 	f.DurationVar(&cfg.DrainTimeout, "lb-drain-timeout", lb.DefaultDrainTimeout, "connections to a backend that answers but fails its check (shutting down) are closed after this at the latest")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", DefaultMetricsAddress, "serve /metrics, /healthz and /status here (empty: off)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
