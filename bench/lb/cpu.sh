@@ -8,8 +8,10 @@
 # balancer's CPU time (utime+stime from /proc) and context switches (every
 # thread's) are read before and after; then one client opens connections
 # one after another for 3 s (--mode connect) for the new-connection
-# latency. Prints and keeps, in results/<timestamp>-cpu/, connections per
-# second, CPU µs and context switches per connection, and connect p50.
+# latency; then 4 clients read bulk data for 5 s (--mode throughput), and
+# the balancer's CPU time is read around it again. Prints and keeps, in
+# results/<timestamp>-cpu/, connections per second, CPU µs and context
+# switches per connection, connect p50, MiB/s and CPU ms per GiB moved.
 # Usage, as root: bash bench/lb/cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,9 +73,14 @@ measure() { # name pid port
   c1=$(ctxsw "$2"); t1=$(cpu "$2")
   n=$(jq .count "$out/load.json")
   ip netns exec vlab-cl $lab loadgen --mode connect --target "$vip:$3" --duration 3s > "$out/connect.json"
+  t2=$(cpu "$2")
+  ip netns exec vlab-cl $lab loadgen --mode throughput --target "$vip:$3" --workers 4 --duration 5s > "$out/bulk.json"
+  t3=$(cpu "$2")
   jq -n --argjson p50 "$(jq '.p50us | round' "$out/connect.json")"  --arg name "$1" --argjson round "$round" --argjson n "$n" --argjson ps "$(jq .perSecond "$out/load.json")" \
     --argjson cpu "$(( (t1 - t0) * 1000000 / hz ))" --argjson cs "$((c1 - c0))" \
-    '{target: $name, round: $round, conns: $n, perSecond: ($ps | round), cpuMicrosPerConn: ($cpu / $n | round), ctxSwitchesPerConn: ($cs / $n * 100 | round / 100), connectP50us: $p50}'
+    --argjson mibs "$(jq .perSecond "$out/bulk.json")" --argjson bcpu "$(( (t3 - t2) * 1000 / hz ))" \
+    '{target: $name, round: $round, conns: $n, perSecond: ($ps | round), cpuMicrosPerConn: ($cpu / $n | round), ctxSwitchesPerConn: ($cs / $n * 100 | round / 100), connectP50us: $p50,
+      mibPerSecond: ($mibs | round), cpuMillisPerGiB: ($bcpu / ($mibs * 5 / 1024) | round)}'
 }
 for round in $(seq 1 "$ROUNDS"); do
   measure vigil "$vigil_pid" 7443
@@ -81,19 +88,19 @@ for round in $(seq 1 "$ROUNDS"); do
   measure eproxy "$eproxy_pid" 9543
   measure haproxy "$haproxy_pid" 8443
 done | jq -s . > "$out/results.json"
-rm -f "$out/load.json" "$out/connect.json"
+rm -f "$out/load.json" "$out/connect.json" "$out/bulk.json"
 echo "ROUNDS=$ROUNDS bash bench/lb/cpu.sh" > "$out/command"
 { uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; } > "$out/machine"
 {
-  echo "| target | round | conns/s | CPU µs per connection | context switches per connection | connect p50 µs |"
-  echo "|---|---|---|---|---|---|"
-  jq -r '.[] | "| \(.target) | \(.round) | \(.perSecond) | \(.cpuMicrosPerConn) | \(.ctxSwitchesPerConn) | \(.connectP50us) |"' "$out/results.json"
+  echo "| target | round | conns/s | CPU µs per connection | context switches per connection | connect p50 µs | MiB/s | CPU ms per GiB |"
+  echo "|---|---|---|---|---|---|---|---|"
+  jq -r '.[] | "| \(.target) | \(.round) | \(.perSecond) | \(.cpuMicrosPerConn) | \(.ctxSwitchesPerConn) | \(.connectP50us) | \(.mibPerSecond) | \(.cpuMillisPerGiB) |"' "$out/results.json"
   echo
   echo "Medians:"
   echo
-  echo "| target | conns/s | CPU µs per connection | context switches per connection | connect p50 µs |"
-  echo "|---|---|---|---|---|"
+  echo "| target | conns/s | CPU µs per connection | context switches per connection | connect p50 µs | MiB/s | CPU ms per GiB |"
+  echo "|---|---|---|---|---|---|---|"
   jq -r 'def median: sort | .[(length - 1) / 2 | floor];
-    group_by(.target)[] | "| \(.[0].target) | \(map(.perSecond) | median) | \(map(.cpuMicrosPerConn) | median) | \(map(.ctxSwitchesPerConn) | median) | \(map(.connectP50us) | median) |"' "$out/results.json"
+    group_by(.target)[] | "| \(.[0].target) | \(map(.perSecond) | median) | \(map(.cpuMicrosPerConn) | median) | \(map(.ctxSwitchesPerConn) | median) | \(map(.connectP50us) | median) | \(map(.mibPerSecond) | median) | \(map(.cpuMillisPerGiB) | median) |"' "$out/results.json"
 } > "$out/summary.md"
 cat "$out/summary.md"

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Stand-in API server modes, switched by drills through the control socket.
@@ -249,7 +251,7 @@ func serveBulk(ln net.Listener, name string) {
 					}
 				case "get":
 					n, _ := strconv.ParseInt(arg, 10, 64)
-					if _, err := io.CopyN(c, zeros{}, n); err != nil {
+					if err := sendZeros(c, n); err != nil {
 						return
 					}
 				case "echo":
@@ -261,6 +263,63 @@ func serveBulk(ln net.Listener, name string) {
 			}
 		}()
 	}
+}
+
+// zeroFile is a file of zeroBytes zero bytes in memory, which sendZeros
+// sends from with sendfile(2): a benchmark's bulk source should cost as
+// little as it can, so that what it measures is the balancer between.
+var zeroFile = sync.OnceValues(func() (*os.File, error) {
+	fd, err := unix.MemfdCreate("vigil-lab-zeros", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("memfd_create", err)
+	}
+	f := os.NewFile(uintptr(fd), "vigil-lab-zeros")
+	if err := f.Truncate(zeroBytes); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+})
+
+const zeroBytes = 4 << 20
+
+// sendZeros writes n zero bytes to c: with sendfile(2) from zeroFile, at
+// an explicit offset so that every connection shares the file, or through
+// a buffer where there is no such file.
+func sendZeros(c net.Conn, n int64) error {
+	f, ferr := zeroFile()
+	tc, ok := c.(*net.TCPConn)
+	if ferr != nil || !ok {
+		_, err := io.CopyN(c, zeros{}, n)
+		return err
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	for n > 0 && serr == nil {
+		err := raw.Write(func(fd uintptr) bool {
+			off := int64(0)
+			w, e := unix.Sendfile(int(fd), int(f.Fd()), &off, int(min(n, zeroBytes)))
+			switch {
+			case e == unix.EAGAIN:
+				return false // wait until writable
+			case e == unix.EINTR:
+				return true
+			case e != nil:
+				serr = os.NewSyscallError("sendfile", e)
+			case w == 0:
+				serr = io.ErrShortWrite
+			}
+			n -= int64(max(w, 0))
+			return true
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return serr
 }
 
 // zeros reads as endless zero bytes.

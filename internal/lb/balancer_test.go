@@ -189,8 +189,6 @@ func dial(t *testing.T, b *Balancer, greet bool) (net.Conn, *bufio.Reader, strin
 	return c, r, name[:len(name)-1]
 }
 
-// closedWithin reports how long until the server side closes c (a read
-// returns an error), failing the test after d.
 // dialTo dials through b until a connection lands on the backend named
 // name (round robin gets there within a turn).
 func dialTo(t *testing.T, b *Balancer, name string) (net.Conn, *bufio.Reader) {
@@ -204,6 +202,8 @@ func dialTo(t *testing.T, b *Balancer, name string) (net.Conn, *bufio.Reader) {
 	return nil, nil
 }
 
+// closedWithin reports how long until the server side closes c (a read
+// returns an error), failing the test after d.
 func closedWithin(t *testing.T, r *bufio.Reader, c net.Conn, d time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()

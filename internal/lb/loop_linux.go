@@ -868,9 +868,6 @@ func (l *evloop) handOver(p *lpair, pending []byte, up, bulk bool) {
 		l.release(p)
 		return
 	}
-	if !p.kaSet {
-		setKeepAliveConn(server)
-	}
 	st := resume{upDone: p.upDone, downDone: p.downDone, halfCloseAt: p.halfAt, bulkUp: up && bulk, bulkDown: !up && bulk}
 	if len(pending) > 0 {
 		buf := append([]byte(nil), pending...)
@@ -961,11 +958,18 @@ func (l *evloop) handOverClient(p *lpair) {
 }
 
 // fdConn turns a loop's descriptor into a net.Conn; the descriptor itself
-// is closed (net.FileConn works on a duplicate).
+// is closed (net.FileConn works on a duplicate). net.FileConn turns on Go's
+// default TCP keepalive (15 s idle, 15 s apart, 9 probes), so the
+// balancer's is set again.
 func fdConn(fd int) (net.Conn, error) {
 	f := os.NewFile(uintptr(fd), "")
 	defer f.Close()
-	return net.FileConn(f)
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	setKeepAliveConn(c)
+	return c, nil
 }
 
 func setKeepAliveConn(c net.Conn) {
