@@ -100,6 +100,9 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		if !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") > 0 || out.Len() != 0 {
 			t.Errorf("vigil %s: stderr %q stdout %q, want one line mentioning %q", strings.Join(tc.args, " "), msg, out.String(), tc.want)
 		}
+		if strings.Count(msg, "invalid configuration") > 1 {
+			t.Errorf("vigil %s: %q says \"invalid configuration\" more than once", strings.Join(tc.args, " "), msg)
+		}
 	}
 	// A guard that refused to start leaves no socket behind.
 	if _, err := os.Stat(filepath.Join(cache, "guard.sock")); !os.IsNotExist(err) {

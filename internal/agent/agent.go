@@ -35,6 +35,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -445,10 +446,12 @@ func (c *Config) withDefaults() error {
 		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.DrainTimeout)
 	}
 	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		// Said once: "agent: invalid configuration: --lb-max-conns ...".
+		return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), lb.ErrInvalidConfig.Error()+": "))
 	}
 	if err := lb.CheckLoops(c.EventLoops); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		// Said once: "agent: invalid configuration: --lb-max-conns ...".
+		return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), lb.ErrInvalidConfig.Error()+": "))
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)

@@ -329,7 +329,7 @@ func (c *Config) validateAnnounce() error {
 	for _, s := range c.BGPPeers {
 		p, err := bgp.ParsePeer(s)
 		if err != nil {
-			return bgpConfigErr(err)
+			return rewrap(err, bgp.ErrInvalidConfig)
 		}
 		cfg.Peers = append(cfg.Peers, p)
 	}
@@ -348,16 +348,17 @@ func (c *Config) validateAnnounce() error {
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return bgpConfigErr(err)
+		return rewrap(err, bgp.ErrInvalidConfig)
 	}
 	c.BGP = cfg
 	return nil
 }
 
-// bgpConfigErr rewraps a bgp.ErrInvalidConfig error as ErrConfig, saying
+// rewrap rewraps a package's own invalid-configuration error (its
+// sentinel pkgErr, such as bgp.ErrInvalidConfig) as ErrConfig, saying
 // "invalid configuration" once.
-func bgpConfigErr(err error) error {
-	return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), bgp.ErrInvalidConfig.Error()+": "))
+func rewrap(err, pkgErr error) error {
+	return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), pkgErr.Error()+": "))
 }
 
 // sourceAddr is the local address the kernel would send from to reach
@@ -494,10 +495,10 @@ func (c *Config) validateLB() error {
 		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", ErrConfig, c.HealthGrace)
 	}
 	if err := lb.CheckLimits(c.LBMaxConns, c.LBMaxConnsPerSource, c.LBIdleTimeout); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return rewrap(err, lb.ErrInvalidConfig)
 	}
 	if err := lb.CheckLoops(c.LBEventLoops); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return rewrap(err, lb.ErrInvalidConfig)
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
