@@ -642,6 +642,23 @@ func TestDualStackListeners(t *testing.T) {
 	}
 }
 
+// bulkEcho sends 1 MiB through c to an echoing backend and reads it back
+// intact; with the event loops on, the pair has then been handed over to
+// goroutines.
+func bulkEcho(t *testing.T, b *Balancer, c net.Conn, r *bufio.Reader) {
+	t.Helper()
+	payload := make([]byte, 1<<20)
+	_, _ = rand.Read(payload)
+	go func() { _, _ = c.Write(payload) }()
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("bulk echo: %v, intact %v", err, bytes.Equal(got, payload))
+	}
+	if n := b.handovers.Load(); (n > 0) != (testLoops == 0) {
+		t.Fatalf("%d connections handed over after a bulk transfer (Loops %d)", n, testLoops)
+	}
+}
+
 // TestEventLoopPaths: with the default Loops, connections are served by
 // the event loops; a bulk transfer is handed over to goroutines intact, and
 // a backend named by host name is dialled by the goroutine path. With
@@ -695,16 +712,7 @@ func TestEventLoopPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Bulk both ways: handed over (loops), every byte intact.
-	payload := make([]byte, 1<<20)
-	_, _ = rand.Read(payload)
-	go func() { _, _ = c.Write(payload) }()
-	got := make([]byte, len(payload))
-	if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, payload) {
-		t.Fatalf("bulk echo: %v, intact %v", err, bytes.Equal(got, payload))
-	}
-	if n := b.handovers.Load(); (n > 0) != (testLoops == 0) {
-		t.Fatalf("%d connections handed over after a bulk transfer (Loops %d)", n, testLoops)
-	}
+	bulkEcho(t, b, c, r)
 	c.Close()
 
 	// A backend named by host name.

@@ -1,9 +1,6 @@
 package lb
 
 import (
-	"bytes"
-	"crypto/rand"
-	"io"
 	"net"
 	"testing"
 	"time"
@@ -19,24 +16,12 @@ import (
 func TestKeepAliveEverywhere(t *testing.T) {
 	be := newBackend(t, "a", false)
 	b, _ := startLB(t, Config{}, be)
-	c, r, name := dial(t, b, true)
-	if name != "a" {
-		t.Fatalf("greeted by %q", name)
-	}
+	c, r := dialTo(t, b, "a")
 	// Older than keepAliveAfter, so a loop has set the backend's
 	// keepalive itself before the hand-over.
 	time.Sleep(keepAliveAfter + 200*time.Millisecond)
 	// Bulk both ways: with loops, the pair is handed over.
-	payload := make([]byte, 1<<20)
-	_, _ = rand.Read(payload)
-	go func() { _, _ = c.Write(payload) }()
-	got := make([]byte, len(payload))
-	if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, payload) {
-		t.Fatalf("bulk echo: %v, intact %v", err, bytes.Equal(got, payload))
-	}
-	if n := b.handovers.Load(); (n > 0) != (testLoops == 0) {
-		t.Fatalf("%d connections handed over after a bulk transfer (Loops %d)", n, testLoops)
-	}
+	bulkEcho(t, b, c, r)
 	var conns []net.Conn
 	b.mu.Lock()
 	for k := range b.clients {
