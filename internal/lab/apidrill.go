@@ -443,8 +443,11 @@ func (l *Lab) waitBackendsUp(ctx context.Context, node string, n int, d time.Dur
 
 // vigilReport is the part of vigil's /status the lab reads.
 type vigilReport struct {
-	Leader   bool `json:"leader"`
-	Yielding bool `json:"yielding"`
+	Leader bool `json:"leader"`
+	// Holder is the VIP holder this vigil's elector sees: "" until it
+	// runs, which is after it has claimed its node name.
+	Holder   string `json:"holder"`
+	Yielding bool   `json:"yielding"`
 	Backends []struct {
 		Address string `json:"address"`
 		State   string `json:"state"`
@@ -456,6 +459,29 @@ type vigilReport struct {
 func (l *Lab) vigilStatus(ctx context.Context, node string) (vigilReport, error) {
 	var rep vigilReport
 	return rep, getJSON(ctx, nodeNS(node), "http://127.0.0.1:9558/status", &rep)
+}
+
+// waitCandidates waits until every node's vigil campaigns or holds: its
+// /status names a holder, which its elector does once it runs.
+func (l *Lab) waitCandidates(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		var waiting []string
+		for _, n := range l.st.Nodes {
+			if rep, err := l.vigilStatus(ctx, n.Name); err != nil || rep.Holder == "" {
+				waiting = append(waiting, n.Name)
+			}
+		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lab: vigil on %v does not see a VIP holder after %v (not campaigning yet)", waiting, d)
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
 }
 
 // vipTransport is an HTTPS transport for the client namespace that trusts

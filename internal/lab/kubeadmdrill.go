@@ -197,6 +197,13 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), 2*time.Minute); err != nil {
 		return fmt.Errorf("lab not healthy before the drill: %w", err)
 	}
+	// Every node a candidate: a vigil that kubelet restarted in the
+	// drill before waits out its dead predecessor's claim on the node
+	// name (a few seconds) before it campaigns. Two such nodes, and a
+	// handover would find nobody to take the VIP.
+	if err := l.waitCandidates(ctx, time.Minute); err != nil {
+		return fmt.Errorf("lab not ready before the drill: %w", err)
+	}
 	victim, err := l.node(holder)
 	if err != nil {
 		return err
