@@ -12,6 +12,10 @@
 # the balancer's CPU time is read around it again. Prints and keeps, in
 # results/<timestamp>-cpu/, connections per second, CPU µs and context
 # switches per connection, connect p50, MiB/s and CPU ms per GiB moved.
+# Each balancer runs in a session, so a scheduler autogroup, of its own, as
+# the lab starts vigil and bench-lb starts HAProxy: where the kernel groups
+# tasks by session, a balancer sharing the load generator's group gets more
+# CPU than one alone (bench/lb/results/20261203-202022-autogroup/NOTE).
 # Usage, as root: bash bench/lb/cpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,34 +39,56 @@ vip=10.250.0.100
 backends="10.250.0.11:7000 10.250.0.12:7000 10.250.0.13:7000"
 cat > "$out/haproxy.cfg" <<CFG
 defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 20s
-    timeout server 20s
+    mode                    http
+    option                  httplog
+    option                  dontlognull
+    option http-server-close
+    option forwardfor       except 127.0.0.0/8
+    option                  redispatch
+    retries                 1
+    timeout http-request    10s
+    timeout queue           20s
+    timeout connect         5s
+    timeout client          20s
+    timeout server          20s
+    timeout http-keep-alive 10s
+    timeout check           10s
 frontend apiserver
     bind $vip:8443
+    mode tcp
+    option tcplog
     default_backend apiserverbackend
 backend apiserverbackend
     option httpchk GET /healthz
     http-check expect status 200
+    mode tcp
     option ssl-hello-chk
-    balance roundrobin
+    balance     roundrobin
     server n1 10.250.0.11:7000 check port 6443
     server n2 10.250.0.12:7000 check port 6443
     server n3 10.250.0.13:7000 check port 6443
 CFG
-ip netns exec "vlab-$holder" haproxy -f "$out/haproxy.cfg" -db >/dev/null 2>&1 &
+setsid ip netns exec "vlab-$holder" haproxy -f "$out/haproxy.cfg" -db >/dev/null 2>&1 </dev/null &
 pids+=($!)
 haproxy_pid=$!
 # shellcheck disable=SC2086
-ip netns exec "vlab-$holder" bin/miniproxy "$vip:9443" $backends >/dev/null 2>&1 &
+setsid ip netns exec "vlab-$holder" bin/miniproxy "$vip:9443" $backends >/dev/null 2>&1 </dev/null &
 pids+=($!)
 mini_pid=$!
 # shellcheck disable=SC2086
-ip netns exec "vlab-$holder" bin/eproxy "$vip:9543" $backends >/dev/null 2>&1 &
+setsid ip netns exec "vlab-$holder" bin/eproxy "$vip:9543" $backends >/dev/null 2>&1 </dev/null &
 pids+=($!)
 eproxy_pid=$!
 sleep 3
+# Every balancer must be the process whose CPU time is read, in a scheduler
+# autogroup of its own, as the lab starts vigil (see the header).
+for p in "$vigil_pid:vigil" "$haproxy_pid:haproxy" "$mini_pid:miniproxy" "$eproxy_pid:eproxy"; do
+  pid=${p%%:*} want=${p#*:}
+  [ "$(cat /proc/"$pid"/comm)" = "$want" ] || { echo "cpu.sh: pid $pid is $(cat /proc/"$pid"/comm), not $want" >&2; exit 1; }
+  echo "$want $(cat /proc/"$pid"/autogroup 2>/dev/null || echo 'no autogroup')"
+done > "$out/autogroups"
+echo "load generator $(cat /proc/self/autogroup 2>/dev/null || echo 'no autogroup')" >> "$out/autogroups"
+[ ! -r /proc/self/autogroup ] || [ "$(sort -u -k2,2 "$out/autogroups" | wc -l)" = 5 ] || { echo "cpu.sh: the balancers do not each have their own scheduler autogroup:" >&2; cat "$out/autogroups" >&2; exit 1; }
 ctxsw() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/ { s += $2 } END { print s }'; }
 cpu() { awk '{ print $14 + $15 }' /proc/"$1"/stat; }
 hz=$(getconf CLK_TCK)
@@ -90,7 +116,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done | jq -s . > "$out/results.json"
 rm -f "$out/load.json" "$out/connect.json" "$out/bulk.json"
 echo "ROUNDS=$ROUNDS bash bench/lb/cpu.sh" > "$out/command"
-{ uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; } > "$out/machine"
+{ uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; echo "sched_autogroup_enabled $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo absent)"; } > "$out/machine"
 {
   echo "| target | round | conns/s | CPU µs per connection | context switches per connection | connect p50 µs | MiB/s | CPU ms per GiB |"
   echo "|---|---|---|---|---|---|---|---|"

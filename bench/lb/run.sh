@@ -26,5 +26,5 @@ for run in $(seq 1 "$RUNS"); do
 done
 $lab down
 echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS FLOOD=$FLOOD FLOOD_SOURCES=$FLOOD_SOURCES bash bench/lb/run.sh" > "$out/command"
-{ uname -r; nproc; haproxy -v | sed -n 1p; } > "$out/machine"
+{ uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; echo "sched_autogroup_enabled $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo absent)"; } > "$out/machine"
 bench/lb/summarize.sh "$out"
