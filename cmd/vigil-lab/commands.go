@@ -456,7 +456,9 @@ Needs a lab built for it:
 vigil then balances VIP:7443 over every node's bench backend (TCP 7000) and
 health-checks the stand-in API server beside it. HAProxy is started on the VIP
 holder with kubeadm's recommended haproxy.cfg on VIP:8443 over the same
-backends. From the client namespace, for each of direct (one backend, no
+backends. Like vigil, it runs in a session of its own, so where the kernel
+groups tasks by session for CPU fairness (sched_autogroup_enabled), each
+balancer gets the same share. From the client namespace, for each of direct (one backend, no
 balancer), vigil and haproxy, in rotating order each round:
   rtt         round trips on one connection: p50/p99 latency
   connect     new connection + one round trip: p50/p99 latency

@@ -79,6 +79,39 @@ type LBBenchResult struct {
 	Loads     []LoadResult  `json:"loads"`
 	Ejections []Ejection    `json:"ejections"`
 	Flood     *FloodResult  `json:"flood,omitempty"`
+	// SchedGroups is the scheduler autogroup (/proc/PID/autogroup) of
+	// vigil, HAProxy and the load generator, where the kernel has them.
+	SchedGroups map[string]string `json:"schedGroups,omitempty"`
+}
+
+// Where the kernel groups tasks by session for CPU fairness
+// (sched_autogroup_enabled), a process sharing the load generator's group
+// gets more CPU than one alone in its own when the cores are saturated:
+// HAProxy moved 1.4 times the bytes that way (bench/lb/results/
+// 20261203-202022-autogroup/NOTE). The lab starts vigil and HAProxy each in
+// a session of its own; checkSchedGroups refuses a run where that is not so.
+func checkSchedGroups(g map[string]string) error {
+	v, h, lg := g["vigil"], g[roleHAProxy], g["loadgen"]
+	if v == "" || h == "" || lg == "" {
+		return nil // no autogroups in this kernel
+	}
+	if v == h || v == lg || h == lg {
+		return fmt.Errorf("lab: the balancers must each have a scheduler group of their own, apart from the load generator's, for a fair comparison; they have vigil %s, haproxy %s, load generator %s", v, h, lg)
+	}
+	return nil
+}
+
+// schedGroup is a process's autogroup, "" if the kernel has none.
+func schedGroup(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/autogroup", pid))
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
 
 // FloodResult is a flood of connections from one or more source addresses
@@ -283,6 +316,11 @@ func (l *Lab) BenchLB(ctx context.Context, cfg LBBenchConfig, progress io.Writer
 	}
 	defer func() { _ = l.signal(context.Background(), h, roleHAProxy, syscall.SIGKILL, 5*time.Second) }()
 	if err := l.waitBenchBackendsUp(ctx, holder, sock, "", 30*time.Second); err != nil {
+		return res, err
+	}
+	// The load generator runs as this process's child, in its session.
+	res.SchedGroups = map[string]string{"vigil": schedGroup(h.PIDs[roleVigil]), roleHAProxy: schedGroup(h.PIDs[roleHAProxy]), "loadgen": schedGroup(os.Getpid())}
+	if err := checkSchedGroups(res.SchedGroups); err != nil {
 		return res, err
 	}
 
