@@ -458,7 +458,9 @@ health-checks the stand-in API server beside it. HAProxy is started on the VIP
 holder with kubeadm's recommended haproxy.cfg on VIP:8443 over the same
 backends. Like vigil, it runs in a session of its own, so where the kernel
 groups tasks by session for CPU fairness (sched_autogroup_enabled), each
-balancer gets the same share. From the client namespace, for each of direct (one backend, no
+balancer gets the same share; the run is refused if vigil, HAProxy and the
+load generator do not each have a group of their own (see schedGroups in the
+JSON). From the client namespace, for each of direct (one backend, no
 balancer), vigil and haproxy, in rotating order each round:
   rtt         round trips on one connection: p50/p99 latency
   connect     new connection + one round trip: p50/p99 latency
