@@ -28,7 +28,8 @@ out=bench/lb/results/$(date -u +%Y%m%d-%H%M%S)-cpu
 mkdir -p "$out"
 lab=bin/vigil-lab
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; $lab down >/dev/null 2>&1 || true; }
+tmp=""
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; $lab down >/dev/null 2>&1 || true; [ -z "$tmp" ] || rm -rf "$tmp"; }
 trap cleanup EXIT
 $lab down >/dev/null 2>&1 || true
 $lab up --nodes 3 --lb-port 7443 --backend-port 7000 --health-port 6443 >/dev/null
@@ -37,37 +38,13 @@ i=${holder#n}
 vigil_pid=$(jq -r ".nodes[$((i - 1))].pids.vigil" /run/vigil-lab/state.json)
 vip=10.250.0.100
 backends="10.250.0.11:7000 10.250.0.12:7000 10.250.0.13:7000"
-cat > "$out/haproxy.cfg" <<CFG
-defaults
-    mode                    http
-    option                  httplog
-    option                  dontlognull
-    option http-server-close
-    option forwardfor       except 127.0.0.0/8
-    option                  redispatch
-    retries                 1
-    timeout http-request    10s
-    timeout queue           20s
-    timeout connect         5s
-    timeout client          20s
-    timeout server          20s
-    timeout http-keep-alive 10s
-    timeout check           10s
-frontend apiserver
-    bind $vip:8443
-    mode tcp
-    option tcplog
-    default_backend apiserverbackend
-backend apiserverbackend
-    option httpchk GET /healthz
-    http-check expect status 200
-    mode tcp
-    option ssl-hello-chk
-    balance     roundrobin
-    server n1 10.250.0.11:7000 check port 6443
-    server n2 10.250.0.12:7000 check port 6443
-    server n3 10.250.0.13:7000 check port 6443
-CFG
+# The HAProxy configuration bench-lb runs (kubeadm's recipe), from the same file.
+servers=""
+for i in 1 2 3; do servers+="    server n$i 10.250.0.1$i:7000 check port 6443"$'\n'; done
+tmp=$(mktemp -d)
+awk -v sock="$tmp/haproxy.sock" -v bind="$vip:8443" -v servers="${servers%$'\n'}" \
+  '{ gsub(/@STATS_SOCKET@/, sock); gsub(/@BIND@/, bind); gsub(/@SERVERS@/, servers); print }' \
+  internal/lab/haproxy.cfg > "$out/haproxy.cfg"
 setsid ip netns exec "vlab-$holder" haproxy -f "$out/haproxy.cfg" -db >/dev/null 2>&1 </dev/null &
 pids+=($!)
 haproxy_pid=$!

@@ -3,6 +3,7 @@ package lab
 import (
 	"bufio"
 	"context"
+	_ "embed"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -240,6 +241,12 @@ type Ejection struct {
 	HAProxyConns        int     `json:"haproxyConns"`
 }
 
+// haproxyTemplate is shared with bench/lb/cpu.sh, so both benchmarks run
+// the same HAProxy.
+//
+//go:embed haproxy.cfg
+var haproxyTemplate string
+
 // haproxyConf is kubeadm's recommended haproxy.cfg (kubeadm's
 // docs/ha-considerations.md), with the bench's addresses, a health-check
 // port next to the backend port (the bench backends are plain TCP, the API
@@ -249,42 +256,15 @@ type Ejection struct {
 // httpchk before it: HAProxy checks with a TLS hello, every 2 s, 3 failures
 // to go down.
 func (l *Lab) haproxyConf(statsSock string) string {
-	var servers strings.Builder
+	var servers []string
 	for _, n := range l.st.Nodes {
-		fmt.Fprintf(&servers, "        server %s %s:%d check port %d\n", n.Name, n.IP, BulkPort, APIServerPort)
+		servers = append(servers, fmt.Sprintf("    server %s %s:%d check port %d", n.Name, n.IP, BulkPort, APIServerPort))
 	}
-	return fmt.Sprintf(`global
-    stats socket %s level admin
-
-defaults
-    mode                    http
-    option                  httplog
-    option                  dontlognull
-    option http-server-close
-    option forwardfor       except 127.0.0.0/8
-    option                  redispatch
-    retries                 1
-    timeout http-request    10s
-    timeout queue           20s
-    timeout connect         5s
-    timeout client          20s
-    timeout server          20s
-    timeout http-keep-alive 10s
-    timeout check           10s
-
-frontend apiserver
-    bind %s:%d
-    mode tcp
-    option tcplog
-    default_backend apiserverbackend
-
-backend apiserverbackend
-    option httpchk GET /healthz
-    http-check expect status 200
-    mode tcp
-    option ssl-hello-chk
-    balance     roundrobin
-%s`, statsSock, VIP.Addr(), BenchHAProxyPort, servers.String())
+	return strings.NewReplacer(
+		"@STATS_SOCKET@", statsSock,
+		"@BIND@", fmt.Sprintf("%s:%d", VIP.Addr(), BenchHAProxyPort),
+		"@SERVERS@", strings.Join(servers, "\n"),
+	).Replace(haproxyTemplate)
 }
 
 // BenchLB runs the load balancer benchmark.

@@ -1,8 +1,10 @@
 package lab
 
 import (
+	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -55,5 +57,38 @@ func TestSchedGroupOfNewSession(t *testing.T) {
 	}
 	if g := start(true); g == self || g == "" {
 		t.Errorf("a child in a new session is in group %q, want one apart from ours (%q)", g, self)
+	}
+}
+
+// The HAProxy configuration the benchmarks share is filled in completely,
+// and HAProxy itself accepts it where it is installed.
+func TestHAProxyConf(t *testing.T) {
+	l := &Lab{}
+	for i, ip := range []string{"10.250.0.11", "10.250.0.12"} {
+		l.st.Nodes = append(l.st.Nodes, &Node{Name: "n" + string(rune('1'+i)), IP: netip.MustParseAddr(ip)})
+	}
+	dir := t.TempDir()
+	conf := l.haproxyConf(filepath.Join(dir, "haproxy.sock"))
+	if strings.Contains(conf, "@") {
+		t.Fatalf("a placeholder is left in:\n%s", conf)
+	}
+	for _, want := range []string{
+		"bind " + VIP.Addr().String() + ":8443\n",
+		"    server n1 10.250.0.11:7000 check port 6443\n    server n2 10.250.0.12:7000 check port 6443\n",
+		"option ssl-hello-chk",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("configuration lacks %q:\n%s", want, conf)
+		}
+	}
+	if _, err := exec.LookPath("haproxy"); err != nil {
+		t.Skip("haproxy not installed: the configuration is not checked by HAProxy")
+	}
+	p := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(p, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("haproxy", "-c", "-f", p).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c: %v\n%s", err, out)
 	}
 }
