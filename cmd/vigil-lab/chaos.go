@@ -47,6 +47,16 @@ Faults (--faults, default all):
   flap              VIP link down and up again within 0.1-0.9 s
   duplicate-name    start a second vigil with the holder's --node-name on
                     another node (a cloned VM)
+  latency           every etcd answer late by 100-700 ms (jitter up to 50 ms)
+                    for 2-6 s, to every client or to the holder only; raft
+                    stays healthy
+  loss              drop 5-30 % of the packets on every path between the
+                    nodes for 2-6 s
+  one-way           the holder hears nothing from its peers, or they hear
+                    nothing from it, for 1-5 s
+  slow-process      SIGSTOP/SIGCONT cycling (stopped 20-150 ms, running
+                    20-100 ms) of the holder's vigil or of an etcd member
+                    for 2-6 s
 
 Invariants, sampled at the source: every node's addresses are read through
 netlink every 20 ms; the client probes the VIP every 10 ms. A fault breaks an

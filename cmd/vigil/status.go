@@ -82,6 +82,13 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 	default:
 		fmt.Fprintln(w, "this node does not lead")
 	}
+	if rn := r.Renewal; rn != nil {
+		fmt.Fprintf(w, "renewals: answered in %.0fms, %.0fms of the %.0fms renew deadline left (least in 10s: %.0fms)\n",
+			rn.LatencyMillis, rn.MarginMillis, rn.RenewDeadlineMillis, rn.MinMarginMillis)
+		if rn.AtRisk != "" {
+			fmt.Fprintf(w, "LEASE AT RISK: %s\n", rn.AtRisk)
+		}
+	}
 	switch c := r.Conflict; {
 	case len(c.MACs) > 0 && c.Since != nil:
 		fmt.Fprintf(w, "VIP CONFLICT: %s answer(s) for the VIP besides the holder, since %s (%s); %d conflicts since start\n",

@@ -405,6 +405,13 @@ func (n *node) newElector() error {
 				h.holderChanged.Store(time.Now().UnixNano())
 			},
 			OnRenew: n.m.observeRenew,
+			OnOp:    n.m.lockOpObserver(cfg.Election == ElectionKubernetes),
+			OnAtRisk: func(why string) {
+				n.m.atRisk.Set(boolGauge(why != ""))
+				if why != "" && n.events != nil {
+					n.events.Emit(true, kube.ReasonLeaseAtRisk, "%s: %s", cfg.NodeName, why)
+				}
+			},
 		},
 	}
 	// Planned handoffs (vigil handoff) come through etcd; the stand-by
@@ -423,6 +430,7 @@ func (n *node) newElector() error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	n.el = el
+	n.m.registerElector(el)
 	h.term = func() int { return el.Status().Transitions }
 	h.conflicts = &conflicts{
 		iface: cfg.Interface, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -36,6 +37,15 @@ type nodeMetrics struct {
 	restored  prometheus.Counter
 	conflicts prometheus.Counter
 	conflict  prometheus.Gauge
+	// lockOps is every operation on the election lock by op (get,
+	// acquire, renew, release): vigil_etcd_request_duration_seconds with
+	// the etcd election, vigil_lease_request_duration_seconds with the
+	// Lease. atRisk shows that renewals run close to the deadline
+	// (vigil_lock_renew_margin_seconds, registered with the elector, how
+	// close).
+	etcdOps  *prometheus.HistogramVec
+	leaseOps *prometheus.HistogramVec
+	atRisk   prometheus.Gauge
 	// memberDown is how long this node has seen each etcd member
 	// unreachable without a break.
 	memberDown *prometheus.GaugeVec
@@ -66,7 +76,7 @@ func newNodeMetrics() *nodeMetrics {
 			Name: "vigil_lock_renew_duration_seconds",
 			Help: "Time each lock renewal of the leader took, by result (ok or error).",
 			// From a local etcd commit (~1 ms) to the renew deadline.
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+			Buckets: lockBuckets,
 		}, []string{"result"}),
 		nodesDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_nodes_deleted_total", Help: "Node objects of pruned members deleted by this node (--prune-delete-node).",
@@ -83,6 +93,20 @@ func newNodeMetrics() *nodeMetrics {
 		conflict: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vigil_vip_conflict", Help: "1 while the last probe saw another hardware address answer for the VIP besides the holder's.",
 		}),
+		etcdOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "vigil_etcd_request_duration_seconds",
+			Help:    "Time each operation on the etcd election lock took, from start to answer, by op (get, acquire, renew, release) and result (ok, conflict, error).",
+			Buckets: lockBuckets,
+		}, []string{"op", "result"}),
+		leaseOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "vigil_lease_request_duration_seconds",
+			Help:    "Time each operation on the Kubernetes Lease took, from start to answer, by op (get, acquire, renew, release) and result (ok, conflict, error).",
+			Buckets: lockBuckets,
+		}, []string{"op", "result"}),
+		atRisk: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vigil_lease_at_risk",
+			Help: "1 while the lock store answers renewals so late that less than a retry period of the lease is left: a little more latency and the VIP moves.",
+		}),
 		memberDown: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vigil_member_unreachable_seconds",
 			Help: "How long this node has seen each etcd member unreachable without a break (0 while it answers); the evidence this node publishes for pruning.",
@@ -91,7 +115,7 @@ func newNodeMetrics() *nodeMetrics {
 	m.renew.WithLabelValues("ok")
 	m.renew.WithLabelValues("error")
 	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
-		m.strays, m.restored, m.conflicts, m.conflict, m.memberDown,
+		m.strays, m.restored, m.conflicts, m.conflict, m.memberDown, m.etcdOps, m.leaseOps, m.atRisk,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	observe.RegisterBuildInfo(m.reg)
 	return m
@@ -128,6 +152,42 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
+// registerElector adds the gauges read from the elector at each scrape.
+func (m *nodeMetrics) registerElector(el *election.Elector) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vigil_lock_renew_margin_seconds",
+		Help: "How much of the lease was left when the leader's last renewal was answered (0 when not leading). Under a retry period the lease is at risk.",
+	}, func() float64 {
+		if st := el.Status(); st.Leader {
+			return st.RenewMargin.Seconds()
+		}
+		return 0
+	}))
+}
+
+// lockBuckets run from a local etcd commit (~1 ms) past the lease, with
+// detail where a slow store meets the default renew deadline (500 ms).
+var lockBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .15, .2, .3, .4, .45, .5, .75, 1, 2.5}
+
+// lockOpObserver returns the elector's OnOp for the histogram of the
+// election's backend.
+func (m *nodeMetrics) lockOpObserver(lease bool) func(op string, took time.Duration, err error) {
+	h := m.etcdOps
+	if lease {
+		h = m.leaseOps
+	}
+	return func(op string, took time.Duration, err error) {
+		result := "ok"
+		switch {
+		case errors.Is(err, election.ErrConflict):
+			result = "conflict"
+		case err != nil:
+			result = "error"
+		}
+		h.WithLabelValues(op, result).Observe(took.Seconds())
+	}
+}
+
 func (m *nodeMetrics) observeRenew(took time.Duration, err error) {
 	result := "ok"
 	if err != nil {
@@ -157,6 +217,22 @@ type Report struct {
 	// whether this node advertises the VIP's route now.
 	BGP        []bgp.PeerState `json:"bgp,omitempty"`
 	Advertised bool            `json:"advertised,omitempty"`
+	// Renewal is how the leader's renewals fare (nil when not leading).
+	Renewal *RenewalReport `json:"renewal,omitempty"`
+}
+
+// RenewalReport says how close the leader's renewals run to its deadline.
+type RenewalReport struct {
+	// LatencyMillis is the last successful renewal's round trip.
+	LatencyMillis float64 `json:"latencyMillis"`
+	// MarginMillis is how much of the lease was left when it was
+	// answered; MinMarginMillis the least of the last 10 s.
+	MarginMillis    float64 `json:"marginMillis"`
+	MinMarginMillis float64 `json:"minMarginMillis"`
+	// RenewDeadlineMillis is the budget both are out of.
+	RenewDeadlineMillis float64 `json:"renewDeadlineMillis"`
+	// AtRisk says why the lease is at risk ("" when it is not).
+	AtRisk string `json:"atRisk,omitempty"`
 }
 
 // BackendReport is one API server as this node sees it.
@@ -182,6 +258,10 @@ func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.B
 	}
 	if st.Leader {
 		r.LeaderSince = &st.LeaderSince
+		r.Renewal = &RenewalReport{
+			LatencyMillis: ms(st.RenewLatency), MarginMillis: ms(st.RenewMargin), MinMarginMillis: ms(st.RenewMarginMin),
+			RenewDeadlineMillis: ms(cfg.RenewDeadline), AtRisk: st.AtRisk,
+		}
 	}
 	if pl != nil {
 		r.Yielding = pl.isYielding()
@@ -201,6 +281,8 @@ func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.B
 	}
 	return r
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // listenMetrics opens the metrics address at start.
 func listenMetrics(addr string) (net.Listener, error) {

@@ -58,6 +58,13 @@ func acquirable(o Observation, w window, self, instance string, now time.Time) (
 // lease is the leader's view of its own tenure.
 type lease struct {
 	rev int64
+	// start is when the write that took the lock began, and latency how
+	// long it took: the first renewal is due a retry period after start.
+	start   time.Time
+	latency time.Duration
+	// pipe carries the renewals sent while the takeover was under way
+	// (nil when none were).
+	pipe *pipeline
 	// deadline is when the leader must have stepped down unless a renewal
 	// succeeds first: start of the last successful renewal + RenewDeadline, or
 	// start of the last probe that found the store leaderless + RenewDeadline.
@@ -68,8 +75,10 @@ type lease struct {
 }
 
 // renewed records a successful renewal that was started at start.
+// Renewals may be answered out of order (Renewer): the revision and the
+// deadline only move forward.
 func (l *lease) renewed(rev int64, start time.Time, renewDeadline time.Duration) {
-	l.rev = rev
+	l.rev = max(l.rev, rev)
 	if d := start.Add(renewDeadline); d.After(l.deadline) {
 		l.deadline = d
 	}

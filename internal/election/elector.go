@@ -84,6 +84,14 @@ type Callbacks struct {
 	// OnRenew runs after every renewal attempt of the leader, with how long
 	// the write took and its error (nil on success). For metrics.
 	OnRenew func(took time.Duration, err error)
+	// OnOp runs after every operation on the lock (OpGet, OpAcquire,
+	// OpRenew, OpRelease) with how long it took and its error. For the
+	// latency histogram.
+	OnOp func(op string, took time.Duration, err error)
+	// OnAtRisk runs when renewals start to be answered with less than a
+	// retry period of the lease left (why), and again with "" once the
+	// margin has been back for a while (Status.AtRisk).
+	OnAtRisk func(why string)
 }
 
 // Config configures an Elector.
@@ -189,6 +197,18 @@ type Status struct {
 	// Transitions is the record's count of holder changes at the start of
 	// this node's tenure (while Leader): every later holder's is higher.
 	Transitions int
+	// RenewLatency is how long the leader's last successful renewal took,
+	// from its start to its answer.
+	RenewLatency time.Duration
+	// RenewMargin is how much of the lease was left when that answer came:
+	// how close the renewals run to the deadline. RenewMarginMin is the
+	// smallest margin of the last 10 s.
+	RenewMargin    time.Duration
+	RenewMarginMin time.Duration
+	// AtRisk says, while renewals are answered with less than a retry
+	// period of the lease left, that the store is too slow for the lease
+	// ("" otherwise).
+	AtRisk string
 }
 
 // Elector runs the election for one candidate.
@@ -249,7 +269,7 @@ func (e *Elector) Ready(now time.Time) error {
 }
 
 func (e *Elector) readyWindow() time.Duration {
-	return 2 * (e.cfg.LeaseDuration + e.opTimeout())
+	return 2 * (e.cfg.LeaseDuration + e.readBudget())
 }
 
 // Live reports whether the election loop still turns: every read, renewal
@@ -269,7 +289,7 @@ func (e *Elector) Live(now time.Time) error {
 }
 
 func (e *Elector) liveWindow() time.Duration {
-	return max(minLiveWindow, 4*(e.cfg.LeaseDuration+maxReadBackoff+e.opTimeout()))
+	return max(minLiveWindow, 4*(e.cfg.LeaseDuration+maxReadBackoff+e.readBudget()))
 }
 
 // minLiveWindow keeps liveness generous: a false "stuck" restarts the
@@ -318,10 +338,13 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		if err := ctx.Err(); err != nil {
 			return lease{}, Observation{}, err
 		}
-		rctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+		began := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, e.readBudget())
 		obs, err := e.cfg.Lock.Get(rctx)
 		cancel()
 		done := time.Now()
+		readTook := done.Sub(began)
+		e.op(OpGet, readTook, err)
 		if err != nil {
 			if ctx.Err() != nil {
 				return lease{}, Observation{}, ctx.Err()
@@ -411,12 +434,20 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 		}
 		start := time.Now()
 		rec := e.record(obs, start)
-		wctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+		pipe := e.newPipeline(ctx, rec.Tenure)
+		stopSpeculating := pipe.speculate(rec, e.renewInterval(readTook))
+		wctx, cancel := context.WithTimeout(ctx, e.writeBudget())
 		got, err := e.cfg.Lock.Write(wctx, rec, obs.Revision)
 		cancel()
+		stopSpeculating()
+		took := time.Since(start)
+		e.op(OpAcquire, took, err)
+		if err != nil {
+			pipe.close()
+		}
 		switch {
 		case err == nil:
-			var l lease
+			l := lease{start: start, latency: took, pipe: pipe}
 			l.renewed(got.Revision, start, e.cfg.RenewDeadline)
 			// A tenure taken while yielding is kept: see Config.Yield.
 			l.mayYield = yielding.IsZero()
@@ -524,119 +555,23 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 	}
 }
 
-// renewLoop renews until it must stop and returns why.
-func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown {
-	var (
-		failingSince time.Time // first failure of the current run of failed renewals
-		keptLogged   bool      // whether this run of failures was logged as a store outage
-	)
-	timer := time.NewTimer(e.cfg.RetryPeriod)
-	defer timer.Stop()
-	for {
-		// Wait for the next renewal, never past the deadline.
-		wait := min(e.cfg.RetryPeriod, time.Until(l.deadline))
-		timer.Reset(max(wait, 0))
-		select {
-		case <-ctx.Done():
-			return StepDown{CauseShutdown, "shutting down"}
-		case <-timer.C:
-		}
-		for {
-			e.tick()
-			now := time.Now()
-			if l.expired(now) {
-				return StepDown{CauseExpired, fmt.Sprintf("no successful renewal within the renew deadline %v", e.cfg.RenewDeadline)}
-			}
-			next := *rec
-			next.RenewTime = now.UTC()
-			next.Nonce = nonce()
-			actx, cancel := context.WithDeadline(ctx, minTime(l.deadline, now.Add(e.opTimeout())))
-			got, err := e.cfg.Lock.Write(actx, next, l.rev)
-			cancel()
-			if cb := e.cfg.Callbacks.OnRenew; cb != nil {
-				cb(time.Since(now), err)
-			}
-			switch {
-			case err == nil:
-				l.renewed(got.Revision, now, e.cfg.RenewDeadline)
-				if cb := e.cfg.Callbacks.OnLease; cb != nil {
-					cb(l.deadline)
-				}
-				e.mu.Lock()
-				e.status.Seen = time.Now()
-				e.mu.Unlock()
-				*rec = next
-				if !failingSince.IsZero() {
-					e.log.Info("renewal succeeded again", "after", time.Since(failingSince).Round(time.Millisecond))
-					failingSince, keptLogged = time.Time{}, false
-				}
-				if e.cfg.Eligible != nil {
-					if err := e.cfg.Eligible(); err != nil {
-						e.setIneligibleCheck(err.Error())
-						return StepDown{CauseIneligible, "this node cannot hold the VIP: " + err.Error()}
-					}
-				}
-				if e.cfg.HandOff != nil {
-					if why, yield := e.cfg.HandOff(); yield {
-						return StepDown{CauseYield, "handing off: " + why}
-					}
-				}
-				if l.mayYield && e.cfg.Yield != nil {
-					if why, yield := e.cfg.Yield(); yield {
-						return StepDown{CauseYield, "yielding to a healthier peer: " + why}
-					}
-				}
-			case ctx.Err() != nil:
-				return StepDown{CauseShutdown, "shutting down"}
-			case errors.Is(err, ErrConflict):
-				if got.Holder() == e.cfg.Identity && got.Record.Instance == e.cfg.Instance {
-					// An earlier attempt of ours landed after we gave
-					// up waiting for it. Adopt it and renew again.
-					l.rev = got.Revision
-					*rec = *got.Record
-					continue
-				}
-				if got.Holder() == e.cfg.Identity {
-					return StepDown{CauseLost, fmt.Sprintf("lock taken by another process with this node name (instance %s)", got.Record.Instance)}
-				}
-				return StepDown{CauseLost, fmt.Sprintf("lock taken by %q", got.Holder())}
-			default:
-				if failingSince.IsZero() {
-					failingSince = now
-					e.log.Warn("renewal failed", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
-				} else {
-					e.log.Debug("renewal failed again", "err", err, "deadline_in", time.Until(l.deadline).Round(time.Millisecond))
-				}
-				if e.probe(ctx, l) {
-					if cb := e.cfg.Callbacks.OnLease; cb != nil {
-						cb(l.deadline)
-					}
-					if !keptLogged {
-						keptLogged = true
-						e.log.Info("store has no working leader, so nobody can take the lock; keeping it")
-					}
-				}
-			}
-			break
-		}
-	}
+// probeResult is what one store probe found.
+type probeResult struct {
+	start      time.Time
+	leaderless bool
 }
 
-// probe asks the store whether it can commit at all and, if it cannot,
-// extends the deadline (see the package documentation).
-func (e *Elector) probe(ctx context.Context, l *lease) bool {
-	if e.cfg.Prober == nil {
-		return false
-	}
-	start := time.Now()
-	pctx, cancel := context.WithDeadline(ctx, minTime(l.deadline, start.Add(e.cfg.RetryPeriod)))
+// probe asks the store whether it can commit at all (see the package
+// documentation); a probe that found it cannot extends the deadline.
+func (e *Elector) probe(ctx context.Context, start, deadline time.Time) probeResult {
+	pctx, cancel := context.WithDeadline(ctx, minTime(deadline, start.Add(e.cfg.RetryPeriod)))
 	defer cancel()
 	leaderless, err := e.cfg.Prober.StoreLeaderless(pctx)
 	if err != nil {
 		e.log.Debug("store probe failed", "err", err)
-		return false
+		return probeResult{start: start}
 	}
-	return leaderless && l.storeLeaderless(start, e.cfg.RenewDeadline)
+	return probeResult{start: start, leaderless: leaderless}
 }
 
 // release marks the lock free so a candidate takes it without waiting. A
@@ -647,12 +582,15 @@ func (e *Elector) release(l lease, rec Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.RenewDeadline)
 	defer cancel()
 	rec.Holder = ""
+	rec.Tenure = "" // renewals of the tenure still under way must not land after this
 	rec.LeaseDurationMillis = 1
 	rev := l.rev
 	for {
 		rec.RenewTime = time.Now().UTC()
 		rec.Nonce = nonce()
+		began := time.Now()
 		got, err := e.cfg.Lock.Write(ctx, rec, rev)
+		e.op(OpRelease, time.Since(began), err)
 		switch {
 		case err == nil:
 			e.log.Info("released the lock")
@@ -672,6 +610,7 @@ func (e *Elector) release(l lease, rec Record) {
 // record builds the record a candidate writes to take the lock.
 func (e *Elector) record(obs Observation, now time.Time) Record {
 	r := Record{
+		Tenure:              nonce(),
 		Holder:              e.cfg.Identity,
 		LeaseDurationMillis: e.cfg.LeaseDuration.Milliseconds(),
 		AcquireTime:         now.UTC(),
@@ -761,11 +700,6 @@ func (e *Elector) setIneligible(why string) {
 	e.status.Ineligible = why
 	e.mu.Unlock()
 }
-
-// opTimeout bounds one read or write. A healthy store answers in
-// milliseconds; twice the retry period lets a slow fsync through while
-// leaving room for another attempt before the renew deadline.
-func (e *Elector) opTimeout() time.Duration { return 2 * e.cfg.RetryPeriod }
 
 // readBackoff doubles the pause after each failed read, from retry up to
 // maxReadBackoff.

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -38,6 +41,14 @@ type EtcdLock struct {
 	cl  *etcdcluster.Cluster
 	own bool // cl was made by NewEtcdLock; Close closes it
 	log *slog.Logger
+
+	// The member list is refreshed beside the operations, never in their
+	// way: on a slow store a refresh is a round trip, and the renewals
+	// answered meanwhile must reach the elector at once.
+	refreshing atomic.Bool
+	refreshWG  sync.WaitGroup
+	stop       context.Context
+	cancel     context.CancelFunc
 }
 
 var (
@@ -68,11 +79,14 @@ func NewEtcdLockOn(cl *etcdcluster.Cluster, key string, log *slog.Logger) *EtcdL
 	if key == "" {
 		key = DefaultEtcdKey
 	}
-	return &EtcdLock{key: key, cl: cl, log: log}
+	stop, cancel := context.WithCancel(context.Background())
+	return &EtcdLock{key: key, cl: cl, log: log, stop: stop, cancel: cancel}
 }
 
 // Close closes the connection if the lock made it. Safe to call twice.
 func (l *EtcdLock) Close() {
+	l.cancel()
+	l.refreshWG.Wait()
 	if l.own {
 		l.cl.Close()
 	}
@@ -99,7 +113,7 @@ func (l *EtcdLock) Get(ctx context.Context) (Observation, error) {
 		return obs, err
 	})
 	if err == nil {
-		l.refreshMembers(ctx)
+		l.refreshMembers()
 	}
 	return obs, err
 }
@@ -114,8 +128,15 @@ func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observatio
 	if rev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)
 	}
+	return l.txn(ctx, rec, val, []clientv3.Cmp{cmp})
+}
+
+// txn stores val (rec encoded) if every compare holds, through every
+// member at once; a write that landed through another member is recognised
+// by its nonce.
+func (l *EtcdLock) txn(ctx context.Context, rec Record, val []byte, cmps []clientv3.Cmp) (Observation, error) {
 	obs, err := etcdcluster.DoUntil(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (Observation, error) {
-		resp, err := m.Client.Txn(ctx).If(cmp).Then(clientv3.OpPut(l.key, string(val))).Else(clientv3.OpGet(l.key)).Commit()
+		resp, err := m.Client.Txn(ctx).If(cmps...).Then(clientv3.OpPut(l.key, string(val))).Else(clientv3.OpGet(l.key)).Commit()
 		if err != nil {
 			return Observation{}, fmt.Errorf("write %s via %s: %w", l.key, m.Endpoint, err)
 		}
@@ -134,10 +155,38 @@ func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observatio
 		return obs, ErrConflict
 	}, isConflict)
 	if err == nil {
-		l.refreshMembers(ctx)
+		l.refreshMembers()
 	}
 	return obs, err
 }
+
+// Renew implements Renewer: the compare is that the stored value begins
+// with rec's tenure (tenurePrefix), so the renewals of one tenure may land
+// in any order, and none lands once another writer (a candidate after the
+// lease, a release, Retire) has written.
+func (l *EtcdLock) Renew(ctx context.Context, rec Record) (Observation, error) {
+	if rec.Tenure == "" {
+		return Observation{}, errors.New("election: a renewal needs the tenure of the lock it renews")
+	}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return Observation{}, fmt.Errorf("encode lock record: %w", err)
+	}
+	p := tenurePrefix(rec.Tenure)
+	if !strings.HasPrefix(string(val), p) {
+		return Observation{}, fmt.Errorf("election: encoded lock record does not begin with its tenure: %.60s", val)
+	}
+	// JSON is UTF-8, where the byte 0xff never occurs: the values with
+	// prefix p are exactly those in (p, p+"\xff").
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(l.key), ">", p),
+		clientv3.Compare(clientv3.Value(l.key), "<", p+"\xff"),
+	}
+	return l.txn(ctx, rec, val, cmps)
+}
+
+// tenurePrefix is how every encoded record of tenure t begins.
+func tenurePrefix(t string) string { return `{"tenure":` + strconv.Quote(t) + "," }
 
 func isConflict(err error) bool { return errors.Is(err, ErrConflict) }
 
@@ -146,9 +195,22 @@ func isConflict(err error) bool { return errors.Is(err, ErrConflict) }
 // the members the connection follows. The election keeps it current
 // because with the etcd election nothing else may read it (--discovery
 // none, no pruning).
-func (l *EtcdLock) refreshMembers(ctx context.Context) {
-	_, _ = l.cl.MemberList(ctx) // a failure keeps the old list; a later operation tries again
+func (l *EtcdLock) refreshMembers() {
+	if !l.refreshing.CompareAndSwap(false, true) {
+		return
+	}
+	l.refreshWG.Add(1)
+	go func() {
+		defer l.refreshWG.Done()
+		defer l.refreshing.Store(false)
+		ctx, cancel := context.WithTimeout(l.stop, memberRefreshTimeout)
+		defer cancel()
+		_, _ = l.cl.MemberList(ctx) // a failure keeps the old list; a later operation tries again
+	}()
 }
+
+// memberRefreshTimeout bounds one refresh of the member list.
+const memberRefreshTimeout = 5 * time.Second
 
 // Watch implements Watcher with one watch per member, so a dead member does
 // not hide changes. Events from members that lost their raft leader are

@@ -140,6 +140,14 @@ func (c *cuttable) Write(ctx context.Context, r Record, rev int64) (Observation,
 	return c.EtcdLock.Write(ctx, r, rev)
 }
 
+func (c *cuttable) Renew(ctx context.Context, r Record) (Observation, error) {
+	if c.cut.Load() {
+		<-ctx.Done()
+		return Observation{}, ctx.Err()
+	}
+	return c.EtcdLock.Renew(ctx, r)
+}
+
 func (c *cuttable) StoreLeaderless(ctx context.Context) (bool, error) {
 	if c.cut.Load() {
 		<-ctx.Done()
@@ -387,9 +395,10 @@ func TestEndpointsFollowMembership(t *testing.T) {
 	}
 	want := append([]string(nil), c.Endpoints...)
 	sort.Strings(want)
-	if got := l.Endpoints(); !slices.Equal(got, want) {
-		t.Fatalf("endpoints from a one-member seed = %v, want every member %v", got, want)
-	}
+	// The list is refreshed beside the operation, not in its way.
+	waitFor(t, 10*time.Second, "every member's endpoint from a one-member seed", func() bool {
+		return slices.Equal(l.Endpoints(), want)
+	})
 
 	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints[:1]})
 	if err != nil {

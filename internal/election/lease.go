@@ -2,15 +2,18 @@ package election
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 )
@@ -26,6 +29,8 @@ const (
 	// Record.MAC, which the Lease spec has no field for.
 	instanceAnnotation = "vigil.dev/instance"
 	macAnnotation      = "vigil.dev/mac"
+	// tenureAnnotation carries Record.Tenure.
+	tenureAnnotation = "vigil.dev/tenure"
 )
 
 // ErrForbidden is returned when the API server refuses the Lease
@@ -90,6 +95,46 @@ func (l *LeaseLock) Write(ctx context.Context, rec Record, rev int64) (Observati
 	return observeLease(out)
 }
 
+// Renew implements Renewer with a JSON patch whose first operations test
+// that the Lease still carries rec's tenure and holder: the API server
+// applies the patch to the object as it is at that moment (retrying its own
+// update on a conflict), so the test is a compare-and-swap on the tenure,
+// and renewals of one tenure may be under way at once.
+func (l *LeaseLock) Renew(ctx context.Context, rec Record) (Observation, error) {
+	if rec.Tenure == "" {
+		return Observation{}, errors.New("election: a renewal needs the tenure of the lock it renews")
+	}
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/metadata/annotations/" + jsonPointerEscape(tenureAnnotation), "value": rec.Tenure},
+		{"op": "test", "path": "/spec/holderIdentity", "value": rec.Holder},
+		{"op": "replace", "path": "/spec/renewTime", "value": metav1.NewMicroTime(rec.RenewTime)},
+	})
+	if err != nil {
+		return Observation{}, err
+	}
+	out, err := l.leases.Patch(ctx, l.name, types.JSONPatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsInvalid(err) || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		// A failed test (422), or the Lease is gone: somebody else wrote.
+		obs, gerr := l.Get(ctx)
+		switch {
+		case gerr != nil:
+			return Observation{}, errors.Join(ErrConflict, gerr)
+		case obs.Record != nil && obs.Record.Tenure == rec.Tenure && obs.Record.Holder == rec.Holder:
+			return Observation{}, l.wrap("renew", err) // still ours: the patch failed for another reason
+		}
+		return obs, ErrConflict
+	}
+	if err != nil {
+		return Observation{}, l.wrap("renew", err)
+	}
+	return observeLease(out)
+}
+
+// jsonPointerEscape escapes a key for a JSON pointer (RFC 6901).
+func jsonPointerEscape(s string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
+}
+
 // Watch sends an observation for every change of the Lease until ctx is
 // done; a broken watch is re-established after a short pause.
 func (l *LeaseLock) Watch(ctx context.Context, out chan<- Observation) {
@@ -143,6 +188,7 @@ func (l *LeaseLock) toLease(rec Record) *coordinationv1.Lease {
 				leaseMillisAnnotation: strconv.FormatInt(rec.LeaseDurationMillis, 10),
 				instanceAnnotation:    rec.Instance,
 				macAnnotation:         rec.MAC,
+				tenureAnnotation:      rec.Tenure,
 			},
 		},
 		Spec: coordinationv1.LeaseSpec{
@@ -179,6 +225,7 @@ func observeLease(lease *coordinationv1.Lease) (Observation, error) {
 	}
 	rec.Instance = lease.Annotations[instanceAnnotation]
 	rec.MAC = lease.Annotations[macAnnotation]
+	rec.Tenure = lease.Annotations[tenureAnnotation]
 	if sp.AcquireTime != nil {
 		rec.AcquireTime = sp.AcquireTime.Time
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/kubetest"
+	"github.com/vigil-ha/vigil/internal/netfault"
 )
 
 const testLeaseName = "vigil-test"
@@ -227,6 +228,80 @@ func TestLease(t *testing.T) {
 		}
 		newCutProxyOn(t, addr, s.URL[len("https://"):])
 		tr.waitLeader(t, 10*time.Second, "")
+	})
+
+	// An API server whose every answer is 250 ms late (its etcd slow)
+	// costs the holder nothing: the renewals are pipelined.
+	t.Run("slow API server keeps the holder", func(t *testing.T) {
+		tr := newTracker(t)
+		var proxies []*netfault.Proxy
+		for _, name := range []string{"a", "b"} {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := netfault.NewProxy(ln, s.URL[len("https://"):], testLogger(t))
+			t.Cleanup(func() { _ = p.Close() })
+			proxies = append(proxies, p)
+			startLeaseCandidate(t, s, "https://"+ln.Addr().String(), name, tr)
+		}
+		holder := tr.waitLeader(t, 10*time.Second, "")
+		for _, p := range proxies {
+			if err := p.Set(netfault.Delay{Latency: 250 * time.Millisecond}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(5 * time.Second)
+		tr.mu.Lock()
+		starts, stops := len(tr.starts[holder]), len(tr.stops[holder])
+		tr.mu.Unlock()
+		if now := tr.leader(); now != holder || starts != 1 || stops != 0 {
+			t.Fatalf("with every API answer 250ms late the Lease moved: holder %q (was %q), %d tenures, %d step-downs: %v", now, holder, starts, stops, tr.reasons)
+		}
+	})
+
+	// Renewals of one tenure may be under way together and land in any
+	// order; none lands once another writer has taken the Lease.
+	t.Run("renew compares the tenure", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		lock := NewLeaseLock(s.Client(t, kubetest.AdminToken).CoordinationV1(), DefaultLeaseNamespace, "tenure-test")
+		rec := Record{Tenure: "t1", Holder: "a", Instance: "i1", LeaseDurationMillis: 800, RenewTime: time.Now().UTC()}
+		got, err := lock.Write(ctx, rec, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 4)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rec
+				r.RenewTime = time.Now().UTC()
+				_, err := lock.Renew(ctx, r)
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("concurrent renewal of one tenure: %v", err)
+			}
+		}
+		cur, err := lock.Get(ctx)
+		if err != nil || cur.Record.Tenure != "t1" || cur.Revision == got.Revision {
+			t.Fatalf("after the renewals: %+v, %v", cur, err)
+		}
+		other := Record{Tenure: "t2", Holder: "b", Instance: "i2", LeaseDurationMillis: 800}
+		if _, err := lock.Write(ctx, other, cur.Revision); err != nil {
+			t.Fatal(err)
+		}
+		obs, err := lock.Renew(ctx, rec)
+		if !errors.Is(err, ErrConflict) || obs.Holder() != "b" {
+			t.Fatalf("a renewal of a tenure that lost the Lease: %v, holder %q; want ErrConflict and b", err, obs.Holder())
+		}
 	})
 
 	t.Run("forbidden", func(t *testing.T) {

@@ -18,5 +18,11 @@ func startEmbedded(cfg *embed.Config) (*embed.Etcd, error) {
 }
 
 func TestMain(m *testing.M) {
-	etcdtest.Main(m, etcdtest.LeakOptions()...)
+	// The package kills raft leaders (HardStop) and runs 3-member clusters
+	// for many seconds: etcd's peer transport then leaves keep-alive
+	// connections behind now and then (seen once in a full run, and in
+	// most runs of TestCutOffHolderStepsDownBeforeTakeover alone, before
+	// and after the renewal pipeline). The price: an HTTP goroutine leaked
+	// by the Lease backend's client would not be reported here either.
+	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
 }

@@ -19,14 +19,14 @@ func TestReadyAndLive(t *testing.T) {
 	}
 	e.status.Seen = now
 	e.beat.Store(now.UnixNano())
-	// readyWindow = 2*(2s + 2*200ms) = 4.8s; liveWindow = max(30s, 4*(2s+1s+400ms)).
+	// readyWindow = 2*(2s + 2s, the read budget) = 8s; liveWindow = max(30s, 4*(2s+1s+2s)).
 	for _, c := range []struct {
 		after       time.Duration
 		ready, live bool
 	}{
 		{0, true, true},
-		{4700 * time.Millisecond, true, true},
-		{4900 * time.Millisecond, false, true},
+		{7900 * time.Millisecond, true, true},
+		{8100 * time.Millisecond, false, true},
 		{29 * time.Second, false, true},
 		{31 * time.Second, false, false},
 	} {

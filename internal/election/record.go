@@ -8,6 +8,14 @@ import (
 
 // Record is the lock record stored in the quorum store.
 type Record struct {
+	// Tenure names one holder's tenure: a random value written when a
+	// candidate takes the lock and kept by every renewal of that tenure.
+	// It is the record's first field, so the stored JSON begins with it,
+	// and a renewal is a compare on that prefix (Renewer): any renewal of
+	// the tenure may land, in any order, and none after another writer.
+	// Empty in a released or retired record, and in records of vigils
+	// before 0.9.
+	Tenure string `json:"tenure,omitempty"`
 	// Holder is the identity of the leader; empty after a release.
 	Holder string `json:"holder"`
 	// LeaseDurationMillis is the holder's lease duration. Candidates wait this
@@ -70,6 +78,16 @@ type Lock interface {
 	Write(ctx context.Context, rec Record, rev int64) (Observation, error)
 	// Describe names the lock for logs.
 	Describe() string
+}
+
+// Renewer is implemented by a Lock whose renewals can be pipelined. Renew
+// stores rec if the record in the store is still of rec.Tenure (written by
+// this tenure, whichever of its writes landed last); otherwise it returns
+// ErrConflict and the current observation. So a leader may send its next
+// renewal before the last one is answered: a slow store then costs the
+// leader a longer round trip, not a renewal per round trip.
+type Renewer interface {
+	Renew(ctx context.Context, rec Record) (Observation, error)
 }
 
 // Prober tells whether the store is, at this moment, unable to commit any

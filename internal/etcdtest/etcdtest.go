@@ -127,12 +127,25 @@ func StartDistinct(t testing.TB, n int) *Cluster {
 // creates: 127.0.0.(11+i).
 func Host(i int) string { return fmt.Sprintf("127.0.0.%d", 11+i) }
 
+// StartAdvertising is StartDistinct where member i advertises the client
+// URL front(i, listen) instead of the one it listens on: a proxy in front
+// of it (a delay, a black hole), which every client that follows the
+// member list then goes through. front is called again for each attempt.
+func StartAdvertising(t testing.TB, n int, front func(i int, listen string) string) *Cluster {
+	t.Helper()
+	return startWith(t, n, true, front)
+}
+
 func start(t testing.TB, n int, distinct bool) *Cluster {
+	return startWith(t, n, distinct, nil)
+}
+
+func startWith(t testing.TB, n int, distinct bool, front func(i int, listen string) string) *Cluster {
 	// FreePort's ports were free a moment ago; another test binary running
 	// beside this one (go test runs packages in parallel) may take one
 	// first. Then the whole cluster starts again on new ports.
 	for attempt := 1; ; attempt++ {
-		c, err := tryStart(t, n, distinct)
+		c, err := tryStart(t, n, distinct, front)
 		if err == nil {
 			t.Cleanup(c.Close)
 			return c
@@ -145,7 +158,7 @@ func start(t testing.TB, n int, distinct bool) *Cluster {
 	}
 }
 
-func tryStart(t testing.TB, n int, distinct bool) (*Cluster, error) {
+func tryStart(t testing.TB, n int, distinct bool, front func(i int, listen string) string) (*Cluster, error) {
 	c := &Cluster{t: t, distinct: distinct}
 	clientPorts, peerPorts := make([]int, n), make([]int, n)
 	var initial []string
@@ -158,6 +171,15 @@ func tryStart(t testing.TB, n int, distinct bool) (*Cluster, error) {
 	}
 	for i := 0; i < n; i++ {
 		cfg := hostConfig(t, c.Names[i], c.host(i), clientPorts[i], peerPorts[i], strings.Join(initial, ","))
+		if front != nil {
+			adv, err := url.Parse(front(i, cfg.ListenClientUrls[0].Host))
+			if err != nil {
+				c.Close()
+				return nil, fmt.Errorf("member %s's advertised client URL: %w", c.Names[i], err)
+			}
+			cfg.AdvertiseClientUrls = []url.URL{*adv}
+			c.Endpoints[i] = adv.String()
+		}
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
 			c.Close()

@@ -20,6 +20,9 @@ const (
 	ReasonNodeDeleted  = "DeadNodeDeleted"
 	ReasonVIPConflict  = "VIPConflict"
 	ReasonStrayVIP     = "StrayVIPRemoved"
+	// ReasonLeaseAtRisk: the lock store answers renewals so late that the
+	// lease is nearly spent when they land (a slow etcd or API server).
+	ReasonLeaseAtRisk = "LeaseAtRisk"
 )
 
 // eventTimeout bounds one Event write. Events are for people reading

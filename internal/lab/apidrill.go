@@ -448,6 +448,10 @@ type vigilReport struct {
 	// runs, which is after it has claimed its node name.
 	Holder   string `json:"holder"`
 	Yielding bool   `json:"yielding"`
+	// Renewal is how close the leader's renewals run to its deadline.
+	Renewal *struct {
+		MinMarginMillis float64 `json:"minMarginMillis"`
+	} `json:"renewal"`
 	Backends []struct {
 		Address string `json:"address"`
 		State   string `json:"state"`

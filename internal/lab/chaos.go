@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/netfault"
 )
 
 // Chaos fault kinds: `vigil-lab chaos` injects them at random times, with
@@ -25,11 +28,20 @@ const (
 	FaultVIPLinkDown    = "vip-link-down"    // take the holder's VIP link down; etcd's stays up
 	FaultFlap           = "flap"             // VIP link down and up again within a second
 	FaultDuplicateName  = "duplicate-name"   // start a second vigil with the holder's node name on another node
+	// Gray faults (gray.go): nothing dies.
+	FaultLatency     = "latency"      // every etcd answer late by 100-700 ms (jitter up to 50 ms), to every client or one node
+	FaultLoss        = "loss"         // drop 5-30 % of the packets on every path between the nodes
+	FaultOneWay      = "one-way"      // the holder hears nothing from its peers, or they hear nothing from it
+	FaultSlowProcess = "slow-process" // SIGSTOP/SIGCONT cycling of the holder's vigil or of an etcd member (a starved CPU)
 )
 
 // ChaosFaults lists every fault kind.
 var ChaosFaults = []string{FaultKill, FaultGraceful, FaultPartition, FaultKillDaemon, FaultKillEtcdLeader,
-	FaultPause, FaultFreeze, FaultStrayVIP, FaultVIPLinkDown, FaultFlap, FaultDuplicateName}
+	FaultPause, FaultFreeze, FaultStrayVIP, FaultVIPLinkDown, FaultFlap, FaultDuplicateName,
+	FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
+
+// grayFaults are the kinds where nothing dies (gray.go).
+var grayFaults = []string{FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
 
 // DefaultFaults are the faults a chaos run on a lab built with s draws
 // from: every kind, less the VIP link's faults in a lab without a VIP link
@@ -113,6 +125,9 @@ type FaultResult struct {
 	ThawDropMillis float64 `json:"thawDropMillis,omitempty"`
 	// Violations are the invariants this fault broke.
 	Violations []string `json:"violations,omitempty"`
+	// Detail says what a gray fault did (its latency, loss, direction or
+	// duty cycle).
+	Detail string `json:"detail,omitempty"`
 	// Logs is where the nodes' logs of a failed fault were kept.
 	Logs string `json:"logs,omitempty"`
 }
@@ -135,6 +150,9 @@ func (r FaultResult) String() string {
 		} else {
 			s += fmt.Sprintf("  dropped %.1fms after thaw", r.ThawDropMillis)
 		}
+	}
+	if r.Detail != "" {
+		s += "  (" + r.Detail + ")"
 	}
 	if len(r.Violations) > 0 {
 		s += "  VIOLATION: " + strings.Join(r.Violations, "; ")
@@ -318,6 +336,14 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 	case FaultDuplicateName:
 		target = c.other(holder)
 		ferr = c.duplicate(ctx, target, holder)
+	case FaultLatency:
+		ferr = c.latency(ctx, target, &r)
+	case FaultLoss:
+		ferr = c.loss(ctx, &r)
+	case FaultOneWay:
+		ferr = c.oneWay(ctx, target, &r)
+	case FaultSlowProcess:
+		target, ferr = c.slowProcess(ctx, target, &r)
 	}
 	r.Target = target.Name
 	healed := time.Now()
@@ -511,4 +537,66 @@ func describeDual(ss []sample) string {
 		}
 	}
 	return ""
+}
+
+// latency delays every etcd answer by 100-700 ms, with up to 50 ms of
+// jitter, for 2-6 s: to every client, or (one time in three) to the holder
+// alone.
+func (c *chaos) latency(ctx context.Context, holder *Node, r *FaultResult) error {
+	d := netfault.Delay{Latency: c.between(100*time.Millisecond, 700*time.Millisecond).Round(time.Millisecond),
+		Jitter: c.between(0, 50*time.Millisecond).Round(time.Millisecond)}
+	r.Detail = fmt.Sprintf("etcd answers +%v, jitter %v", d.Latency, d.Jitter)
+	if c.rng.IntN(3) == 0 {
+		d.From = []netip.Addr{holder.IP}
+		r.Detail += ", to the holder only"
+	}
+	if err := c.l.SetEtcdLatency(ctx, nil, d); err != nil {
+		return err
+	}
+	sleepCtx(ctx, c.between(2*time.Second, 6*time.Second))
+	return c.l.SetEtcdLatency(context.WithoutCancel(ctx), nil, netfault.Delay{})
+}
+
+// loss drops 5-30 % of the packets on every path between the nodes, both
+// ways, for 2-6 s.
+func (c *chaos) loss(ctx context.Context, r *FaultResult) error {
+	pct := 5 + c.rng.IntN(26)
+	r.Detail = fmt.Sprintf("%d%% loss on every path", pct)
+	defer func() { _ = c.l.ClearGray(context.WithoutCancel(ctx)) }()
+	for _, n := range c.l.st.Nodes {
+		if err := c.l.SetLoss(ctx, Loss{Node: n.Name, Pct: pct, Dir: DirBoth}); err != nil {
+			return err
+		}
+	}
+	sleepCtx(ctx, c.between(2*time.Second, 6*time.Second))
+	return nil
+}
+
+// oneWay cuts one direction between the holder and its peers for 1-5 s.
+func (c *chaos) oneWay(ctx context.Context, holder *Node, r *FaultResult) error {
+	dir := DirIn
+	if c.rng.IntN(2) == 0 {
+		dir = DirOut
+	}
+	r.Detail = "holder's " + dir + "bound traffic to its peers dropped"
+	defer func() { _ = c.l.ClearGray(context.WithoutCancel(ctx), holder.Name) }()
+	if err := c.l.SetOneWay(ctx, holder.Name, dir, nil); err != nil {
+		return err
+	}
+	sleepCtx(ctx, c.between(time.Second, 5*time.Second))
+	return nil
+}
+
+// slowProcess starves the holder's vigil (its guard runs on) or a random
+// node's etcd for 2-6 s: stopped 20-150 ms, running 20-100 ms, over and
+// over.
+func (c *chaos) slowProcess(ctx context.Context, holder *Node, r *FaultResult) (*Node, error) {
+	target, role := holder, roleVigil
+	if c.rng.IntN(2) == 0 {
+		target, role = c.l.st.Nodes[c.rng.IntN(len(c.l.st.Nodes))], roleEtcd
+	}
+	stop := c.between(20*time.Millisecond, 150*time.Millisecond).Round(time.Millisecond)
+	run := c.between(20*time.Millisecond, 100*time.Millisecond).Round(time.Millisecond)
+	r.Detail = fmt.Sprintf("%s stopped %v, running %v", role, stop, run)
+	return target, SlowProcess(ctx, target.PIDs[role], stop, run, c.between(2*time.Second, 6*time.Second))
 }

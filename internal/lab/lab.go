@@ -548,12 +548,17 @@ func (l *Lab) startEtcd(n *Node) error {
 
 // startEtcdWith starts n's etcd member; with state "existing" it joins a
 // running cluster (its data dir, if any, takes precedence).
+// Clients reach it through its front proxy (gray.go), which it
+// advertises; on the node itself 127.0.0.1:2379 reaches etcd directly.
 func (l *Lab) startEtcdWith(n *Node, cluster, clusterState string) error {
+	if err := l.startEtcdFront(n); err != nil {
+		return err
+	}
 	return l.start(n, roleEtcd, l.selfBin, "etcd",
 		"--name", n.Name,
 		"--data-dir", l.nodeDir(n)+"/etcd",
-		"--listen-client-urls", fmt.Sprintf("http://%s:2379,http://127.0.0.1:2379", n.IP),
-		"--advertise-client-urls", fmt.Sprintf("http://%s:2379", n.IP),
+		"--listen-client-urls", fmt.Sprintf("http://%s:%d,http://127.0.0.1:2379", n.IP, etcdDirectPort),
+		"--advertise-client-urls", fmt.Sprintf("http://%s:%d", n.IP, etcdFrontPort),
 		"--listen-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
 		"--initial-advertise-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
 		"--initial-cluster", cluster,

@@ -527,7 +527,8 @@ func TestLeaseLab(t *testing.T) {
 
 // TestChaos runs `vigil-lab chaos` for a few minutes with every fault type
 // and a seed drawn per run (logged, to replay the sequence): no fault may
-// break an invariant, and every fault type must have been injected twice.
+// break an invariant, and every fault type must have been injected twice
+// (the gray ones once).
 func TestChaos(t *testing.T) {
 	nstest.RequireRoot(t)
 	if testing.Short() {
@@ -540,7 +541,7 @@ func TestChaos(t *testing.T) {
 	dir := t.TempDir()
 	t.Logf("chaos seed %d (vigil-lab chaos --seed %d replays the sequence)", seed, seed)
 	cmd := exec.Command(nstest.Binary(t, "vigil-lab"), "--dir", filepath.Join(dir, "lab"), "--vigil-bin", nstest.Binary(t, "vigil"),
-		"chaos", "--duration", "150s", "--seed", strconv.FormatInt(seed, 10), "--max-pause", "5s", "--json", "--logs", filepath.Join(dir, "logs"))
+		"chaos", "--duration", "180s", "--seed", strconv.FormatInt(seed, 10), "--max-pause", "5s", "--json", "--logs", filepath.Join(dir, "logs"))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -574,8 +575,12 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	for _, k := range ChaosFaults {
-		if counts[k] < 2 {
-			t.Errorf("fault %s ran %d times in the run, want at least 2", k, counts[k])
+		want := 2
+		if slices.Contains(grayFaults, k) {
+			want = 1 // the four gray kinds hold for seconds; bench/chaos runs them at length
+		}
+		if counts[k] < want {
+			t.Errorf("fault %s ran %d times in the run, want at least %d", k, counts[k], want)
 		}
 	}
 	if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
