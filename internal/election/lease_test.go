@@ -122,7 +122,7 @@ type leaseCandidate struct {
 
 // startLeaseCandidate runs an elector on the test Lease through the API
 // server at url.
-func startLeaseCandidate(t *testing.T, s *kubetest.Server, url, name string, tr *tracker) *leaseCandidate {
+func startLeaseCandidate(t *testing.T, s *kubetest.Server, url, name string, tr *tracker, mods ...func(*Config)) *leaseCandidate {
 	t.Helper()
 	rc := s.Config(kubetest.AdminToken)
 	rc.Host = url
@@ -131,11 +131,15 @@ func startLeaseCandidate(t *testing.T, s *kubetest.Server, url, name string, tr 
 	if err != nil {
 		t.Fatal(err)
 	}
-	el, err := New(Config{
+	cfg := Config{
 		Identity: name, Lock: NewLeaseLock(cs.CoordinationV1(), DefaultLeaseNamespace, testLeaseName),
 		LeaseDuration: tLease, RenewDeadline: tRenew, RetryPeriod: tRetry,
 		ReleaseOnCancel: true, Callbacks: tr.callbacks(name),
-	}, testLogger(t).With("node", name))
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	el, err := New(cfg, testLogger(t).With("node", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,8 +234,10 @@ func TestLease(t *testing.T) {
 		tr.waitLeader(t, 10*time.Second, "")
 	})
 
-	// An API server whose every answer is 250 ms late (its etcd slow)
-	// costs the holder nothing: the renewals are pipelined.
+	// An API server whose every answer is late (its etcd slow) costs the
+	// holder nothing: the renewals are pipelined. The timings are the
+	// defaults doubled (slowTimings), as is the latency: 500 ms, which the
+	// old 2-retry-period cut-off refused.
 	t.Run("slow API server keeps the holder", func(t *testing.T) {
 		tr := newTracker(t)
 		var proxies []*netfault.Proxy
@@ -243,11 +249,11 @@ func TestLease(t *testing.T) {
 			p := netfault.NewProxy(ln, s.URL[len("https://"):], testLogger(t))
 			t.Cleanup(func() { _ = p.Close() })
 			proxies = append(proxies, p)
-			startLeaseCandidate(t, s, "https://"+ln.Addr().String(), name, tr)
+			startLeaseCandidate(t, s, "https://"+ln.Addr().String(), name, tr, slowTimings)
 		}
 		holder := tr.waitLeader(t, 10*time.Second, "")
 		for _, p := range proxies {
-			if err := p.Set(netfault.Delay{Latency: 250 * time.Millisecond}); err != nil {
+			if err := p.Set(netfault.Delay{Latency: 2 * 250 * time.Millisecond}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -256,7 +262,7 @@ func TestLease(t *testing.T) {
 		starts, stops := len(tr.starts[holder]), len(tr.stops[holder])
 		tr.mu.Unlock()
 		if now := tr.leader(); now != holder || starts != 1 || stops != 0 {
-			t.Fatalf("with every API answer 250ms late the Lease moved: holder %q (was %q), %d tenures, %d step-downs: %v", now, holder, starts, stops, tr.reasons)
+			t.Fatalf("with every API answer 500ms late the Lease moved: holder %q (was %q), %d tenures, %d step-downs: %v", now, holder, starts, stops, tr.reasons)
 		}
 	})
 

@@ -394,7 +394,7 @@ func RBAC() []runtime.Object {
 	}
 	out := []runtime.Object{serviceAccount(DaemonName), serviceAccount(AgentName)}
 	out = append(out, role(DaemonName, Namespace, daemonSubjects, rbacv1.PolicyRule{
-		APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get", "watch", "create", "update"},
+		APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get", "watch", "create", "update", "patch"},
 	})...)
 	out = append(out, role(DaemonName+"-node-leases", "kube-node-lease", daemonSubjects, rbacv1.PolicyRule{
 		APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get"},
