@@ -3,7 +3,7 @@
 # 800ms, renew deadline 500ms, retry 100ms), then `vigil-lab gray sweep`:
 # every etcd answer to every client late by each of LATENCIES in turn, then
 # each of LOSSES (% of packets dropped on every path between the nodes, both
-# ways), each held EACH. RUNS runs, each in a lab of its own. Per step: the
+# ways, each packet once by its receiver), each held EACH. RUNS runs, each in a lab of its own. Per step: the
 # client's longest outage on the VIP (probed every 10 ms), VIP moves and
 # dual-holder samples (every node's addresses read every 20 ms), the time no
 # node held the VIP, the holder's least renewal margin (time left to its

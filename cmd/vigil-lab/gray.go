@@ -101,7 +101,11 @@ func newGrayLossCmd(g *globals) *cobra.Command {
 		Short: "Drop PCT % of the packets between nodes",
 		Long: `Drop PCT % (0-100) of the IP packets between each of --nodes (default
 all) and its --peers (default every other node), in --dir (in, out or both),
-with nftables' numgen random. Loopback is never touched.`,
+with nftables' numgen random. Loopback is never touched. With every node and
+--dir in (the defaults) each packet between two nodes is dropped with
+probability PCT % once, by its receiver: PCT % loss on every path, both
+ways. --dir both on every node would drop it twice (at the sender and at the
+receiver).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pct, err := strconv.Atoi(strings.TrimSuffix(args[0], "%"))
@@ -130,7 +134,7 @@ with nftables' numgen random. Loopback is never touched.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&nodes, "nodes", nil, "nodes to put the rule on (default: all)")
 	f.StringSliceVar(&peers, "peers", nil, "the other ends of the lossy paths (default: every other node)")
-	f.StringVar(&dir, "dir", lab.DirBoth, "in, out or both, seen from each of --nodes")
+	f.StringVar(&dir, "dir", lab.DirIn, "in, out or both, seen from each of --nodes")
 	return cmd
 }
 

@@ -564,7 +564,8 @@ func (c *chaos) loss(ctx context.Context, r *FaultResult) error {
 	r.Detail = fmt.Sprintf("%d%% loss on every path", pct)
 	defer func() { _ = c.l.ClearGray(context.WithoutCancel(ctx)) }()
 	for _, n := range c.l.st.Nodes {
-		if err := c.l.SetLoss(ctx, Loss{Node: n.Name, Pct: pct, Dir: DirBoth}); err != nil {
+		// On input only: each packet is dropped once, by its receiver.
+		if err := c.l.SetLoss(ctx, Loss{Node: n.Name, Pct: pct, Dir: DirIn}); err != nil {
 			return err
 		}
 	}

@@ -16,7 +16,7 @@ type SweepConfig struct {
 	// Latencies are delays put on every etcd answer, to every client.
 	Latencies []time.Duration
 	// Losses are shares (%) of packets dropped on every path between the
-	// nodes, in both directions.
+	// nodes, in both directions (each packet once, by its receiver).
 	Losses []int
 	// Each is how long every step holds its fault.
 	Each time.Duration
@@ -149,7 +149,9 @@ func (l *Lab) GraySweep(ctx context.Context, cfg SweepConfig) ([]SweepRow, error
 		err := step(row,
 			func() error {
 				for _, n := range l.st.Nodes {
-					if err := l.SetLoss(ctx, Loss{Node: n.Name, Pct: p, Dir: DirBoth}); err != nil {
+					// On input only: each packet between two nodes is
+					// dropped with probability p once, by its receiver.
+					if err := l.SetLoss(ctx, Loss{Node: n.Name, Pct: p, Dir: DirIn}); err != nil {
 						return err
 					}
 				}
