@@ -177,10 +177,14 @@ func (l *EtcdLock) Renew(ctx context.Context, rec Record) (Observation, error) {
 		return Observation{}, fmt.Errorf("election: encoded lock record does not begin with its tenure: %.60s", val)
 	}
 	// JSON is UTF-8, where the byte 0xff never occurs: the values with
-	// prefix p are exactly those in (p, p+"\xff").
+	// prefix p are exactly those in (p, p+"\xff"). The third compare makes
+	// the copies of this renewal sent through the other members (txn) fail
+	// once one has landed, instead of writing the same value again: one
+	// revision per renewal, not one per member.
 	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(l.key), ">", p),
 		clientv3.Compare(clientv3.Value(l.key), "<", p+"\xff"),
+		clientv3.Compare(clientv3.Value(l.key), "!=", string(val)),
 	}
 	return l.txn(ctx, rec, val, cmps)
 }

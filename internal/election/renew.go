@@ -26,24 +26,31 @@ import (
 func (e *Elector) writeBudget() time.Duration { return e.cfg.RenewDeadline }
 func (e *Elector) readBudget() time.Duration  { return e.cfg.LeaseDuration }
 
-// renewInterval is how often the leader sends a renewal. Renewals are
-// pipelined (Renewer): the next one goes out on time whether or not the last
-// one has been answered. A renewal answered after a round trip L sets a
+// renewInterval is how often the leader sends a renewal: every half retry
+// period, and every quarter while the store is slow. Renewals are
+// pipelined (Renewer): the next one goes out on time whether or not the
+// last one has been answered. A renewal answered after a round trip L sets a
 // deadline that the next answer, one interval I later, must beat:
-// L + I < RenewDeadline. So when the store is slow (the last answer took
-// more than RenewDeadline − 2·RetryPeriod, 300 ms at the defaults)
-// renewals go out four times as often, and the leader rides out round
-// trips up to RenewDeadline − RetryPeriod/4 (475 ms at the defaults, with
-// 75 ms to spare at 400 ms) instead of RenewDeadline − RetryPeriod. It
-// costs writes only while the store is slow: 40 a second at the defaults.
+// L + I < RenewDeadline.
+//
+// The interval in force when the store turns slow is the one that counts:
+// answers already under way come I apart, L late, before the holder can
+// react. So the healthy interval is half a retry period, and a store that
+// is suddenly 400 ms late leaves 50 ms to spare at the defaults (with a
+// whole retry period it would leave nothing). Once an answer took more than
+// RenewDeadline − 2·RetryPeriod (300 ms), renewals go out every quarter
+// retry period, and a store that stays slow is ridden out up to
+// RenewDeadline − RetryPeriod/4 (475 ms). It costs writes: 20 a second
+// while healthy, 40 while slow.
 func (e *Elector) renewInterval(lastLatency time.Duration) time.Duration {
 	if lastLatency > e.slowLatency() {
 		return e.cfg.RetryPeriod / slowSpeedup
 	}
-	return e.cfg.RetryPeriod
+	return e.cfg.RetryPeriod / 2
 }
 
-// slowSpeedup is how many times as often a leader renews on a slow store.
+// slowSpeedup is how many renewals a leader sends per retry period on a
+// slow store.
 const slowSpeedup = 4
 
 // slowLatency is the round trip above which renewals go out twice as often.
