@@ -336,8 +336,35 @@ func Do[T any](ctx context.Context, c *Cluster, op func(context.Context, *Member
 
 // DoUntil is Do where an error for which final returns true is an answer as
 // good as a success (a compare-and-swap that lost), returned at once.
+//
+// When every member failed and the connections changed meanwhile (the
+// member list dropped an endpoint, closing the connection the operation
+// was using: "the client connection is closing"), the operation is tried
+// once more over the connections as they are now.
 func DoUntil[T any](ctx context.Context, c *Cluster, op func(context.Context, *Member) (T, error), final func(error) bool) (T, error) {
 	members := c.Members()
+	v, err := doUntil(ctx, c, members, op, final)
+	var none memberErrors
+	if errors.As(err, &none) && ctx.Err() == nil && !sameMembers(members, c.Members()) {
+		return doUntil(ctx, c, c.Members(), op, final)
+	}
+	return v, err
+}
+
+// sameMembers tells whether two snapshots hold the same connections.
+func sameMembers(a, b []*Member) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func doUntil[T any](ctx context.Context, c *Cluster, members []*Member, op func(context.Context, *Member) (T, error), final func(error) bool) (T, error) {
 	var zero T
 	if len(members) == 0 {
 		return zero, errors.New("etcdcluster: closed")

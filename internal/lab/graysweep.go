@@ -67,6 +67,9 @@ type SweepRow struct {
 	// BackMillis is how long after the fault was healed the client was
 	// answered again (0 when it never stopped).
 	BackMillis float64 `json:"backMillis"`
+	// EtcdTerms is how far etcd's raft term moved during the step: 0 when
+	// etcd elected no leader (-1 when it could not be read).
+	EtcdTerms int `json:"etcdTerms"`
 }
 
 func (r SweepRow) String() string {
@@ -74,8 +77,8 @@ func (r SweepRow) String() string {
 	if r.MinMarginMillis >= 0 {
 		margin = fmt.Sprintf("%.0fms", r.MinMarginMillis)
 	}
-	return fmt.Sprintf("%-14s held %5.1fs  outage %7.0fms  VIP moves %2d  dual-holder samples %d  no holder %7.0fms  least renewal margin %6s  back %5.0fms after heal",
-		r.Fault, r.HeldMillis/1000, r.OutageMillis, r.VIPMoves, r.DualSamples, r.NoHolderMillis, margin, r.BackMillis)
+	return fmt.Sprintf("%-14s held %5.1fs  outage %7.0fms  VIP moves %2d  dual-holder samples %d  no holder %7.0fms  least renewal margin %6s  back %5.0fms after heal  etcd elections %d",
+		r.Fault, r.HeldMillis/1000, r.OutageMillis, r.VIPMoves, r.DualSamples, r.NoHolderMillis, margin, r.BackMillis, r.EtcdTerms)
 }
 
 // GraySweep runs every step of cfg against the lab, in order: latencies,
@@ -103,6 +106,7 @@ func (l *Lab) GraySweep(ctx context.Context, cfg SweepConfig) ([]SweepRow, error
 		if _, err := l.waitStable(ctx, recoverTimeout); err != nil {
 			return fmt.Errorf("lab not stable before %s: %w", row.Fault, err)
 		}
+		termBefore := l.raftTerm(ctx)
 		begin := time.Now()
 		if err := inject(); err != nil {
 			return fmt.Errorf("%s: %w", row.Fault, err)
@@ -121,6 +125,10 @@ func (l *Lab) GraySweep(ctx context.Context, cfg SweepConfig) ([]SweepRow, error
 			return fmt.Errorf("after %s: %w", row.Fault, err)
 		}
 		end := time.Now()
+		row.EtcdTerms = -1
+		if after := l.raftTerm(ctx); termBefore > 0 && after > 0 {
+			row.EtcdTerms = int(after - termBefore)
+		}
 		samples := c.smp.between(begin, end)
 		dual, _, none := judgeSamples(samples)
 		row.DualSamples, row.NoHolderMillis = dual, millis(none)
@@ -163,6 +171,15 @@ func (l *Lab) GraySweep(ctx context.Context, cfg SweepConfig) ([]SweepRow, error
 		}
 	}
 	return rows, nil
+}
+
+// raftTerm is etcd's highest raft term now, 0 when it cannot be read.
+func (l *Lab) raftTerm(ctx context.Context) uint64 {
+	st, err := l.etcdStatus(ctx)
+	if err != nil {
+		return 0
+	}
+	return st.RaftTerm
 }
 
 // watchMargins reads the holders' renewal margins every 250 ms for d and

@@ -24,6 +24,9 @@ type EtcdMember struct {
 type EtcdStatus struct {
 	Leader  string       `json:"leader"`
 	Members []EtcdMember `json:"members"`
+	// RaftTerm is the highest raft term a member reported: it grows by
+	// one or more with every raft election.
+	RaftTerm uint64 `json:"raftTerm"`
 }
 
 // etcdStatus asks every member for its status from the client namespace.
@@ -51,6 +54,7 @@ func (l *Lab) etcdStatus(ctx context.Context) (EtcdStatus, error) {
 		m := EtcdMember{Name: n.Name}
 		if err == nil {
 			m.Reachable = true
+			st.RaftTerm = max(st.RaftTerm, resp.RaftTerm)
 			m.Leader = names[resp.Leader]
 			if resp.Leader == resp.Header.MemberId {
 				st.Leader = n.Name
