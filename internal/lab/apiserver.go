@@ -204,9 +204,7 @@ func (l *Lab) SetAPIServerMode(ctx context.Context, node, mode string) error {
 	if err != nil {
 		return err
 	}
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", l.apiControl(n))
-	}}, Timeout: 5 * time.Second}
+	c := unixClient(l.apiControl(n))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://apiserver/mode?m="+mode, nil)
 	if err != nil {
 		return err

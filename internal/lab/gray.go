@@ -121,9 +121,7 @@ func (l *Lab) SetEtcdLatency(ctx context.Context, nodes []string, d netfault.Del
 			errs = append(errs, fmt.Errorf("lab: %s has no etcd front proxy (a lab from an older vigil-lab; run vigil-lab down and up)", n.Name))
 			continue
 		}
-		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", l.frontControl(n))
-		}}, Timeout: 5 * time.Second}
+		c := unixClient(l.frontControl(n))
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://front/delay", bytes.NewReader(body))
 		if err != nil {
 			return err
@@ -140,6 +138,14 @@ func (l *Lab) SetEtcdLatency(ctx context.Context, nodes []string, d netfault.Del
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// unixClient is an HTTP client of the control socket at path (the stand-in
+// API server's, the etcd front's).
+func unixClient(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", path)
+	}}, Timeout: 5 * time.Second}
 }
 
 // nodesNamed returns the named nodes, or all of them for none.
