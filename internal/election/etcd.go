@@ -45,6 +45,7 @@ type EtcdLock struct {
 	// The member list is refreshed beside the operations, never in their
 	// way: on a slow store a refresh is a round trip, and the renewals
 	// answered meanwhile must reach the elector at once.
+	via        atomic.Pointer[renewPath] // see Renew
 	refreshing atomic.Bool
 	refreshWG  sync.WaitGroup
 	stop       context.Context
@@ -132,10 +133,19 @@ func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observatio
 }
 
 // txn stores val (rec encoded) if every compare holds, through every
-// member at once; a write that landed through another member is recognised
-// by its nonce.
+// member at once.
 func (l *EtcdLock) txn(ctx context.Context, rec Record, val []byte, cmps []clientv3.Cmp) (Observation, error) {
-	obs, err := etcdcluster.DoUntil(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (Observation, error) {
+	obs, err := etcdcluster.DoUntil(ctx, l.cl, l.txnOp(rec, val, cmps), isConflict)
+	if err == nil {
+		l.refreshMembers()
+	}
+	return obs, err
+}
+
+// txnOp is the transaction through one member. A write that landed through
+// another member is recognised by its nonce.
+func (l *EtcdLock) txnOp(rec Record, val []byte, cmps []clientv3.Cmp) func(context.Context, *etcdcluster.Member) (Observation, error) {
+	return func(ctx context.Context, m *etcdcluster.Member) (Observation, error) {
 		resp, err := m.Client.Txn(ctx).If(cmps...).Then(clientv3.OpPut(l.key, string(val))).Else(clientv3.OpGet(l.key)).Commit()
 		if err != nil {
 			return Observation{}, fmt.Errorf("write %s via %s: %w", l.key, m.Endpoint, err)
@@ -153,11 +163,7 @@ func (l *EtcdLock) txn(ctx context.Context, rec Record, val []byte, cmps []clien
 			return obs, nil // the same write, landed through another member
 		}
 		return obs, ErrConflict
-	}, isConflict)
-	if err == nil {
-		l.refreshMembers()
 	}
-	return obs, err
 }
 
 // Renew implements Renewer: the compare is that the stored value begins
@@ -186,7 +192,50 @@ func (l *EtcdLock) Renew(ctx context.Context, rec Record) (Observation, error) {
 		clientv3.Compare(clientv3.Value(l.key), "<", p+"\xff"),
 		clientv3.Compare(clientv3.Value(l.key), "!=", string(val)),
 	}
-	return l.txn(ctx, rec, val, cmps)
+	start := time.Now()
+	obs, m, err := etcdcluster.Hedged(ctx, l.cl, l.renewVia(), l.hedgeAfter(), l.txnOp(rec, val, cmps), isConflict)
+	l.renewedVia(m, time.Since(start), err)
+	if err == nil {
+		l.refreshMembers()
+	}
+	return obs, err
+}
+
+// Renewals go through one member, the one that answered the last renewal,
+// and through the others as well only when it fails or is late: a healthy
+// holder adds one raft proposal per renewal to etcd, not one per member.
+// "Late" is twice that member's last round trip, and at least
+// minHedgeAfter: on a store that is slow everywhere, asking the others too
+// would only add load.
+const minHedgeAfter = 50 * time.Millisecond
+
+func (l *EtcdLock) renewVia() string {
+	if p := l.via.Load(); p != nil {
+		return p.endpoint
+	}
+	return ""
+}
+
+func (l *EtcdLock) hedgeAfter() time.Duration {
+	if p := l.via.Load(); p != nil {
+		return max(minHedgeAfter, 2*p.took)
+	}
+	return minHedgeAfter
+}
+
+// renewPath is the member that answered the last renewal, and how fast.
+type renewPath struct {
+	endpoint string
+	took     time.Duration
+}
+
+// renewedVia remembers who answered a renewal (nobody: ask everyone next).
+func (l *EtcdLock) renewedVia(m *etcdcluster.Member, took time.Duration, err error) {
+	if m == nil || (err != nil && !isConflict(err)) {
+		l.via.Store(nil)
+		return
+	}
+	l.via.Store(&renewPath{endpoint: m.Endpoint, took: took})
 }
 
 // tenurePrefix is how every encoded record of tenure t begins.

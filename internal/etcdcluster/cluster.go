@@ -351,6 +351,69 @@ func DoUntil[T any](ctx context.Context, c *Cluster, op func(context.Context, *M
 	return v, err
 }
 
+// Hedged is DoUntil that asks the member at endpoint first alone, and the
+// others as well only once it has failed or not answered within delay: one
+// request per operation while that member is healthy, every member's help
+// when it is not. With first empty it asks every member at once. It also
+// returns the member that answered (nil when none did).
+func Hedged[T any](ctx context.Context, c *Cluster, first string, delay time.Duration, op func(context.Context, *Member) (T, error), final func(error) bool) (T, *Member, error) {
+	members := c.Members()
+	var zero T
+	if len(members) == 0 {
+		return zero, nil, errors.New("etcdcluster: closed")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the slower members; their goroutines then finish
+	type result struct {
+		v   T
+		m   *Member
+		err error
+	}
+	ch := make(chan result, len(members))
+	started := map[*Member]bool{}
+	start := func(m *Member) {
+		if started[m] {
+			return
+		}
+		started[m] = true
+		go func() {
+			v, err := op(ctx, m)
+			ch <- result{v, m, err}
+		}()
+	}
+	startAll := func() {
+		for _, m := range members {
+			start(m)
+		}
+	}
+	for _, m := range members {
+		if m.Endpoint == first {
+			start(m)
+		}
+	}
+	if len(started) == 0 {
+		startAll()
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	var errs []error
+	for {
+		select {
+		case r := <-ch:
+			if r.err == nil || (final != nil && final(r.err)) {
+				return r.v, r.m, r.err
+			}
+			errs = append(errs, r.err)
+			startAll()
+			if len(errs) == len(started) {
+				return zero, nil, fmt.Errorf("no etcd member answered: %w", memberErrors(errs))
+			}
+		case <-t.C:
+			startAll()
+		}
+	}
+}
+
 // sameMembers tells whether two snapshots hold the same connections.
 func sameMembers(a, b []*Member) bool {
 	if len(a) != len(b) {
