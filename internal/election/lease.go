@@ -130,6 +130,11 @@ func (l *LeaseLock) Renew(ctx context.Context, rec Record) (Observation, error) 
 	return observeLease(out)
 }
 
+// CostlyWrites tells the elector to renew the Lease once a retry period,
+// however slow the API server is: each renewal is a patch that the API
+// server writes to etcd and sends to every watcher.
+func (l *LeaseLock) CostlyWrites() bool { return true }
+
 // jsonPointerEscape escapes a key for a JSON pointer (RFC 6901).
 func jsonPointerEscape(s string) string {
 	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)

@@ -42,12 +42,25 @@ func (e *Elector) readBudget() time.Duration  { return e.cfg.LeaseDuration }
 // retry period, and a store that stays slow is ridden out up to
 // RenewDeadline − RetryPeriod/4 (475 ms). It costs writes: 20 a second
 // while healthy, 40 while slow.
+//
+// A lock whose writes are costly for its store (the Lease: every renewal
+// is a patch through an API server, fanned out to every watcher) renews
+// once a retry period, and no faster when its store is slow: an API server
+// slowed by load would only be loaded more. In the kubeadm lab, renewals
+// that sped up on a loaded API server made it slower still.
 func (e *Elector) renewInterval(lastLatency time.Duration) time.Duration {
+	if c, ok := e.cfg.Lock.(costlyWrites); ok && c.CostlyWrites() {
+		return e.cfg.RetryPeriod
+	}
 	if lastLatency > e.slowLatency() {
 		return e.cfg.RetryPeriod / slowSpeedup
 	}
 	return e.cfg.RetryPeriod / 2
 }
+
+// costlyWrites is implemented by a lock whose writes cost its store much
+// more than a read (see renewInterval).
+type costlyWrites interface{ CostlyWrites() bool }
 
 // slowSpeedup is how many renewals a leader sends per retry period on a
 // slow store.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -118,7 +119,11 @@ func (l *Lab) moveToLease(ctx context.Context, holder *Node, w *vipWatch, k *Kub
 		return fmt.Errorf("lab: read the Lease: %w", err)
 	}
 	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != next {
-		return fmt.Errorf("the VIP is on %s but the Lease names %v", next, lease.Spec.HolderIdentity)
+		named := "nobody"
+		if lease.Spec.HolderIdentity != nil {
+			named = strconv.Quote(*lease.Spec.HolderIdentity)
+		}
+		return fmt.Errorf("the VIP is on %s but the Lease names %s", next, named)
 	}
 	k.LeaseHolder = next
 	if rec, err = l.etcdLockRecord(ctx); err != nil {
