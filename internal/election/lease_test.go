@@ -241,6 +241,7 @@ func TestLease(t *testing.T) {
 	t.Run("slow API server keeps the holder", func(t *testing.T) {
 		tr := newTracker(t)
 		var proxies []*netfault.Proxy
+		var counters []*inFlightLock
 		for _, name := range []string{"a", "b"} {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -249,7 +250,11 @@ func TestLease(t *testing.T) {
 			p := netfault.NewProxy(ln, s.URL[len("https://"):], testLogger(t))
 			t.Cleanup(func() { _ = p.Close() })
 			proxies = append(proxies, p)
-			startLeaseCandidate(t, s, "https://"+ln.Addr().String(), name, tr, slowTimings)
+			startLeaseCandidate(t, s, "https://"+ln.Addr().String(), name, tr, slowTimings, func(c *Config) {
+				cl := &inFlightLock{LeaseLock: c.Lock.(*LeaseLock)}
+				counters = append(counters, cl)
+				c.Lock = cl
+			})
 		}
 		holder := tr.waitLeader(t, 10*time.Second, "")
 		for _, p := range proxies {
@@ -263,6 +268,16 @@ func TestLease(t *testing.T) {
 		tr.mu.Unlock()
 		if now := tr.leader(); now != holder || starts != 1 || stops != 0 {
 			t.Fatalf("with every API answer 500ms late the Lease moved: holder %q (was %q), %d tenures, %d step-downs: %v", now, holder, starts, stops, tr.reasons)
+		}
+		// Patches of one Lease in flight together are retried by the API
+		// server against each other: at most two at once.
+		for _, c := range counters {
+			if peak := c.peakInFlight(); peak > costlyInFlight {
+				t.Fatalf("%d Lease renewals were under way at once, want at most %d", peak, costlyInFlight)
+			}
+		}
+		if peak := counters[0].peakInFlight() + counters[1].peakInFlight(); peak < costlyInFlight {
+			t.Fatalf("at 500ms per answer and a renewal every 200ms the holder never had two renewals under way (peak %d): the pipeline is not running", peak)
 		}
 	})
 
@@ -318,4 +333,30 @@ func TestLease(t *testing.T) {
 			t.Fatalf("err = %v, want ErrForbidden", err)
 		}
 	})
+}
+
+// inFlightLock is a LeaseLock that counts the renewals under way at once.
+type inFlightLock struct {
+	*LeaseLock
+	mu        sync.Mutex
+	now, peak int
+}
+
+func (l *inFlightLock) Renew(ctx context.Context, rec Record) (Observation, error) {
+	l.mu.Lock()
+	l.now++
+	l.peak = max(l.peak, l.now)
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.now--
+		l.mu.Unlock()
+	}()
+	return l.LeaseLock.Renew(ctx, rec)
+}
+
+func (l *inFlightLock) peakInFlight() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.peak
 }

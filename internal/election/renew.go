@@ -72,10 +72,23 @@ func (e *Elector) slowLatency() time.Duration {
 }
 
 // maxInFlight bounds the renewals under way at once: one per interval of a
-// renew deadline, and one more.
+// renew deadline, and one more. A lock with costly writes has at most two
+// under way: renewals of one Lease in flight together are patches of one
+// object, which the API server applies one after the other, retrying each
+// that lost the race against the one before (a fresh read from etcd, a
+// second write). On an API server slowed by load, a dozen of them would
+// turn one slow answer into many; two still ride out one renewal lost in
+// transit. (The CI kubeadm lab's Lease holder stepped down with the
+// limit of the etcd lock.)
 func (e *Elector) maxInFlight() int {
+	if c, ok := e.cfg.Lock.(costlyWrites); ok && c.CostlyWrites() {
+		return costlyInFlight
+	}
 	return int(e.cfg.RenewDeadline/(e.cfg.RetryPeriod/slowSpeedup)) + 1
 }
+
+// costlyInFlight is maxInFlight for a lock with costly writes.
+const costlyInFlight = 2
 
 // atRiskMargin: a renewal answered with less of the lease left than one
 // retry period makes the lease "at risk": one retry period more of

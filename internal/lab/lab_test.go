@@ -276,6 +276,8 @@ func TestKubeadmLab(t *testing.T) {
 			// every machine: the lab is gone once the test ends.
 			defer func() {
 				if t.Failed() {
+					// The warnings first: a long log is cut in the middle.
+					t.Log(vigilPodWarnings(l, 8))
 					t.Log(vigilPodLogs(l, 40))
 					keepLabLogs(t, l)
 				}
@@ -617,6 +619,36 @@ func vigilPodLogs(l *Lab, lines int) string {
 				fmt.Fprintf(&b, "== %s %s (%s), last %d lines\n", n.Name, c, f, min(lines, len(all)))
 				b.WriteString(strings.Join(all[max(0, len(all)-lines):], "\n") + "\n")
 			}
+		}
+	}
+	return b.String()
+}
+
+// vigilPodWarnings is the last n warnings (a renewal failed, the lease at
+// risk, a step-down's cause) vigil logged on each machine, one line each.
+func vigilPodWarnings(l *Lab, n int) string {
+	var b strings.Builder
+	for _, node := range l.st.Nodes {
+		files, _ := filepath.Glob(filepath.Join(l.nodeDir(node), "machine", "var-log-pods", "kube-system_vigil-*", "vigil", "*.log"))
+		var warn []string
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, "level=WARN") || strings.Contains(line, "stepped down") {
+					if i := strings.Index(line, "time="); i >= 0 {
+						line = line[i:]
+					}
+					warn = append(warn, line)
+				}
+			}
+		}
+		slices.Sort(warn) // by time= across restarts
+		fmt.Fprintf(&b, "== %s vigil: last %d of %d warnings and step-downs\n", node.Name, min(n, len(warn)), len(warn))
+		for _, w := range warn[max(0, len(warn)-n):] {
+			b.WriteString(w[:min(len(w), 400)] + "\n")
 		}
 	}
 	return b.String()

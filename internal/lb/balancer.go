@@ -452,8 +452,10 @@ func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 		}
 		b.mu.Unlock()
 		if !ok {
-			reset(c)
+			// Counted before the reset: a client that sees the reset
+			// finds it counted.
 			b.refused(limit)
+			reset(c)
 			continue
 		}
 		go func() {

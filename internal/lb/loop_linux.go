@@ -471,8 +471,8 @@ func (l *evloop) admit(fd int, src netip.Addr, now time.Time) {
 	limit, ok := b.admitLocked(p, src)
 	b.mu.Unlock()
 	if !ok {
+		b.refused(limit) // before the reset, as in serve
 		resetFD(fd)
-		b.refused(limit)
 		return
 	}
 	p.cseq = l.nextSeq()
