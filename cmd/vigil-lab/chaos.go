@@ -43,6 +43,8 @@ Faults (--faults, default all):
   freeze            SIGSTOP the holder's vigil and its guard together for
                     0.5-3 s (a frozen cgroup, a paused container)
   stray-vip         add the VIP on a non-holder, as re-applied network config does
+  stray-prefix      the same with another prefix length (/32 beside a /24)
+  stray-lo          the same on lo (Linux answers ARP for it on any interface)
   vip-link-down     take the holder's VIP link down for 1-4 s (etcd's stays up)
   flap              VIP link down and up again within 0.1-0.9 s
   duplicate-name    start a second vigil with the holder's --node-name on

@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/config"
@@ -127,6 +129,9 @@ any rights. See docs/kubeadm.md.`,
 			if err := config.Apply(cmd.Flags(), config.SectionRun, os.Getenv); err != nil {
 				return err
 			}
+			if cfg.Election == daemon.ElectionKubernetes {
+				leaseTimings(cmd.Flags(), &cfg)
+			}
 			log, err := newLogger(logLevel, logFormat)
 			if err != nil {
 				return err
@@ -161,9 +166,9 @@ any rights. See docs/kubeadm.md.`,
 	f.StringVar(&cfg.LockKey, "lock-key", election.DefaultEtcdKey, "etcd key that holds the lock record")
 	f.StringVar(&cfg.EtcdMemberName, "etcd-member-name", "", "this node's etcd member name (default: --node-name)")
 	f.BoolVar(&cfg.ShedRaftLeadership, "shed-etcd-leadership", true, "while holding the VIP, move etcd raft leadership to another member, so one crash never costs both a VIP failover and an etcd election")
-	f.DurationVar(&cfg.LeaseDuration, "lease-duration", election.DefaultLeaseDuration, "how long candidates wait, on their own clock, before taking an unrenewed lock; failover takes about this long")
-	f.DurationVar(&cfg.RenewDeadline, "renew-deadline", election.DefaultRenewDeadline, "the leader removes the VIP when no renewal succeeded for this long; must be at least 100ms below --lease-duration")
-	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads")
+	f.DurationVar(&cfg.LeaseDuration, "lease-duration", election.DefaultLeaseDuration, "how long candidates wait, on their own clock, before taking an unrenewed lock; failover takes about this long (with --election kubernetes the default is "+election.DefaultAPILeaseDuration.String()+")")
+	f.DurationVar(&cfg.RenewDeadline, "renew-deadline", election.DefaultRenewDeadline, "the leader removes the VIP when no renewal succeeded for this long; must be at least 100ms below --lease-duration (with --election kubernetes the default is "+election.DefaultAPIRenewDeadline.String()+")")
+	f.DurationVar(&cfg.RetryPeriod, "retry-period", election.DefaultRetryPeriod, "interval between renewals and between candidate reads (with --election kubernetes the default is "+election.DefaultAPIRetryPeriod.String()+")")
 	f.StringVar(&cfg.Announce, "announce", daemon.AnnounceARP, "how the holder makes the VIP reachable: arp (gratuitous ARP / unsolicited neighbour advertisements on --interface's segment) or bgp (a host route to every --bgp-peer; put the VIP on lo as a host address, see docs/bgp.md)")
 	f.DurationVar(&cfg.AnnounceInterval, "announce-interval", announce.DefaultInterval, "interval between periodic gratuitous ARP / neighbour advertisements (--announce arp)")
 	f.IntVar(&cfg.BGPLocalAS, "bgp-local-as", 0, "this node's AS number (--announce bgp; the same on every control-plane node, so routers compare their MEDs)")
@@ -227,7 +232,7 @@ A vigil run that no guard listens to does not hold the VIP.`,
 				// Only the death of vigil run, which closes our stdin, may
 				// end the guard; a signal meant for the whole group must not.
 				signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-				return daemon.Guard(cfg, os.Stdin, log)
+				return daemon.Guard(cfg, os.Stdin, os.Stdout, log)
 			}
 			if _, err := daemon.ParseVIPs(cfg.VIPs); err != nil {
 				return err
@@ -254,4 +259,23 @@ A vigil run that no guard listens to does not hold the VIP.`,
 	cmd.Flags().DurationVar(&cfg.Slack, "slack", 0, "without --listen: remove the VIP this long after a lease deadline vigil run sent passes without a newer one (with --listen, each vigil run sends its own)")
 	cmd.Flags().StringVar(&listen, "listen", "", "serve vigil run --guard-socket on this Unix socket, as a process of its own (the static pod's guard container)")
 	return cmd
+}
+
+// leaseTimings gives the Lease backend its own defaults for the timings not
+// set on the command line or in the configuration file: an API server's
+// writes are slower and spikier than etcd's (election.DefaultAPILeaseDuration).
+func leaseTimings(f *pflag.FlagSet, cfg *daemon.Config) {
+	for _, t := range []struct {
+		flag string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"lease-duration", &cfg.LeaseDuration, election.DefaultAPILeaseDuration},
+		{"renew-deadline", &cfg.RenewDeadline, election.DefaultAPIRenewDeadline},
+		{"retry-period", &cfg.RetryPeriod, election.DefaultAPIRetryPeriod},
+	} {
+		if !f.Changed(t.flag) {
+			*t.v = t.def
+		}
+	}
 }

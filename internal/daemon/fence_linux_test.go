@@ -372,3 +372,85 @@ func runWithin(cmd *exec.Cmd, d time.Duration) error {
 		return fmt.Errorf("still running after %v", d)
 	}
 }
+
+// A stopped guard (SIGSTOP, a frozen container) still has its pipe or
+// socket open, and vigil's writes land in the kernel's buffer: only its
+// answers tell it is alive. Stopped, it costs the holder the VIP, which the
+// holder removes itself; a vigil stopped after it then leaves nothing
+// behind, even with no kernel lifetime. Resumed, the VIP comes back.
+func TestStoppedGuardStepsDown(t *testing.T) {
+	for _, mode := range []string{"child", "socket"} {
+		t.Run(mode, func(t *testing.T) {
+			p := nstest.NewPair(t)
+			startEtcdIn(t, p.A)
+			bin := nstest.Binary(t, "vigil")
+			var vigil *exec.Cmd
+			var guardPID int
+			if mode == "socket" {
+				sock := filepath.Join(t.TempDir(), "guard.sock")
+				g := startIn(t, p.A, "guard.log", bin, "guard", "--listen", sock, "--vip", testVIP+"/24", "--interface", "a0")
+				guardPID = g.Process.Pid
+				vigil = startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
+			} else {
+				vigil = startVigilA(t, p.A, "--vip-lifetime", "0")
+			}
+			waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+			if mode == "child" {
+				guardPID = childOf(t, vigil.Process.Pid)
+			}
+			guard, err := os.FindProcess(guardPID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := guard.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			stopped := time.Now()
+			defer func() { _ = guard.Signal(syscall.SIGCONT) }()
+			// Unanswered for 300 ms at the defaults, then the next renewal
+			// steps down; 3 s is generous.
+			waitFor(t, 3*time.Second, "the holder with a stopped guard to remove the VIP", func() bool { return !hasVIP(t, p.A) })
+			t.Logf("VIP gone %v after the guard's SIGSTOP", time.Since(stopped).Round(time.Millisecond))
+			waitFor(t, 5*time.Second, "vigil to say its guard does not answer", func() bool {
+				return strings.Contains(statusOK(bin, p.A).Ineligible, "guard does not answer")
+			})
+			// vigil stopped too: nothing may bring the VIP back.
+			if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(1500 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				if hasVIP(t, p.A) {
+					t.Fatal("the VIP came back with the guard stopped")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			_ = vigil.Process.Signal(syscall.SIGCONT)
+			if err := guard.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "the VIP once the guard answers again", func() bool { return hasVIP(t, p.A) })
+		})
+	}
+}
+
+// childOf is the pid of the only child of process pid (each thread lists
+// the children it started: Go starts them from any thread).
+func childOf(t *testing.T, pid int) int {
+	t.Helper()
+	var child int
+	waitFor(t, 5*time.Second, fmt.Sprintf("a child of pid %d", pid), func() bool {
+		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		var all []string
+		for _, f := range files {
+			data, _ := os.ReadFile(f)
+			all = append(all, strings.Fields(string(data))...)
+		}
+		if len(all) != 1 {
+			return false
+		}
+		_, err := fmt.Sscan(all[0], &child)
+		return err == nil
+	})
+	return child
+}

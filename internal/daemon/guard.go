@@ -40,6 +40,16 @@ import (
 // The pipe carries 8-byte big-endian CLOCK_MONOTONIC deadlines in
 // nanoseconds; 0 means "not holding". CLOCK_MONOTONIC is one clock for every
 // process of the machine, so a deadline means the same in both.
+//
+// The guard answers: after it has taken a deadline (its timer is set), it
+// writes back how many deadlines it has taken, as an 8-byte big-endian
+// count (on its standard output as a child, on the connection with
+// --listen). vigil writes at least every guardHeartbeat, and a guard that
+// has left a deadline unanswered for guardAckBound is a guard that would
+// not fence: stopped (SIGSTOP, a frozen container), starved, or wedged.
+// Writes alone cannot tell: they land in the kernel's buffer whether or not
+// anyone reads them. Such a vigil does not campaign, and a holder steps
+// down and removes the VIP itself (guardProc.Eligible).
 
 // GuardConfig is what the guard needs to know.
 type GuardConfig struct {
@@ -64,12 +74,12 @@ func guardSlack(lease, renew time.Duration) time.Duration {
 // deadline read from r has passed by cfg.Slack. It is the body of `vigil
 // guard`; the caller ignores termination signals first, so that only the
 // death of `vigil run` ends the guard.
-func Guard(cfg GuardConfig, r io.Reader, log *slog.Logger) error {
+func Guard(cfg GuardConfig, r io.Reader, ack io.Writer, log *slog.Logger) error {
 	m, err := guardVIP(cfg, log)
 	if err != nil {
 		return err
 	}
-	return guardStream(m, r, cfg.Slack, log)
+	return guardStream(m, r, ack, cfg.Slack, log)
 }
 
 func guardVIP(cfg GuardConfig, log *slog.Logger) (*vip.Manager, error) {
@@ -81,8 +91,25 @@ func guardVIP(cfg GuardConfig, log *slog.Logger) (*vip.Manager, error) {
 }
 
 // guardStream reads deadlines from r until EOF, removing the VIP when one
-// passes by slack, and at EOF.
-func guardStream(m *vip.Manager, r io.Reader, slack time.Duration, log *slog.Logger) error {
+// passes by slack, and at EOF. After taking each deadline it tells ack how
+// many it has taken. The answer never holds up the fence: it is written by
+// a goroutine of its own, the latest count only, so a vigil that stopped
+// reading answers (stopped itself) cannot block the timer.
+func guardStream(m *vip.Manager, r io.Reader, ack io.Writer, slack time.Duration, log *slog.Logger) error {
+	acks := make(chan uint64, 1)
+	defer close(acks)
+	go func() {
+		var b [8]byte
+		for n := range acks {
+			binary.BigEndian.PutUint64(b[:], n)
+			if _, err := ack.Write(b[:]); err != nil {
+				for range acks { // vigil is gone; EOF on r follows
+				}
+				return
+			}
+		}
+	}()
+	var taken uint64
 	deadlines := make(chan time.Duration)
 	go func() {
 		defer close(deadlines)
@@ -106,6 +133,12 @@ func guardStream(m *vip.Manager, r io.Reader, slack time.Duration, log *slog.Log
 			if d > 0 {
 				timer.Reset(d + slack - monoNow())
 			}
+			taken++
+			select { // the latest count replaces one not yet written
+			case <-acks:
+			default:
+			}
+			acks <- taken
 		case <-timer.C:
 			// Remove first, log after: the log may block.
 			if err := m.Remove("vigil run did not renew its lease in time (stopped or starved); fenced by the guard"); err != nil {
@@ -156,7 +189,7 @@ func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog
 			}
 			slack := time.Duration(binary.BigEndian.Uint64(b[:]))
 			log.Info("vigil run connected to the guard", "slack", slack)
-			if err := guardStream(m, c, slack, log); err != nil {
+			if err := guardStream(m, c, c, slack, log); err != nil {
 				log.Error("guard cannot remove the VIP", "err", err)
 			}
 		}()
@@ -180,19 +213,51 @@ type guardProc struct {
 	slack  time.Duration
 	log    *slog.Logger
 
-	mu sync.Mutex     // guards w, latest, seq, written and wrote
+	mu sync.Mutex     // guards the fields below
 	w  io.WriteCloser // the current guard's pipe or connection
+	// gen counts the guards (pipes, connections) so far: answers from one
+	// that was replaced are ignored.
+	gen uint64
 	// latest is the last deadline to tell the guard (CLOCK_MONOTONIC ns, 0:
 	// not holding), seq counts the changes to it; kick wakes the writer.
 	latest time.Duration
 	seq    uint64
 	kick   chan struct{}
-	// written is the seq of the last deadline written to a guard; wrote is
-	// closed (and replaced) after every write, for Arm to wait on.
-	written uint64
-	wrote   chan struct{}
-	wg      sync.WaitGroup
+	// written is the seq of the last deadline written to a guard, in the
+	// word numbered writtenWord; changed is closed (and replaced) after
+	// every write and every answer, for Arm to wait on.
+	written     uint64
+	writtenWord uint64
+	changed     chan struct{}
+	// words counts the deadlines written to the current guard, acked those
+	// it has answered for; sentAt[i%len] is when word i was written.
+	words, acked uint64
+	sentAt       [64]time.Time
+	// ackBound is how long a word may go unanswered before the guard counts
+	// as not fencing (Eligible).
+	ackBound time.Duration
+	wg       sync.WaitGroup
 }
+
+// guardAckBound is how long the guard may leave a deadline unanswered
+// before vigil counts it as not fencing: the lease's safety margin (lease
+// duration − renew deadline, 300 ms at the defaults), at least 100 ms. A
+// guard stopped while its vigil runs then costs the holder the VIP within
+// a renewal interval of that, well before a vigil stopped after it could
+// leave the VIP unfenced for long; a guard that is merely slow to be
+// scheduled answers in microseconds to milliseconds.
+func guardAckBound(lease, renew time.Duration) time.Duration {
+	return max(lease-renew, 100*time.Millisecond)
+}
+
+// guardHeartbeat is how often vigil writes to the guard when no deadline
+// changed (a candidate's "not holding"), so that a stopped guard is noticed
+// before this node campaigns.
+func (g *guardProc) guardHeartbeat() time.Duration { return g.ackBound / 3 }
+
+// errGuardSilent is why a vigil whose guard stopped answering does not hold
+// the VIP.
+var errGuardSilent = errors.New("the VIP guard does not answer (stopped, starved or wedged): it would not remove the VIP if this vigil were stopped")
 
 // errNoGuard is why a vigil with a guard it cannot reach does not hold the
 // VIP: nothing would remove the address if that vigil were stopped or killed.
@@ -211,7 +276,56 @@ func (g *guardProc) Eligible() error {
 		}
 		return errNoGuard
 	}
+	if g.acked < g.words {
+		// The oldest word not answered for; with more in the backlog than
+		// sentAt holds, the oldest it holds (the guard is far behind).
+		oldest, ring := g.acked+1, uint64(len(g.sentAt))
+		if g.words-g.acked > ring {
+			oldest = g.words - ring + 1
+		}
+		if silent := time.Since(g.sentAt[oldest%ring]); silent > g.ackBound {
+			return fmt.Errorf("%w: %d deadlines unanswered for %v (bound %v)", errGuardSilent, g.words-g.acked, silent.Round(time.Millisecond), g.ackBound)
+		}
+	}
 	return nil
+}
+
+// attach makes w the current guard's pipe or connection and returns its
+// generation, for its answers.
+func (g *guardProc) attach(w io.WriteCloser) uint64 {
+	g.mu.Lock()
+	if g.w != nil && g.w != w {
+		_ = g.w.Close() // the pipe of a guard that died
+	}
+	g.w = w
+	g.gen++
+	g.words, g.acked = 0, 0
+	gen := g.gen
+	g.mu.Unlock()
+	select { // a new guard learns the current deadline
+	case g.kick <- struct{}{}:
+	default:
+	}
+	return gen
+}
+
+// readAcks reads the guard's answers from r until it fails (the guard is
+// gone), and records them for the guard of generation gen.
+func (g *guardProc) readAcks(r io.Reader, gen uint64) {
+	var b [8]byte
+	for {
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint64(b[:])
+		g.mu.Lock()
+		if g.gen == gen && n > g.acked && n <= g.words {
+			g.acked = n
+			close(g.changed)
+			g.changed = make(chan struct{})
+		}
+		g.mu.Unlock()
+	}
 }
 
 // connectGuard keeps a connection to the guard listening on socket until ctx
@@ -220,7 +334,8 @@ func (g *guardProc) Eligible() error {
 // Eligible keeps this vigil from campaigning.
 func connectGuard(ctx context.Context, socket string, cfg Config, log *slog.Logger) *guardProc {
 	g := &guardProc{socket: socket, slack: guardSlack(cfg.LeaseDuration, cfg.RenewDeadline), log: log,
-		kick: make(chan struct{}, 1), wrote: make(chan struct{})}
+		kick: make(chan struct{}, 1), changed: make(chan struct{}),
+		ackBound: guardAckBound(cfg.LeaseDuration, cfg.RenewDeadline)}
 	g.wg.Add(2)
 	go func() {
 		defer g.wg.Done()
@@ -262,15 +377,8 @@ func (g *guardProc) stayConnected(ctx context.Context) {
 			g.log.Info("connected to the VIP guard", "socket", g.socket)
 			warned = false
 		}
-		g.mu.Lock()
-		g.w = c
-		g.mu.Unlock()
-		select { // a new connection learns the current deadline
-		case g.kick <- struct{}{}:
-		default:
-		}
-		// The guard never writes: a read ends only when it goes away.
-		_, _ = c.Read(make([]byte, 1))
+		// The guard's answers; the read ends when it goes away.
+		g.readAcks(c, g.attach(c))
 		g.mu.Lock()
 		if g.w == c {
 			g.w = nil
@@ -299,9 +407,10 @@ func startGuard(ctx context.Context, bin string, cfg Config, log *slog.Logger) (
 		bin: bin,
 		args: append(guardVIPArgs(cfg.VIPs), "--interface", cfg.Interface,
 			"--slack", guardSlack(cfg.LeaseDuration, cfg.RenewDeadline).String()),
-		log:   log,
-		kick:  make(chan struct{}, 1),
-		wrote: make(chan struct{}),
+		log:      log,
+		kick:     make(chan struct{}, 1),
+		changed:  make(chan struct{}),
+		ackBound: guardAckBound(cfg.LeaseDuration, cfg.RenewDeadline),
 	}
 	cmd, err := g.spawn()
 	if err != nil {
@@ -347,55 +456,66 @@ func (g *guardProc) set(deadline time.Time) uint64 {
 }
 
 // Arm tells the guard the first deadline of a tenure and waits, at most
-// wait, until it is written to the guard. The VIP is added only after that:
-// a vigil stopped between adding the address and its writer's next turn
-// would otherwise leave the guard with no deadline to enforce. It reports
-// whether the write happened in time; if not (the guard is gone, or stopped
-// and its buffer full), the guard still learns the deadline when it reads.
+// wait, until the guard has answered for it. The VIP is added only after
+// that: a vigil stopped between adding the address and its writer's next
+// turn would otherwise leave the guard with no deadline to enforce. It
+// reports whether the guard answered in time; if not (the guard is gone,
+// or stopped), the guard still learns the deadline when it reads, and
+// Eligible soon ends the tenure.
 func (g *guardProc) Arm(deadline time.Time, wait time.Duration) bool {
 	seq := g.set(deadline)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		g.mu.Lock()
-		done, wrote := g.written >= seq, g.wrote
+		done, changed := g.written >= seq && g.acked >= g.writtenWord, g.changed
 		g.mu.Unlock()
 		if done {
 			return true
 		}
 		select {
-		case <-wrote:
+		case <-changed:
 		case <-timer.C:
 			return false
 		}
 	}
 }
 
-// write sends the latest deadline to the current guard after every change.
+// write sends the latest deadline to the current guard after every change,
+// and at least every guardHeartbeat (the guard answers each one).
 func (g *guardProc) write(ctx context.Context) {
+	beat := time.NewTicker(g.guardHeartbeat())
+	defer beat.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-g.kick:
+		case <-beat.C:
 		}
 		g.mu.Lock()
-		w, d, seq := g.w, g.latest, g.seq
+		w, d, seq, gen := g.w, g.latest, g.seq, g.gen
 		g.mu.Unlock()
 		if w == nil {
 			continue
 		}
 		var b [8]byte
 		binary.BigEndian.PutUint64(b[:], uint64(d))
+		sent := time.Now()
 		if _, err := w.Write(b[:]); err != nil {
 			continue // a dead guard is restarted (or reconnected), which kicks again
 		}
 		g.mu.Lock()
-		if seq > g.written {
-			g.written = seq
+		if g.gen == gen {
+			g.words++
+			g.sentAt[g.words%uint64(len(g.sentAt))] = sent
+			if seq > g.written {
+				g.written = seq
+			}
+			g.writtenWord = g.words
+			close(g.changed)
+			g.changed = make(chan struct{})
 		}
-		close(g.wrote)
-		g.wrote = make(chan struct{})
 		g.mu.Unlock()
 	}
 }
@@ -405,27 +525,32 @@ func (g *guardProc) spawn() (*exec.Cmd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("guard pipe: %w", err)
 	}
+	ackR, ackW, err := os.Pipe()
+	if err != nil {
+		r.Close()
+		w.Close()
+		return nil, fmt.Errorf("guard pipe: %w", err)
+	}
 	cmd := exec.Command(g.bin, g.args...)
 	cmd.Stdin = r
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stdout, cmd.Stderr = ackW, os.Stderr // its answers on stdout
 	// Its own process group: a Ctrl-C meant for vigil must not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		r.Close()
-		w.Close()
+		for _, f := range []*os.File{r, w, ackR, ackW} {
+			f.Close()
+		}
 		return nil, fmt.Errorf("start guard %s: %w", g.bin, err)
 	}
-	r.Close() // the child has its copy
-	g.mu.Lock()
-	if g.w != nil {
-		_ = g.w.Close() // the pipe of a guard that died
-	}
-	g.w = w
-	g.mu.Unlock()
-	select { // a restarted guard learns the current deadline
-	case g.kick <- struct{}{}:
-	default:
-	}
+	r.Close() // the child has its copies
+	ackW.Close()
+	gen := g.attach(w) // a restarted guard learns the current deadline
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		defer ackR.Close()
+		g.readAcks(ackR, gen)
+	}()
 	return cmd, nil
 }
 

@@ -30,6 +30,21 @@ const (
 	DefaultRetryPeriod   = 100 * time.Millisecond
 )
 
+// Defaults of the Lease backend (--election kubernetes). A renewal there is
+// a patch through an API server, which writes it to etcd and sends it to
+// every watcher: slower, and much spikier under load, than an etcd
+// transaction (Kubernetes' own objective for mutating calls is 1 s at the
+// 99th percentile). At the etcd defaults a Lease holder rides out answers
+// up to 300 ms late (docs/election.md), and the kubeadm lab's API servers,
+// on two cores while kubelet restarted pods, answered a renewal in 503 ms:
+// the VIP blinked. These ride out 700 ms, and a hard kill still fails over
+// in under two seconds.
+const (
+	DefaultAPILeaseDuration = 1600 * time.Millisecond
+	DefaultAPIRenewDeadline = 1200 * time.Millisecond
+	DefaultAPIRetryPeriod   = 200 * time.Millisecond
+)
+
 // maxReadBackoff caps the pause between failed reads of a candidate that
 // cannot reach the store (during kubeadm init etcd starts after vigil).
 const maxReadBackoff = time.Second

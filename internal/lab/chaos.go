@@ -25,6 +25,8 @@ const (
 	FaultPause          = "pause"            // SIGSTOP the holder's vigil (not its guard)
 	FaultFreeze         = "freeze"           // SIGSTOP the holder's vigil and its guard together
 	FaultStrayVIP       = "stray-vip"        // add the VIP on a non-holder, as re-applied network config would
+	FaultStrayPrefix    = "stray-prefix"     // the same with another prefix length (/32 beside a /24)
+	FaultStrayLo        = "stray-lo"         // the same on lo, where Linux answers ARP for it on every interface
 	FaultVIPLinkDown    = "vip-link-down"    // take the holder's VIP link down; etcd's stays up
 	FaultFlap           = "flap"             // VIP link down and up again within a second
 	FaultDuplicateName  = "duplicate-name"   // start a second vigil with the holder's node name on another node
@@ -37,7 +39,7 @@ const (
 
 // ChaosFaults lists every fault kind.
 var ChaosFaults = []string{FaultKill, FaultGraceful, FaultPartition, FaultKillDaemon, FaultKillEtcdLeader,
-	FaultPause, FaultFreeze, FaultStrayVIP, FaultVIPLinkDown, FaultFlap, FaultDuplicateName,
+	FaultPause, FaultFreeze, FaultStrayVIP, FaultStrayPrefix, FaultStrayLo, FaultVIPLinkDown, FaultFlap, FaultDuplicateName,
 	FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
 
 // grayFaults are the kinds where nothing dies (gray.go).
@@ -45,14 +47,14 @@ var grayFaults = []string{FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess
 
 // DefaultFaults are the faults a chaos run on a lab built with s draws
 // from: every kind, less the VIP link's faults in a lab without a VIP link
-// (the routed lab, whose VIP sits on lo).
+// (the routed lab, whose VIP sits on lo, where stray-lo is stray-vip).
 func DefaultFaults(s Settings) []string {
 	if s.VIPLink {
 		return ChaosFaults
 	}
 	var fs []string
 	for _, f := range ChaosFaults {
-		if f != FaultVIPLinkDown && f != FaultFlap {
+		if f != FaultVIPLinkDown && f != FaultFlap && f != FaultStrayLo {
 			fs = append(fs, f)
 		}
 	}
@@ -141,7 +143,7 @@ func (r FaultResult) String() string {
 	if r.DualMillis > 0 {
 		s += fmt.Sprintf(" (%.0fms)", r.DualMillis)
 	}
-	if r.Kind == FaultStrayVIP {
+	if isStray(r.Kind) {
 		s += fmt.Sprintf("  stray gone after %.1fms", r.StrayGoneMillis)
 	}
 	if r.Kind == FaultFreeze {
@@ -326,9 +328,9 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 		ferr = c.pause(ctx, target, false, c.between(2*time.Second, c.cfg.MaxPause), &r)
 	case FaultFreeze:
 		ferr = c.pause(ctx, target, true, c.between(500*time.Millisecond, 3*time.Second), &r)
-	case FaultStrayVIP:
+	case FaultStrayVIP, FaultStrayPrefix, FaultStrayLo:
 		target = c.other(holder)
-		ferr = c.stray(ctx, target, &r)
+		ferr = c.stray(ctx, kind, target, &r)
 	case FaultVIPLinkDown:
 		ferr = c.linkDown(ctx, target, c.between(time.Second, 4*time.Second))
 	case FaultFlap:
@@ -453,7 +455,7 @@ func (c *chaos) pause(ctx context.Context, n *Node, freeze bool, hold time.Durat
 // and measures how long it stays. The sampler leaves that node out until
 // the address is gone: the stray is the fault, its lifetime is measured
 // here.
-func (c *chaos) stray(ctx context.Context, n *Node, r *FaultResult) error {
+func (c *chaos) stray(ctx context.Context, kind string, n *Node, r *FaultResult) error {
 	c.smp.exclude(n.Name)
 	defer c.smp.exclude("")
 	// In dual-stack, either family's address: each alone is a stray.
@@ -462,8 +464,13 @@ func (c *chaos) stray(ctx context.Context, n *Node, r *FaultResult) error {
 	if len(vips) > 1 {
 		vip = vips[c.rng.IntN(len(vips))]
 	}
+	form, dev := strayForm(kind, vip, c.l.st.Settings.vipIface())
+	args := []string{"-n", nodeNS(n.Name), "addr", "add", form.String(), "dev", dev}
+	if form.Addr().Is6() {
+		args = append(args, "nodad") // usable at once, as the VIP would be
+	}
 	added := time.Now()
-	if err := ip(ctx, "-n", nodeNS(n.Name), "addr", "add", vip.String(), "dev", c.l.st.Settings.vipIface()); err != nil {
+	if err := ip(ctx, args...); err != nil {
 		return err
 	}
 	gone, err := waitVIPGone(ctx, c.d.w, n.Name, 5*time.Second)
@@ -476,6 +483,29 @@ func (c *chaos) stray(ctx context.Context, n *Node, r *FaultResult) error {
 		return fmt.Errorf("the stray VIP on %s lived %.0fms, over %v", n.Name, r.StrayGoneMillis, strayBound)
 	}
 	return nil
+}
+
+// isStray tells whether a fault kind adds the VIP on a non-holder.
+func isStray(kind string) bool {
+	return kind == FaultStrayVIP || kind == FaultStrayPrefix || kind == FaultStrayLo
+}
+
+// strayForm is the address and interface a stray fault of kind adds: the
+// VIP as configured (stray-vip), with another prefix length (stray-prefix:
+// the host's own /32 or /128 beside a wider VIP, a /24 or /64 beside a host
+// one), or on lo (stray-lo).
+func strayForm(kind string, vip netip.Prefix, iface string) (netip.Prefix, string) {
+	switch kind {
+	case FaultStrayPrefix:
+		bits := vip.Addr().BitLen()
+		if vip.Bits() == bits {
+			bits -= 8
+		}
+		return netip.PrefixFrom(vip.Addr(), bits), iface
+	case FaultStrayLo:
+		return vip, "lo"
+	}
+	return vip, iface
 }
 
 // linkDown takes the node's VIP link down for hold, then up.

@@ -247,7 +247,7 @@ func SummarizeChaos(rs []FaultResult) []ChaosSummary {
 			}
 			s.DualSamples += r.DualSamples
 			s.DualWorstMillis = max(s.DualWorstMillis, r.DualMillis)
-			extra, measured := r.StrayGoneMillis, kind == FaultStrayVIP
+			extra, measured := r.StrayGoneMillis, isStray(kind)
 			if kind == FaultFreeze {
 				extra, measured = r.ThawDropMillis, r.ThawDropMillis >= 0
 			}
@@ -272,10 +272,10 @@ func SummarizeChaos(rs []FaultResult) []ChaosSummary {
 
 func (s ChaosSummary) String() string {
 	extra := ""
-	switch s.Kind {
-	case FaultStrayVIP:
+	switch {
+	case isStray(s.Kind):
 		extra = fmt.Sprintf("  stray lived at most %.1fms", s.ExtraWorstMillis)
-	case FaultFreeze:
+	case s.Kind == FaultFreeze:
 		extra = fmt.Sprintf("  two holders at most %.0fms; a thawed node kept the VIP at most %.1fms (%d of %d thawed with the VIP still on)",
 			s.DualWorstMillis, s.ExtraWorstMillis, s.ExtraCount, s.Count)
 	}

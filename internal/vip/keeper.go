@@ -16,8 +16,10 @@ import (
 //     whatever the elector's goroutine is doing (blocked on a log write,
 //     starved, or the whole process resumed after SIGSTOP);
 //   - absent on a non-holder: an address that appears there (re-applied
-//     network config, an operator's "ip addr add") is removed at once and
-//     reported as a stray;
+//     network config, an operator's "ip addr add"), on any interface and
+//     with any prefix length, is removed at once and reported as a stray;
+//   - on the holder, in the managed form only: the VIP on another
+//     interface or with another prefix length is removed as a stray;
 //   - re-added at once on the holder when something removes it.
 //
 // It reacts to netlink address and link events, with a ticker as a backstop
@@ -211,11 +213,20 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 		case removed:
 			k.present = false
 			k.lastStray = true
-			k.log.Warn("stray VIP removed: this node does not hold the lock, yet the address was on its interface (re-applied network config?)")
+			k.log.Warn("stray VIP removed: this node does not hold the lock, yet the address was on it (re-applied network config?)")
 		default:
 			k.present = false
 		}
 		return false
+	}
+	// Only the managed form may stay: another prefix length, or the VIP on
+	// another interface, has no kernel lifetime of ours and would outlive
+	// this tenure.
+	if removed, err := k.m.removeStrays(); err != nil {
+		k.log.Error("cannot remove a stray form of the VIP", "err", err)
+	} else if removed {
+		k.lastStray = true
+		k.log.Warn("stray VIP removed: the VIP was also on another interface or with another prefix length")
 	}
 	present, err := k.m.has()
 	if err != nil {

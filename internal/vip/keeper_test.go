@@ -48,6 +48,8 @@ func (l *memLink) remove(netip.Prefix) (bool, error) {
 	return was, nil
 }
 
+func (l *memLink) removeStrays(netip.Prefix) (bool, error) { return false, nil }
+
 func (l *memLink) has(netip.Prefix) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -53,7 +53,11 @@ const DefaultLifetime = time.Second
 // link is the OS side: netlink on Linux.
 type link interface {
 	add(p netip.Prefix, lifetime time.Duration) (added bool, err error)
+	// remove removes every form of p: on any interface, any prefix length.
 	remove(p netip.Prefix) (removed bool, err error)
+	// removeStrays removes every form of p but p on the interface.
+	removeStrays(p netip.Prefix) (removed bool, err error)
+	// has tells whether p, with its prefix length, is on the interface.
 	has(p netip.Prefix) (bool, error)
 	// state returns why the interface cannot carry the VIP (gone, down, no
 	// carrier), or nil.
@@ -114,7 +118,10 @@ func (m *Manager) Add() error {
 	return nil
 }
 
-// Remove takes the VIP off the interface; absent already is fine.
+// Remove takes the VIP off the node: off the interface, and off any other
+// interface or with any other prefix length (a stray form: Linux answers
+// ARP and NDP for any local address on every interface). Absent already is
+// fine.
 func (m *Manager) Remove(reason string) error {
 	removed, err := m.remove()
 	if err != nil {
@@ -147,6 +154,18 @@ func (m *Manager) remove() (removed bool, err error) {
 	var errs []error
 	for _, p := range m.cfg.all() {
 		r, err := m.link.remove(p)
+		removed = removed || r
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeStrays removes every form of every address but the managed one,
+// and reports whether any was there.
+func (m *Manager) removeStrays() (removed bool, err error) {
+	var errs []error
+	for _, p := range m.cfg.all() {
+		r, err := m.link.removeStrays(p)
 		removed = removed || r
 		errs = append(errs, err)
 	}

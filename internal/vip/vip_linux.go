@@ -17,21 +17,17 @@ import (
 
 type netlinkLink struct {
 	name string
-	// index is the interface's index at start: an interface renamed while
-	// it carries the VIP is still found by it, so the VIP can be removed.
-	index int
 }
 
 func openLink(name string) (link, error) {
-	lk, err := netlink.LinkByName(name)
-	if err != nil {
+	if _, err := netlink.LinkByName(name); err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			return nil, fmt.Errorf("%w: %q", ErrNoInterface, name)
 		}
 		return nil, fmt.Errorf("vip: look up interface %q: %w", name, err)
 	}
-	return &netlinkLink{name: name, index: lk.Attrs().Index}, nil
+	return &netlinkLink{name: name}, nil
 }
 
 // addr builds the netlink address. IPv6 VIPs skip duplicate address
@@ -74,54 +70,90 @@ func (l *netlinkLink) add(p netip.Prefix, lifetime time.Duration) (bool, error) 
 	return !present, nil
 }
 
-// remove deletes the VIP from the named interface and, if that interface
-// was renamed, from the one that had its index.
-func (l *netlinkLink) remove(p netip.Prefix) (bool, error) {
+// remove deletes every form of the VIP in this network namespace: on any
+// interface (the configured one, lo, one it was renamed to), with any prefix
+// length. Linux answers ARP and NDP on every interface for any local
+// address, so an address left anywhere is one more node answering for the
+// VIP.
+func (l *netlinkLink) remove(p netip.Prefix) (bool, error) { return l.removeForms(p, false) }
+
+// removeStrays deletes every form of the VIP but the managed one: p on the
+// configured interface.
+func (l *netlinkLink) removeStrays(p netip.Prefix) (bool, error) { return l.removeForms(p, true) }
+
+func (l *netlinkLink) removeForms(p netip.Prefix, keepOwn bool) (bool, error) {
+	forms, err := addrForms(p)
+	if err != nil {
+		return false, err
+	}
+	own := 0
+	if lk, err := l.get(); err == nil {
+		own = lk.Attrs().Index
+	}
 	removed := false
 	var errs []error
-	lk, err := l.get()
-	if err == nil {
-		ok, err := delAddr(lk, p)
+	for _, a := range forms {
+		if ones, _ := a.Mask.Size(); keepOwn && a.LinkIndex == own && ones == p.Bits() {
+			continue
+		}
+		lk, err := netlink.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if !errors.As(err, &nf) { // gone with its interface: nothing to remove
+				errs = append(errs, fmt.Errorf("look up interface %d: %w", a.LinkIndex, err))
+			}
+			continue
+		}
+		ok, err := delAddr(lk, &a)
 		removed = removed || ok
 		errs = append(errs, err)
-	}
-	if lk == nil || lk.Attrs().Index != l.index {
-		if old, ierr := netlink.LinkByIndex(l.index); ierr == nil {
-			ok, err := delAddr(old, p)
-			removed = removed || ok
-			errs = append(errs, err)
-		}
-		// When neither the name nor the index exists, the VIP went with
-		// its interface: nothing to remove.
 	}
 	return removed, errors.Join(errs...)
 }
 
-func delAddr(lk netlink.Link, p netip.Prefix) (bool, error) {
-	if err := netlink.AddrDel(lk, addr(p)); err != nil {
+// addrForms lists the addresses in this network namespace with p's IP, on
+// any interface and with any prefix length.
+func addrForms(p netip.Prefix) ([]netlink.Addr, error) {
+	family := netlink.FAMILY_V4
+	if p.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	all, err := netlink.AddrList(nil, family)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	var forms []netlink.Addr
+	for _, a := range all {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == p.Addr() {
+			forms = append(forms, a)
+		}
+	}
+	return forms, nil
+}
+
+func delAddr(lk netlink.Link, a *netlink.Addr) (bool, error) {
+	if err := netlink.AddrDel(lk, a); err != nil {
 		if errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
 			return false, nil
 		}
-		return false, err
+		return false, fmt.Errorf("remove %s from %s: %w", a.IPNet, lk.Attrs().Name, err)
 	}
 	return true, nil
 }
 
+// has reports whether the managed form of the VIP is there: p, with its
+// prefix length, on the configured interface.
 func (l *netlinkLink) has(p netip.Prefix) (bool, error) {
 	lk, err := l.get()
 	if err != nil {
 		return false, err
 	}
-	family := netlink.FAMILY_V4
-	if p.Addr().Is6() {
-		family = netlink.FAMILY_V6
-	}
-	addrs, err := netlink.AddrList(lk, family)
+	forms, err := addrForms(p)
 	if err != nil {
-		return false, fmt.Errorf("list addresses of %q: %w", l.name, err)
+		return false, err
 	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == p.Addr() {
+	for _, a := range forms {
+		if ones, _ := a.Mask.Size(); a.LinkIndex == lk.Attrs().Index && ones == p.Bits() {
 			return true, nil
 		}
 	}

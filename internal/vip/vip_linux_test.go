@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -115,6 +116,77 @@ func TestDualStackKeeper(t *testing.T) {
 		k.check(false)
 		if a, b := on(); a || b || strays.Load() != 1 {
 			t.Errorf("stray IPv6 VIP on a non-holder: IPv4 %v, IPv6 %v, strays %d; want neither, 1", a, b, strays.Load())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStrayForms puts the VIP on a node in the forms nobody configured,
+// with another prefix length and on lo (Linux answers ARP for it there
+// too): a non-holder removes them all, a holder keeps only the managed
+// form, and a release leaves none.
+func TestStrayForms(t *testing.T) {
+	p := nstest.NewPair(t)
+	forms := func() []string {
+		var got []string
+		for _, dev := range []string{"a0", "lo"} {
+			for _, f := range strings.Fields(nstest.IP(t, "-o", "-n", p.A, "addr", "show", "dev", dev)) {
+				if strings.HasPrefix(f, "192.0.2.100/") {
+					got = append(got, dev+":"+f)
+				}
+			}
+		}
+		return got
+	}
+	strays := func() {
+		nstest.IP(t, "-n", p.A, "addr", "add", "192.0.2.100/32", "dev", "a0")
+		nstest.IP(t, "-n", p.A, "addr", "add", "192.0.2.100/24", "dev", "lo")
+	}
+	var count atomic.Int32
+	err := netns.Do(p.A, func() error {
+		m, err := New(Config{Address: netip.MustParsePrefix("192.0.2.100/24"), Interface: "a0"}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		k := NewKeeper(m, KeeperConfig{OnStray: func() { count.Add(1) }}, slog.New(slog.DiscardHandler))
+
+		strays()
+		k.check(false)
+		if got := forms(); len(got) != 0 || count.Load() != 1 {
+			t.Errorf("non-holder: VIP forms left %v, strays counted %d; want none, 1", got, count.Load())
+		}
+
+		k.Hold(time.Now().Add(time.Hour))
+		strays()
+		k.check(false)
+		if got := forms(); !slices.Equal(got, []string{"a0:192.0.2.100/24"}) || count.Load() != 2 {
+			t.Errorf("holder: VIP forms %v, strays counted %d; want only a0:192.0.2.100/24, 2", got, count.Load())
+		}
+		if ok, err := m.Present(); !ok || err != nil {
+			t.Errorf("holder: Present = %v, %v", ok, err)
+		}
+
+		// The managed form missing, a stray one there: not present (the
+		// stray is not taken for the VIP), and the next check fixes both.
+		nstest.IP(t, "-n", p.A, "addr", "del", "192.0.2.100/24", "dev", "a0")
+		nstest.IP(t, "-n", p.A, "addr", "add", "192.0.2.100/32", "dev", "a0")
+		if ok, _ := m.Present(); ok {
+			t.Error("192.0.2.100/32 on a0 was taken for the managed 192.0.2.100/24")
+		}
+		k.check(false)
+		if got := forms(); !slices.Equal(got, []string{"a0:192.0.2.100/24"}) {
+			t.Errorf("holder after the managed form was swapped for a /32: %v", got)
+		}
+
+		strays()
+		if err := k.Release("test"); err != nil {
+			return err
+		}
+		if got := forms(); len(got) != 0 {
+			t.Errorf("after Release: VIP forms left %v", got)
 		}
 		return nil
 	})
