@@ -42,6 +42,8 @@ Faults (--faults, default all):
   pause             SIGSTOP the holder's vigil for 2 s to --max-pause
   freeze            SIGSTOP the holder's vigil and its guard together for
                     0.5-3 s (a frozen cgroup, a paused container)
+  guard-stop        SIGSTOP the holder's guard, 1-2.5 s later its vigil too,
+                    for 1-3 s (the holder must notice the silent guard first)
   stray-vip         add the VIP on a non-holder, as re-applied network config does
   stray-prefix      the same with another prefix length (/32 beside a /24)
   stray-lo          the same on lo (Linux answers ARP for it on any interface)

@@ -24,6 +24,7 @@ const (
 	FaultKillEtcdLeader = "kill-etcd-leader" // SIGKILL the etcd raft leader
 	FaultPause          = "pause"            // SIGSTOP the holder's vigil (not its guard)
 	FaultFreeze         = "freeze"           // SIGSTOP the holder's vigil and its guard together
+	FaultGuardStop      = "guard-stop"       // SIGSTOP the holder's guard, then 1-2.5 s later its vigil too
 	FaultStrayVIP       = "stray-vip"        // add the VIP on a non-holder, as re-applied network config would
 	FaultStrayPrefix    = "stray-prefix"     // the same with another prefix length (/32 beside a /24)
 	FaultStrayLo        = "stray-lo"         // the same on lo, where Linux answers ARP for it on every interface
@@ -39,7 +40,7 @@ const (
 
 // ChaosFaults lists every fault kind.
 var ChaosFaults = []string{FaultKill, FaultGraceful, FaultPartition, FaultKillDaemon, FaultKillEtcdLeader,
-	FaultPause, FaultFreeze, FaultStrayVIP, FaultStrayPrefix, FaultStrayLo, FaultVIPLinkDown, FaultFlap, FaultDuplicateName,
+	FaultPause, FaultFreeze, FaultGuardStop, FaultStrayVIP, FaultStrayPrefix, FaultStrayLo, FaultVIPLinkDown, FaultFlap, FaultDuplicateName,
 	FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
 
 // grayFaults are the kinds where nothing dies (gray.go).
@@ -328,6 +329,8 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 		ferr = c.pause(ctx, target, false, c.between(2*time.Second, c.cfg.MaxPause), &r)
 	case FaultFreeze:
 		ferr = c.pause(ctx, target, true, c.between(500*time.Millisecond, 3*time.Second), &r)
+	case FaultGuardStop:
+		ferr = c.guardStop(ctx, target, c.between(time.Second, 2500*time.Millisecond), c.between(time.Second, 3*time.Second))
 	case FaultStrayVIP, FaultStrayPrefix, FaultStrayLo:
 		target = c.other(holder)
 		ferr = c.stray(ctx, kind, target, &r)
@@ -448,6 +451,43 @@ func (c *chaos) pause(ctx context.Context, n *Node, freeze bool, hold time.Durat
 	if gone.Sub(thaw) > thawBound {
 		return fmt.Errorf("the thawed node kept the VIP %.0fms, over %v", millis(gone.Sub(thaw)), thawBound)
 	}
+	return nil
+}
+
+// guardStop stops the holder's guard and, gap later, its vigil as well;
+// both resume after hold. A stopped guard still has its pipe open, and
+// vigil's writes land in the kernel's buffer: vigil must notice from the
+// missing answers and give the VIP up before it is stopped itself, or two
+// nodes hold the VIP until the kernel lifetime ends it (with --vip-lifetime
+// 0, for as long as vigil is stopped). A gap shorter than the guard's
+// answer bound (300 ms at the defaults) is the freeze fault, judged there.
+func (c *chaos) guardStop(ctx context.Context, n *Node, gap, hold time.Duration) error {
+	pid := n.PIDs[roleVigil]
+	if pid == 0 || !alive(pid) {
+		return fmt.Errorf("vigil on %s is not running", n.Name)
+	}
+	guards := childPIDs(pid)
+	if len(guards) == 0 {
+		return fmt.Errorf("vigil on %s has no guard process to stop", n.Name)
+	}
+	stopped := []int{}
+	defer func() {
+		for _, p := range stopped {
+			_ = syscall.Kill(p, syscall.SIGCONT) // a process that died meanwhile needs nothing
+		}
+	}()
+	for _, p := range guards {
+		if err := syscall.Kill(p, syscall.SIGSTOP); err != nil {
+			return fmt.Errorf("stop guard %d on %s: %w", p, n.Name, err)
+		}
+		stopped = append(stopped, p)
+	}
+	sleepCtx(ctx, gap)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("stop vigil %d on %s: %w", pid, n.Name, err)
+	}
+	stopped = append(stopped, pid)
+	sleepCtx(ctx, hold)
 	return nil
 }
 
