@@ -4,7 +4,8 @@
 #   vigil-tuned       lease 350ms, renew 200ms, retry 50ms
 #   keepalived        kubeadm's documented recipe (VRRP, 1 s adverts)
 #   keepalived-tuned  VRRPv3 with 0.1 s adverts
-#   vigil-lease       default timings, --election kubernetes: a Lease through
+#   vigil-lease       the Lease backend's default timings (lease 1.6s, renew
+#                     1.2s, retry 200ms), --election kubernetes: a Lease through
 #                     each node's own real kube-apiserver (bin/, built by
 #                     hack/build-kube-apiserver.sh)
 #   vigil-bgp         default timings, --announce bgp: the client reaches the

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -32,8 +33,8 @@ func TestChaosConfigValidate(t *testing.T) {
 	if got := DefaultFaults(ok); len(got) != len(ChaosFaults) {
 		t.Fatalf("DefaultFaults with a VIP link = %v, want every kind", got)
 	}
-	if got := DefaultFaults(Settings{Announce: AnnounceBGP}); slices.Contains(got, FaultFlap) || slices.Contains(got, FaultVIPLinkDown) || len(got) != len(ChaosFaults)-2 {
-		t.Fatalf("DefaultFaults without a VIP link = %v", got)
+	if got := DefaultFaults(Settings{Announce: AnnounceBGP}); slices.Contains(got, FaultFlap) || slices.Contains(got, FaultVIPLinkDown) || slices.Contains(got, FaultStrayLo) || len(got) != len(ChaosFaults)-3 {
+		t.Fatalf("DefaultFaults without a VIP link = %v (want every kind but flap, vip-link-down and stray-lo: the VIP is on lo)", got)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,6 +119,28 @@ func TestLBBenchConfigValidate(t *testing.T) {
 		bad(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+// The stray faults add the VIP in a form vigil did not configure.
+func TestStrayForm(t *testing.T) {
+	for _, tc := range []struct {
+		kind, vip, wantAddr, wantDev string
+	}{
+		{FaultStrayVIP, "10.250.0.100/24", "10.250.0.100/24", "vip0"},
+		{FaultStrayPrefix, "10.250.0.100/24", "10.250.0.100/32", "vip0"},
+		{FaultStrayPrefix, "10.250.0.100/32", "10.250.0.100/24", "vip0"},
+		{FaultStrayPrefix, "fd00::100/64", "fd00::100/128", "vip0"},
+		{FaultStrayPrefix, "fd00::100/128", "fd00::100/120", "vip0"},
+		{FaultStrayLo, "10.250.0.100/24", "10.250.0.100/24", "lo"},
+	} {
+		got, dev := strayForm(tc.kind, netip.MustParsePrefix(tc.vip), "vip0")
+		if got.String() != tc.wantAddr || dev != tc.wantDev {
+			t.Errorf("%s of %s: %s on %s, want %s on %s", tc.kind, tc.vip, got, dev, tc.wantAddr, tc.wantDev)
+		}
+		if !isStray(tc.kind) {
+			t.Errorf("isStray(%s) = false", tc.kind)
 		}
 	}
 }
