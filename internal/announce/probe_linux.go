@@ -22,89 +22,118 @@ import (
 // interface without an address of its own and updates nobody's cache); IPv6
 // sends a neighbour solicitation to the solicited-node group. A host never
 // hears its own probe, so the answers are the other holders of ip.
-func Probe(ifi *net.Interface, ip netip.Addr, wait time.Duration) ([]net.HardwareAddr, error) {
-	var (
-		macs []net.HardwareAddr
-		err  error
-	)
+//
+// At most MaxProbeMACs distinct addresses are kept: a flood of replies with
+// random hardware addresses (anyone on the segment can send them) must not
+// grow memory without bound. more counts the replies from addresses left
+// out (distinct ones while it can tell, every reply after that).
+func Probe(ifi *net.Interface, ip netip.Addr, wait time.Duration) (macs []net.HardwareAddr, more int, err error) {
+	set := &macSet{seen: map[string]bool{}}
 	if ip.Is4() {
-		macs, err = probeARP(ifi, ip, wait)
+		err = probeARP(ifi, ip, wait, set)
 	} else {
-		macs, err = probeNDP(ifi, ip, wait)
+		err = probeNDP(ifi, ip, wait, set)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("probe %s on %s: %w", ip, ifi.Name, err)
+		return nil, 0, fmt.Errorf("probe %s on %s: %w", ip, ifi.Name, err)
 	}
-	slices.SortFunc(macs, func(a, b net.HardwareAddr) int { return slices.Compare(a, b) })
-	return slices.CompactFunc(macs, func(a, b net.HardwareAddr) bool { return slices.Equal(a, b) }), nil
+	slices.SortFunc(set.macs, func(a, b net.HardwareAddr) int { return slices.Compare(a, b) })
+	return set.macs, set.more, nil
 }
 
-func probeARP(ifi *net.Interface, ip netip.Addr, wait time.Duration) ([]net.HardwareAddr, error) {
+// MaxProbeMACs bounds the distinct hardware addresses one Probe keeps.
+const MaxProbeMACs = 64
+
+// macSet collects distinct hardware addresses, up to MaxProbeMACs. Past
+// the cap it remembers which it has counted only while the seen map is
+// under twice the cap; beyond that each reply counts once more (an
+// estimate, bounded in memory).
+type macSet struct {
+	macs []net.HardwareAddr
+	seen map[string]bool
+	more int
+}
+
+func (s *macSet) add(m net.HardwareAddr) {
+	k := string(m)
+	if s.seen[k] {
+		return
+	}
+	if len(s.macs) < MaxProbeMACs {
+		s.seen[k] = true
+		s.macs = append(s.macs, slices.Clone(m))
+		return
+	}
+	if len(s.seen) < 2*MaxProbeMACs {
+		s.seen[k] = true
+	}
+	s.more++
+}
+
+func probeARP(ifi *net.Interface, ip netip.Addr, wait time.Duration, set *macSet) error {
 	c, err := packet.Listen(ifi, packet.Datagram, int(ethernet.EtherTypeARP), nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer c.Close()
 	req, err := arp.NewPacket(arp.OperationRequest, ifi.HardwareAddr, netip.IPv4Unspecified(), ethernet.Broadcast, ip)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	b, err := req.MarshalBinary()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := c.WriteTo(b, &packet.Addr{HardwareAddr: ethernet.Broadcast}); err != nil {
-		return nil, err
+		return err
 	}
 	if err := c.SetReadDeadline(time.Now().Add(wait)); err != nil {
-		return nil, err
+		return err
 	}
-	var macs []net.HardwareAddr
 	buf := make([]byte, 128)
 	for {
 		n, _, err := c.ReadFrom(buf)
 		if isTimeout(err) {
-			return macs, nil
+			return nil
 		}
 		if err != nil {
-			return macs, err
+			return err
 		}
 		var p arp.Packet
 		if p.UnmarshalBinary(buf[:n]) != nil || p.Operation != arp.OperationReply || p.SenderIP != ip {
 			continue
 		}
-		macs = append(macs, slices.Clone(p.SenderHardwareAddr))
+		set.add(p.SenderHardwareAddr)
 	}
 }
 
-func probeNDP(ifi *net.Interface, ip netip.Addr, wait time.Duration) ([]net.HardwareAddr, error) {
+func probeNDP(ifi *net.Interface, ip netip.Addr, wait time.Duration, set *macSet) error {
 	c, _, err := ndp.Listen(ifi, ndp.LinkLocal)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer c.Close()
 	snm, err := ndp.SolicitedNodeMulticast(ip)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	ns := &ndp.NeighborSolicitation{
 		TargetAddress: ip,
 		Options:       []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Source, Addr: ifi.HardwareAddr}},
 	}
 	if err := c.WriteTo(ns, nil, snm); err != nil {
-		return nil, err
+		return err
 	}
 	if err := c.SetReadDeadline(time.Now().Add(wait)); err != nil {
-		return nil, err
+		return err
 	}
-	var macs []net.HardwareAddr
 	for {
 		m, _, _, err := c.ReadFrom()
 		if isTimeout(err) {
-			return macs, nil
+			return nil
 		}
 		if err != nil {
-			return macs, err
+			return err
 		}
 		na, ok := m.(*ndp.NeighborAdvertisement)
 		if !ok || na.TargetAddress != ip {
@@ -112,7 +141,7 @@ func probeNDP(ifi *net.Interface, ip netip.Addr, wait time.Duration) ([]net.Hard
 		}
 		for _, o := range na.Options {
 			if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target {
-				macs = append(macs, slices.Clone(lla.Addr))
+				set.add(lla.Addr)
 			}
 		}
 	}

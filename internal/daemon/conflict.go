@@ -50,6 +50,10 @@ type ConflictReport struct {
 	Since *time.Time `json:"since,omitempty"`
 	// Total counts conflicts seen since start (one per episode and MAC).
 	Total int `json:"total"`
+	// Untracked counts the conflicting MACs past the caps (a probe keeps
+	// announce.MaxProbeMACs, an episode maxConflictMACs): a flood of replies
+	// with random MACs is counted, not kept.
+	Untracked int `json:"untracked,omitempty"`
 	// LastProbe is when the last probe finished; LastError why it failed.
 	LastProbe *time.Time `json:"lastProbe,omitempty"`
 	LastError string     `json:"lastError,omitempty"`
@@ -70,6 +74,8 @@ type conflicts struct {
 	log      *slog.Logger
 	total    prometheus.Counter
 	gauge    prometheus.Gauge
+	// untracked counts MACs past the caps (ConflictReport.Untracked).
+	untracked prometheus.Counter
 
 	mu     sync.Mutex // guards report and active
 	report ConflictReport
@@ -123,13 +129,16 @@ func (c *conflicts) probeOnce() {
 	}
 	ifi, err := net.InterfaceByName(c.iface)
 	var macs []net.HardwareAddr
+	more := 0
 	for _, vip := range c.vips {
 		if err != nil {
 			break
 		}
 		var m []net.HardwareAddr
-		m, err = announce.Probe(ifi, vip, conflictWait)
+		var n int
+		m, n, err = announce.Probe(ifi, vip, conflictWait)
 		macs = append(macs, m...)
+		more += n
 	}
 	now := time.Now()
 	// A holder change during the probe makes its answers ambiguous.
@@ -166,8 +175,16 @@ func (c *conflicts) probeOnce() {
 		c.active = map[string]bool{}
 		c.report.Since = &now
 	}
+	c.untrack(more)
+	if len(bad) > maxConflictMACs {
+		c.report.MACs = bad[:maxConflictMACs]
+	}
 	for _, m := range bad {
 		if c.active[m] {
+			continue
+		}
+		if len(c.active) >= maxConflictMACs {
+			c.untrack(1)
 			continue
 		}
 		c.active[m] = true
@@ -177,6 +194,24 @@ func (c *conflicts) probeOnce() {
 		if c.events != nil {
 			c.events.Emit(true, kube.ReasonVIPConflict, "hardware address %s answers for the VIP %s besides the holder's (%s)", m, joinAddrs(c.vips), orNone(mac))
 		}
+	}
+}
+
+// maxConflictMACs bounds the MACs one conflict episode tracks (and logs,
+// and sends Events for); more are counted in Untracked.
+const maxConflictMACs = announce.MaxProbeMACs
+
+// untrack counts n conflicting MACs that are not tracked. c.mu is held.
+func (c *conflicts) untrack(n int) {
+	if n <= 0 {
+		return
+	}
+	if c.report.Untracked == 0 {
+		c.log.Warn("VIP conflict: more hardware addresses answer for the VIP than are tracked; counting the rest (a flood of ARP or NDP replies?)", "tracked", maxConflictMACs)
+	}
+	c.report.Untracked += n
+	if c.untracked != nil {
+		c.untracked.Add(float64(n))
 	}
 }
 

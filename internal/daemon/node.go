@@ -434,7 +434,7 @@ func (n *node) newElector() error {
 	h.term = func() int { return el.Status().Transitions }
 	h.conflicts = &conflicts{
 		iface: cfg.Interface, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
-		total: n.m.conflicts, gauge: n.m.conflict,
+		total: n.m.conflicts, gauge: n.m.conflict, untracked: n.m.conflictUntracked,
 		expected: func() (string, string, time.Time, bool) {
 			st := el.Status()
 			return st.Holder, st.HolderMAC, time.Unix(0, h.holderChanged.Load()), time.Since(st.Seen) < conflictFresh

@@ -37,6 +37,8 @@ type nodeMetrics struct {
 	restored  prometheus.Counter
 	conflicts prometheus.Counter
 	conflict  prometheus.Gauge
+	// conflictUntracked counts conflicting hardware addresses past the cap.
+	conflictUntracked prometheus.Counter
 	// lockOps is every operation on the election lock by op (get,
 	// acquire, renew, release): vigil_etcd_request_duration_seconds with
 	// the etcd election, vigil_lease_request_duration_seconds with the
@@ -93,6 +95,9 @@ func newNodeMetrics() *nodeMetrics {
 		conflict: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vigil_vip_conflict", Help: "1 while the last probe saw another hardware address answer for the VIP besides the holder's.",
 		}),
+		conflictUntracked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_vip_conflict_macs_untracked_total", Help: "Hardware addresses answering for the VIP that were counted but not tracked: a probe keeps at most 64, an episode at most 64 (a flood of replies with random addresses).",
+		}),
 		etcdOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "vigil_etcd_request_duration_seconds",
 			Help:    "Time each operation on the etcd election lock took, from start to answer, by op (get, acquire, renew, release) and result (ok, conflict, error).",
@@ -115,7 +120,7 @@ func newNodeMetrics() *nodeMetrics {
 	m.renew.WithLabelValues("ok")
 	m.renew.WithLabelValues("error")
 	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
-		m.strays, m.restored, m.conflicts, m.conflict, m.memberDown, m.etcdOps, m.leaseOps, m.atRisk,
+		m.strays, m.restored, m.conflicts, m.conflict, m.conflictUntracked, m.memberDown, m.etcdOps, m.leaseOps, m.atRisk,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	observe.RegisterBuildInfo(m.reg)
 	return m
