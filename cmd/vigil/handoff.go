@@ -25,10 +25,10 @@ var errHandoff = errors.New("handoff")
 
 func newHandoffCmd() *cobra.Command {
 	var (
-		ef                etcdFlags
-		to, node, lockKey string
-		timeout, holdFor  time.Duration
-		hold, release     bool
+		ef                   etcdFlags
+		to, node, lockKey    string
+		timeout, holdFor     time.Duration
+		hold, release, force bool
 	)
 	cmd := &cobra.Command{
 		Use:   "handoff [--to NODE] [--timeout D] [--hold|--release]",
@@ -51,7 +51,13 @@ Steps, each printed with its time:
 
 --hold also keeps this node (--node-name) out of the election for --hold-for,
 so a reboot or an upgrade does not pull the VIP back; run it on the holder
-to hand off and hold in one step. --release ends the hold.
+to hand off and hold in one step. --release ends the hold. A hold that would
+leave the VIP without a standby is refused, and nothing is written: holding
+a non-holder must leave another live, unheld vigil besides the holder, and
+holding the holder must leave one besides the peer that takes the VIP over.
+It prints who would be left. --force holds anyway; a holder held that way
+gives the VIP up even when no peer can take it (without --force, a holder
+keeps the VIP while no peer may take it, hold or not).
 
 Runs anywhere with etcd access: the connection flags are those of vigil run.
 The request lives on an etcd lease of --timeout: if this command dies, the
@@ -78,6 +84,8 @@ cluster goes back to normal by itself.`,
 				return fmt.Errorf("%w: --node-name is required with --hold and --release (the host name is unknown)", errHandoff)
 			case hold && to == node:
 				return fmt.Errorf("%w: --to %s is the node --hold keeps out", errHandoff, to)
+			case force && !hold:
+				return fmt.Errorf("%w: --force goes with --hold", errHandoff)
 			}
 			cl, err := ef.cluster()
 			if err != nil {
@@ -100,6 +108,7 @@ cluster goes back to normal by itself.`,
 				}
 				return nil
 			}
+			h.force = force
 			return h.run(ctx, to, node, hold, holdFor, timeout)
 		},
 	}
@@ -111,6 +120,7 @@ cluster goes back to normal by itself.`,
 	f.BoolVar(&hold, "hold", false, "also keep --node-name out of the election for --hold-for (handing the VIP off first if it holds it)")
 	f.BoolVar(&release, "release", false, "end the hold on --node-name")
 	f.DurationVar(&holdFor, "hold-for", 30*time.Minute, "how long --hold lasts unless released")
+	f.BoolVar(&force, "force", false, "with --hold: hold even when that leaves the VIP without a standby (and let a held holder give the VIP up with no peer to take it)")
 	f.StringVar(&node, "node-name", host, "this node's name in the election (vigil run --node-name), for --hold and --release")
 	f.StringVar(&lockKey, "lock-key", election.DefaultEtcdKey, "etcd key of vigil's lock record (vigil run --lock-key)")
 	return cmd
@@ -122,6 +132,7 @@ type handoffRun struct {
 	store *handoff.Store
 	lock  *election.EtcdLock
 	say   sayTo
+	force bool // --force: hold even without a standby
 }
 
 func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFor, timeout time.Duration) error {
@@ -137,13 +148,6 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 	}
 	holder := obs.Holder()
 	h.say.line("the VIP is on %s", holder)
-	if hold && node != holder {
-		if err := h.hold(ctx, node, holdFor); err != nil {
-			return err
-		}
-		h.say.line("%s does not hold the VIP: nothing to hand off", node)
-		return nil
-	}
 	if to == holder {
 		return fmt.Errorf("%w: %s holds the VIP already", errHandoff, to)
 	}
@@ -161,14 +165,26 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 	if err != nil {
 		return fmt.Errorf("%w: %w", errHandoff, err)
 	}
-	var peers []string
+	var live []string
 	for _, r := range reports {
-		if r.Observer == holder || !fresh(r.Observer) || st.Eligible(r.Observer, time.Now()) != nil {
-			continue
+		if fresh(r.Observer) {
+			live = append(live, r.Observer)
 		}
-		peers = append(peers, r.Observer)
 	}
-	slices.Sort(peers)
+	now := time.Now()
+	peers := st.Standbys(live, holder, "", now)
+	if hold {
+		if err := h.checkStandby(st, live, peers, holder, node, now); err != nil {
+			return err
+		}
+	}
+	if hold && node != holder {
+		if err := h.hold(ctx, node, holdFor); err != nil {
+			return err
+		}
+		h.say.line("%s does not hold the VIP: nothing to hand off", node)
+		return nil
+	}
 	switch {
 	case len(peers) == 0:
 		return fmt.Errorf("%w: no healthy peer runs vigil (no other node published a fresh view, or all are held); the VIP stays on %s", errHandoff, holder)
@@ -271,9 +287,50 @@ func (h *handoffRun) sayStatus(ctx context.Context, id, holder, last string) str
 	return s.Phase
 }
 
+// checkStandby refuses a hold of node that would leave the VIP without a
+// standby (unless --force), and says who would be left.
+func (h *handoffRun) checkStandby(st handoff.State, live, peers []string, holder, node string, now time.Time) error {
+	left := st.Standbys(live, holder, node, now)
+	var held []string
+	for n := range st.Holds {
+		if st.Eligible(n, now) != nil {
+			held = append(held, n)
+		}
+	}
+	slices.Sort(held)
+	var problem string
+	switch {
+	case node == holder && len(peers) == 0:
+		return nil // no peer at all: the handoff refuses below
+	case node != holder && len(left) == 0:
+		problem = fmt.Sprintf("holding %s leaves no standby for the holder %s: if it fails, no node takes the VIP", node, holder)
+	case node == holder && len(peers) == 1:
+		problem = fmt.Sprintf("holding the holder %s hands the VIP to %s and leaves no standby for it", holder, peers[0])
+	default:
+		if node == holder {
+			left = peers
+		}
+		h.say.line("after the hold, these can take the VIP: %s", strings.Join(left, ", "))
+		return nil
+	}
+	detail := fmt.Sprintf("live vigils: %s; held: %s", orNone(strings.Join(live, ", ")), orNone(strings.Join(held, ", ")))
+	if h.force {
+		h.say.line("%s (%s); holding anyway (--force)", problem, detail)
+		return nil
+	}
+	return fmt.Errorf("%w: %s (%s); nothing written (--force holds anyway)", errHandoff, problem, detail)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
 func (h *handoffRun) hold(ctx context.Context, node string, d time.Duration) error {
 	until := time.Now().Add(d).Truncate(time.Second)
-	if err := h.store.PutHold(ctx, handoff.Hold{Node: node, By: hostName(), Until: until}); err != nil {
+	if err := h.store.PutHold(ctx, handoff.Hold{Node: node, By: hostName(), Until: until, Force: h.force}); err != nil {
 		return fmt.Errorf("%w: %w", errHandoff, err)
 	}
 	h.say.line("%s is held out of the election until %s (vigil handoff --release --node-name %s ends it)", node, until.Format(time.RFC3339), node)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/handoff"
 	"github.com/vigil-ha/vigil/internal/lb"
+	"github.com/vigil-ha/vigil/internal/membership"
 )
 
 // handoffs follows vigil handoff's records for this node and answers the
@@ -37,6 +38,14 @@ type handoffs struct {
 	status   *handoff.Status   // to report, nil when reported
 	reported map[string]string // request ID -> last phase reported
 	started  time.Time
+	// live are the vigils whose member reports are fresh, as of liveAt
+	// (membership.ObserverConfig.OnLive); zero liveAt: not known.
+	live   []string
+	liveAt time.Time
+	// kept is set while this holder keeps the VIP although held, because
+	// no peer may take it; ignored are the malformed records logged.
+	kept    bool
+	ignored map[string]bool
 }
 
 const (
@@ -65,7 +74,14 @@ func newHandoffs(store *handoff.Store, self string, bal *lb.Balancer, leading fu
 	if bal != nil {
 		bc = bal // a nil *lb.Balancer in the interface would not be nil
 	}
-	return &handoffs{store: store, self: self, bal: bc, leading: leading, log: log.With("part", "handoff"), reported: map[string]string{}, started: time.Now()}
+	return &handoffs{store: store, self: self, bal: bc, leading: leading, log: log.With("part", "handoff"), reported: map[string]string{}, started: time.Now(), ignored: map[string]bool{}}
+}
+
+// setLive records the vigils known to run now.
+func (h *handoffs) setLive(live []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.live, h.liveAt = live, time.Now()
 }
 
 // Run reads the records every handoffPoll, and writes this holder's status
@@ -102,6 +118,17 @@ func (h *handoffs) set(st handoff.State) {
 	defer h.mu.Unlock()
 	was := h.st
 	h.st, h.read = st, true
+	for key, why := range st.Ignored {
+		if !h.ignored[key] {
+			h.ignored[key] = true
+			h.log.Warn("ignoring a malformed vigil handoff record", "key", key, "why", why)
+		}
+	}
+	for key := range h.ignored {
+		if _, still := st.Ignored[key]; !still {
+			delete(h.ignored, key) // logged again if it comes back
+		}
+	}
 	if st.Request != nil && (was.Request == nil || was.Request.ID != st.Request.ID) {
 		h.log.Info("handoff requested", "id", st.Request.ID, "from", st.Request.From, "to", st.Request.To, "by", st.Request.By)
 	}
@@ -202,5 +229,22 @@ func (h *handoffs) eligible() error {
 	if !h.read && time.Since(h.started) < holdReadWait {
 		return errors.New("reading vigil handoff's holds")
 	}
-	return h.st.Eligible(h.self, time.Now())
+	now := time.Now()
+	err := h.st.Eligible(h.self, now)
+	if err == nil || h.st.Holds[h.self].Force || !h.leading() ||
+		h.liveAt.IsZero() || now.Sub(h.liveAt) > membership.ReportStale ||
+		len(h.st.Standbys(h.live, h.self, h.self, now)) > 0 {
+		if h.kept && err != nil {
+			h.log.Info("held: a peer may take the VIP now; giving it up")
+		}
+		h.kept = false
+		return err
+	}
+	// Held, leading, and no live unheld peer: giving the VIP up would
+	// leave nobody holding it. Keep it until a peer can take it.
+	if !h.kept {
+		h.kept = true
+		h.log.Warn("held out of the election by vigil handoff --hold, but no peer may take the VIP (none runs, or all are held); keeping it until one can (vigil handoff --hold --force gives it up anyway)", "live", h.live)
+	}
+	return nil
 }

@@ -10,9 +10,10 @@ import (
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
-// The real binaries: vigil handoff refuses while no peer runs vigil, then
-// moves the VIP from n1 to n2 and, with --hold, keeps n1 out even when n2
-// stops; --release lets it campaign again.
+// The real binaries: vigil handoff refuses while no peer runs vigil, and a
+// hold that would leave no standby; then, forced, it moves the VIP from n1
+// to n2 and, with --hold, keeps n1 out even when n2 stops; --release lets
+// it campaign again.
 func TestHandoffCommand(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdOn(t, p.A, "192.0.2.1")
@@ -47,8 +48,23 @@ func TestHandoffCommand(t *testing.T) {
 	n2 := startIn(t, p.B, "vigil-n2.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
 		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
 	time.Sleep(3 * time.Second) // n2 publishes its first views
-	out, code = handoff("--to", "n2", "--hold", "--hold-for", "5m")
-	t.Logf("vigil handoff --to n2 --hold:\n%s", out)
+
+	// Holds that would leave the VIP without a standby are refused, and
+	// write nothing: n2, the only standby of n1; n1, whose VIP would go to
+	// n2 with nobody behind it.
+	for _, args := range [][]string{{"--hold", "--node-name", "n2"}, {"--to", "n2", "--hold"}} {
+		out, code = handoff(args...)
+		if code != 1 || !strings.Contains(out, "leaves no standby") || !strings.Contains(out, "nothing written") {
+			t.Fatalf("handoff %v: exit %d, want a refusal that says no standby is left\n%s", args, code, out)
+		}
+		if !hasVIP(t, p.A) || lockHolder(t, p.A) != "n1" {
+			t.Fatalf("a refused hold (%v) moved the VIP", args)
+		}
+	}
+	t.Logf("refused: %s", out)
+
+	out, code = handoff("--to", "n2", "--hold", "--force", "--hold-for", "5m")
+	t.Logf("vigil handoff --to n2 --hold --force:\n%s", out)
 	if code != 0 || !strings.Contains(out, "n2 renews the lock: done in") || !strings.Contains(out, "n1 is held out of the election until") {
 		t.Fatalf("handoff: exit %d", code)
 	}

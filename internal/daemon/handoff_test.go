@@ -227,3 +227,53 @@ func TestHandOffDrains(t *testing.T) {
 		t.Fatal("a held node is eligible")
 	}
 }
+
+// A held holder gives the VIP up only while a live, unheld peer may take
+// it, unless the hold was forced; a held candidate never campaigns.
+func TestHeldHolderKeepsTheVIPWithoutAPeer(t *testing.T) {
+	leading := true
+	h := newHandoffs(nil, "a", nil, func() bool { return leading }, slog.New(slog.DiscardHandler))
+	until := time.Now().Add(time.Minute)
+	held := func(force bool) handoff.State {
+		return handoff.State{Holds: map[string]handoff.Hold{"a": {Node: "a", Until: until, Force: force}, "c": {Node: "c", Until: until}}}
+	}
+	h.set(held(false))
+	for _, tc := range []struct {
+		name     string
+		live     []string
+		force    bool
+		leading  bool
+		eligible bool
+	}{
+		{"no live view yet: the hold counts", nil, false, true, false},
+		{"only itself and a held peer: keeps the VIP", []string{"a", "c"}, false, true, true},
+		{"a free peer: gives it up", []string{"a", "b", "c"}, false, true, false},
+		{"forced: gives it up", []string{"a"}, true, true, false},
+		{"a held candidate does not campaign", []string{"a"}, false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.set(held(tc.force))
+			leading = tc.leading
+			if tc.live == nil {
+				h.mu.Lock()
+				h.live, h.liveAt = nil, time.Time{}
+				h.mu.Unlock()
+			} else {
+				h.setLive(tc.live)
+			}
+			if err := h.eligible(); (err == nil) != tc.eligible {
+				t.Fatalf("eligible = %v, want eligible %v", err, tc.eligible)
+			}
+		})
+	}
+	// A view of the peers older than a report's staleness is no view.
+	h.set(held(false))
+	leading = true
+	h.setLive([]string{"a"})
+	h.mu.Lock()
+	h.liveAt = time.Now().Add(-time.Minute)
+	h.mu.Unlock()
+	if h.eligible() == nil {
+		t.Fatal("a stale view of the peers kept a held holder")
+	}
+}

@@ -364,6 +364,11 @@ func (n *node) newObserver() error {
 	n.observer = membership.NewObserver(members, membership.ObserverConfig{
 		Node: cfg.NodeName, Member: cfg.EtcdMemberName, PruneAfter: cfg.PruneAfter,
 		Holding: n.h.holding, OnRound: w.observed, OnPruned: w.pruned,
+		OnLive: func(live []string) {
+			if hs := n.h.handoffs; hs != nil {
+				hs.setLive(live)
+			}
+		},
 	}, mlog)
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,11 +41,14 @@ type Request struct {
 	At   time.Time `json:"at"`
 }
 
-// Hold keeps Node from campaigning until Until (or --release).
+// Hold keeps Node from campaigning until Until (or --release). A holder
+// held gives the VIP up only while some peer may take it, unless Force
+// (vigil handoff --hold --force).
 type Hold struct {
 	Node  string    `json:"node"`
 	By    string    `json:"by"`
 	Until time.Time `json:"until"`
+	Force bool      `json:"force,omitempty"`
 }
 
 // Status is what From's vigil reports about a request.
@@ -66,6 +70,27 @@ type Status struct {
 type State struct {
 	Request *Request
 	Holds   map[string]Hold
+	// Ignored are the records that were not taken, by key, with why: a
+	// value that does not decode, or a hold whose node differs from its
+	// key's (it could never be released). They change nothing.
+	Ignored map[string]string
+}
+
+// Standbys returns, sorted, the nodes that could take the VIP once node is
+// held: those in live (the vigils known to run), neither held now nor node
+// nor holder. A hold that leaves none for the holder (node is not the
+// holder), or none besides the node that takes the VIP over (node is the
+// holder), leaves the VIP without a standby.
+func (s State) Standbys(live []string, holder, node string, now time.Time) []string {
+	var out []string
+	for _, n := range live {
+		if n == holder || n == node || s.Eligible(n, now) != nil || slices.Contains(out, n) {
+			continue
+		}
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Yield says whether self, holding the VIP or a candidate, should leave
@@ -130,25 +155,38 @@ func (s *Store) Read(ctx context.Context) (State, error) {
 	if err != nil {
 		return State{}, fmt.Errorf("read %s: %w", s.prefix, err)
 	}
-	st := State{Holds: map[string]Hold{}}
+	st := State{Holds: map[string]Hold{}, Ignored: map[string]string{}}
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
 		switch {
 		case key == s.requestKey():
 			var r Request
-			if err := json.Unmarshal(kv.Value, &r); err != nil {
-				return State{}, fmt.Errorf("decode %s: %w", key, err)
+			if err := json.Unmarshal(kv.Value, &r); err != nil || r.ID == "" || r.From == "" {
+				st.Ignored[key] = fmt.Sprintf("not a handoff request (%s)", orWhy(err, "no id or from"))
+				continue
 			}
 			st.Request = &r
 		case s.isHold(key):
 			var h Hold
-			if err := json.Unmarshal(kv.Value, &h); err != nil {
-				return State{}, fmt.Errorf("decode %s: %w", key, err)
+			node := strings.TrimPrefix(key, s.prefix+"hold/")
+			switch err := json.Unmarshal(kv.Value, &h); {
+			case err != nil || h.Until.IsZero():
+				st.Ignored[key] = fmt.Sprintf("not a hold (%s)", orWhy(err, "no until"))
+			case h.Node != node:
+				st.Ignored[key] = fmt.Sprintf("a hold of %q under the key of %q: it could not be released", h.Node, node)
+			default:
+				st.Holds[h.Node] = h
 			}
-			st.Holds[h.Node] = h
 		}
 	}
 	return st, nil
+}
+
+func orWhy(err error, why string) string {
+	if err != nil {
+		return err.Error()
+	}
+	return why
 }
 
 // put writes v at key on a fresh lease of ttl, through one member: the

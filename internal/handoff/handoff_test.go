@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -27,6 +28,21 @@ func TestRules(t *testing.T) {
 	}
 	if st.Eligible("c", now) == nil || st.Eligible("d", now) != nil || st.Eligible("a", now) != nil {
 		t.Error("holds: c held, d expired, a free")
+	}
+	// Standbys: live, unheld, neither the holder nor the node to hold.
+	live := []string{"a", "b", "c", "d", "b"}
+	for _, tc := range []struct {
+		holder, node string
+		want         []string
+	}{
+		{"a", "", []string{"b", "d"}},
+		{"a", "b", []string{"d"}},
+		{"a", "a", []string{"b", "d"}},
+		{"b", "d", []string{"a"}},
+	} {
+		if got := st.Standbys(live, tc.holder, tc.node, now); !slices.Equal(got, tc.want) {
+			t.Errorf("Standbys(holder %s, hold %s) = %v, want %v", tc.holder, tc.node, got, tc.want)
+		}
 	}
 }
 
@@ -82,6 +98,37 @@ func TestStore(t *testing.T) {
 	if had, _ := s.Release(ctx, "c"); had {
 		t.Fatal("released twice")
 	}
+	// Malformed records are ignored, with why, and change nothing: a value
+	// that does not decode, a hold whose node is not its key's, a request
+	// without an ID. The good hold beside them still counts.
+	if err := s.PutHold(ctx, Hold{Node: "d", Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	for key, value := range map[string]string{
+		DefaultPrefix + "hold/x":  "{not json",
+		DefaultPrefix + "hold/y":  `{"node":"z","until":"2099-01-01T00:00:00Z"}`,
+		DefaultPrefix + "request": `{"from":"a"}`,
+	} {
+		if _, err := cl.Members()[0].Client.Put(ctx, key, value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := s.Read(ctx)
+	if err != nil {
+		t.Fatalf("one malformed record made the whole state unreadable: %v", err)
+	}
+	if len(st.Ignored) != 3 || st.Request != nil || st.Eligible("z", time.Now()) != nil || st.Eligible("y", time.Now()) != nil || st.Eligible("d", time.Now()) == nil {
+		t.Fatalf("with malformed records: ignored %v, request %+v, holds %v", st.Ignored, st.Request, st.Holds)
+	}
+	for _, key := range []string{"hold/x", "hold/y", "request"} {
+		if _, err := cl.Members()[0].Client.Delete(ctx, DefaultPrefix+key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Release(ctx, "d"); err != nil {
+		t.Fatal(err)
+	}
+
 	// A request of a command that died ends with its lease.
 	if err := s.Begin(ctx, Request{ID: "r3", From: "a"}, time.Second); err != nil {
 		t.Fatal(err)

@@ -38,6 +38,9 @@ type ObserverConfig struct {
 	OnRound func(ctx context.Context, v View, own Report)
 	// OnPruned is called for every member this observer removed.
 	OnPruned func(ctx context.Context, m Member)
+	// OnLive is called after every observation with the observers whose
+	// reports are fresh (their vigils run and observe), this one included.
+	OnLive func(live []string)
 }
 
 // Observer observes the members on every node, publishes its view and,
@@ -104,6 +107,16 @@ func (o *Observer) round(ctx context.Context) error {
 	self := o.tracker.Report(o.cfg.Node, o.cfg.Member, o.seq)
 	perr := o.cl.Publish(ctx, self)
 	o.book.Note(v.Reports, time.Now())
+	if o.cfg.OnLive != nil {
+		now := time.Now()
+		var live []string
+		for _, r := range v.Reports {
+			if o.book.Fresh(r.Observer, now) {
+				live = append(live, r.Observer)
+			}
+		}
+		o.cfg.OnLive(live)
+	}
 	if o.cfg.OnRound != nil {
 		o.cfg.OnRound(ctx, v, self)
 	}
