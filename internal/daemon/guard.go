@@ -240,14 +240,15 @@ type guardProc struct {
 }
 
 // guardAckBound is how long the guard may leave a deadline unanswered
-// before vigil counts it as not fencing: the lease's safety margin (lease
-// duration − renew deadline, 300 ms at the defaults), at least 100 ms. A
-// guard stopped while its vigil runs then costs the holder the VIP within
-// a renewal interval of that, well before a vigil stopped after it could
-// leave the VIP unfenced for long; a guard that is merely slow to be
-// scheduled answers in microseconds to milliseconds.
-func guardAckBound(lease, renew time.Duration) time.Duration {
-	return max(lease-renew, 100*time.Millisecond)
+// before vigil counts it as not fencing: the renew deadline (500 ms at the
+// defaults), under the lease. A guard stopped while its vigil runs then
+// costs the holder the VIP within a renewal interval of that; a guard that
+// is merely slow to be scheduled answers in microseconds, and in the
+// kubeadm lab on two busy cores in up to a few hundred milliseconds (at
+// the lease's safety margin, 300 ms, a guard starved for 362 ms during a
+// kubeadm join cost the holder the VIP).
+func guardAckBound(_, renew time.Duration) time.Duration {
+	return renew
 }
 
 // guardHeartbeat is how often vigil writes to the guard when no deadline

@@ -287,6 +287,9 @@ func (l *EtcdLock) watchMember(ctx context.Context, m *etcdcluster.Member, out c
 			if resp.Err() != nil {
 				break
 			}
+			if l.cl.Accept(m.Endpoint, resp.Header.ClusterId) != nil {
+				break // another cluster's key (etcdcluster/identity.go)
+			}
 			for _, ev := range resp.Events {
 				obs, err := decode([]*mvccpb.KeyValue{ev.Kv})
 				if err != nil || ev.Type == clientv3.EventTypeDelete {

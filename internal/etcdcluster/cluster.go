@@ -33,6 +33,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/vigil-ha/vigil/internal/etcdmember"
 )
@@ -71,6 +72,9 @@ type Config struct {
 	// KeepSeeds keeps connections to the seed endpoints even when no member
 	// advertises them, as a last resort if every advertised URL fails.
 	KeepSeeds bool
+	// OnForeign is called the first time an endpoint answers for another
+	// etcd cluster than the one this process follows (identity.go).
+	OnForeign func(Foreign)
 }
 
 // Cluster is one process's connection to etcd. Safe for concurrent use.
@@ -89,6 +93,8 @@ type Cluster struct {
 
 	readMu sync.Mutex   // one member list read at a time; the others wait for it
 	reads  atomic.Int64 // member list reads sent (each through every member)
+
+	ident identity // the cluster ID followed (identity.go)
 }
 
 // Member is the connection to one client URL.
@@ -112,10 +118,16 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 	}
 	c := &Cluster{cfg: cfg, log: log, seeds: map[string]bool{}}
 	for _, ep := range cfg.Endpoints {
-		if c.seeds[ep] {
+		c.seeds[ep] = true
+	}
+	c.ident = identity{learned: make(chan struct{}), need: len(c.seeds)/2 + 1, votes: map[uint64]map[string]bool{}, foreign: map[string]*Foreign{},
+		onNew: cfg.OnForeign, log: log}
+	dialled := map[string]bool{}
+	for _, ep := range cfg.Endpoints {
+		if dialled[ep] {
 			continue
 		}
-		c.seeds[ep] = true
+		dialled[ep] = true
 		c.wanted = append(c.wanted, ep)
 		m, err := c.dial(ep)
 		if err != nil {
@@ -135,6 +147,7 @@ func (c *Cluster) dial(ep string) (*Member, error) {
 		DialKeepAliveTime:    c.cfg.KeepAlive,
 		DialKeepAliveTimeout: keepAliveTimeout,
 		Logger:               zap.NewNop(),
+		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(c.checkIdentity(ep))},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %s: %w", ep, err)
@@ -357,6 +370,7 @@ func DoUntil[T any](ctx context.Context, c *Cluster, op func(context.Context, *M
 // when it is not. With first empty it asks every member at once. It also
 // returns the member that answered (nil when none did).
 func Hedged[T any](ctx context.Context, c *Cluster, first string, delay time.Duration, op func(context.Context, *Member) (T, error), final func(error) bool) (T, *Member, error) {
+	c.identify(ctx)
 	members := c.Members()
 	var zero T
 	if len(members) == 0 {
@@ -428,6 +442,7 @@ func sameMembers(a, b []*Member) bool {
 }
 
 func doUntil[T any](ctx context.Context, c *Cluster, members []*Member, op func(context.Context, *Member) (T, error), final func(error) bool) (T, error) {
+	c.identify(ctx)
 	var zero T
 	if len(members) == 0 {
 		return zero, errors.New("etcdcluster: closed")

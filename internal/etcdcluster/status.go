@@ -28,6 +28,7 @@ type Status struct {
 // the existing connections, and returns the answers that arrived before ctx
 // ended.
 func (c *Cluster) StatusAll(ctx context.Context) []Status {
+	c.identify(ctx)
 	return eachMember(c, func(m *Member) (Status, bool) {
 		st, err := m.status(ctx)
 		return st, err == nil
@@ -264,6 +265,7 @@ func VoterLabel(name string, id uint64) string {
 // unequal"), so its start-up command is printed only once every member
 // knows it.
 func (c *Cluster) Unaware(ctx context.Context, id uint64) []string {
+	c.identify(ctx)
 	out := eachMember(c, func(m *Member) (string, bool) {
 		resp, err := m.Client.MemberList(ctx, clientv3.WithSerializable())
 		if err != nil {

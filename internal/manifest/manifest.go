@@ -253,7 +253,11 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 					AllowPrivilegeEscalation: ptr(false),
 					ReadOnlyRootFilesystem:   ptr(true),
 				},
-				Resources:                resources("5m", "8Mi", "32Mi"),
+				// It uses next to no CPU, but must be scheduled at once when
+				// a deadline arrives: its request is its share (weight)
+				// when the node's CPUs are contended, and at 5m the kubeadm
+				// lab's guard waited 362 ms to answer during a kubeadm join.
+				Resources:                resources("50m", "8Mi", "32Mi"),
 				Env:                      goMemLimit("24MiB"),
 				VolumeMounts:             []corev1.VolumeMount{guardMount},
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,

@@ -69,12 +69,12 @@ func (d Delay) applies(a netip.Addr) bool {
 // answer a client waits for is late. Connections already open follow
 // changes of the delay.
 type Proxy struct {
-	ln     net.Listener
-	target string
-	log    *slog.Logger
+	ln  net.Listener
+	log *slog.Logger
 
-	mu    sync.Mutex
-	delay Delay
+	mu     sync.Mutex
+	target string
+	delay  Delay
 	conns map[net.Conn]struct{}
 	done  bool
 	wg    sync.WaitGroup
@@ -100,6 +100,19 @@ func (p *Proxy) Set(d Delay) error {
 	p.delay = d
 	p.mu.Unlock()
 	return nil
+}
+
+// Retarget sends new connections to target from now on, and closes the
+// ones open (their clients reconnect, to target): what answers at the
+// proxy's address is now another service, as when a machine is rebuilt
+// with the old one's address.
+func (p *Proxy) Retarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
 }
 
 // Delay returns the delay in force.
@@ -161,9 +174,12 @@ func (p *Proxy) handle(client net.Conn) {
 	}
 	defer p.untrack(client)
 	defer client.Close()
-	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	server, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
-		p.log.Debug("delay proxy cannot reach its target", "target", p.target, "err", err)
+		p.log.Debug("delay proxy cannot reach its target", "target", target, "err", err)
 		return
 	}
 	if !p.track(server) {
