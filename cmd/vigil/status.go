@@ -98,6 +98,20 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 	case c.LastProbe != nil:
 		fmt.Fprintf(w, "VIP conflicts: none now (checked %s ago); %d since start\n", now.Sub(*c.LastProbe).Round(time.Second), c.Total)
 	}
+	if e := r.Etcd; e != nil {
+		id := e.ClusterID
+		if id == "" {
+			id = "not known yet (a majority of the endpoints has not answered)"
+		}
+		fmt.Fprintf(w, "etcd cluster %s\n", id)
+		for _, f := range e.Foreign {
+			fmt.Fprintf(w, "ETCD IMPOSTOR: %s answers for cluster %s (%d answers refused, the last %s ago)\n",
+				f.Endpoint, f.ClusterID, f.Answers, now.Sub(f.Last).Round(time.Second))
+		}
+	}
+	if c := r.Conflict; c.Untracked > 0 {
+		fmt.Fprintf(w, "VIP conflict: %d more hardware addresses answered than are tracked (a flood of ARP or NDP replies?)\n", c.Untracked)
+	}
 	for _, p := range r.BGP {
 		adv := ""
 		if p.Established && r.Advertised {

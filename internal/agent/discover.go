@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -35,6 +36,11 @@ func newMemberSource(a *Agent) (*memberSource, error) {
 	l, err := etcdmember.NewLister(etcdmember.ListerConfig{
 		Endpoints: a.memberListEndpoints(),
 		TLS:       a.cfg.EtcdTLS,
+		OnForeign: func(ep string, id, want uint64) {
+			a.m.foreign.Inc()
+			a.log.Warn("refusing an etcd endpoint that answers for another cluster (an impostor at a member's address?); its member lists are ignored",
+				"endpoint", ep, "cluster_id", fmt.Sprintf("%x", id), "expected", fmt.Sprintf("%x", want))
+		},
 	})
 	if err != nil {
 		return nil, err

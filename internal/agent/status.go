@@ -20,6 +20,12 @@ type Status struct {
 	// without etcd seeds.
 	LastMemberList *time.Time `json:"lastMemberList,omitempty"`
 	MemberListErr  string     `json:"memberListError,omitempty"`
+	// EtcdClusterID is the etcd cluster followed (hex; empty until a
+	// majority of the seeds agreed on it); EtcdForeign the endpoints that
+	// answered for another (endpoint -> cluster ID), whose answers are
+	// refused.
+	EtcdClusterID string            `json:"etcdClusterID,omitempty"`
+	EtcdForeign   map[string]string `json:"etcdForeign,omitempty"`
 	// PublishedAPIServers are the API servers the kubernetes Service's
 	// EndpointSlices listed last; empty without a kubeconfig or before the
 	// first answer.
@@ -98,6 +104,15 @@ func (a *Agent) Status() Status {
 			s.LastMemberList = &t
 		}
 		s.MemberListErr = err
+		if id := ms.l.ClusterID(); id != 0 {
+			s.EtcdClusterID = fmt.Sprintf("%x", id)
+		}
+		for ep, id := range ms.l.Foreign() {
+			if s.EtcdForeign == nil {
+				s.EtcdForeign = map[string]string{}
+			}
+			s.EtcdForeign[ep] = fmt.Sprintf("%x", id)
+		}
 	}
 	if disc != nil {
 		for _, src := range disc.Sources() {
@@ -112,6 +127,7 @@ func (a *Agent) Status() Status {
 type agentMetrics struct {
 	reads       *prometheus.CounterVec
 	cacheErrors prometheus.Counter
+	foreign     prometheus.Counter
 }
 
 func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
@@ -123,7 +139,10 @@ func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 			Name: "vigil_agent_cache_write_errors_total", Help: "Failed writes of the backend cache.",
 		}),
 	}
-	reg.MustRegister(m.reads, m.cacheErrors)
+	m.foreign = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "vigil_agent_etcd_foreign_endpoints_total", Help: "Times an etcd endpoint was found answering for another etcd cluster than the one the agent follows (an impostor at a member's address); its member lists are refused.",
+	})
+	reg.MustRegister(m.reads, m.cacheErrors, m.foreign)
 	return m
 }
 

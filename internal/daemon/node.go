@@ -281,11 +281,18 @@ func (n *node) startGuard() error {
 func (n *node) connect(tc *tls.Config) error {
 	cfg := n.cfg
 	if len(cfg.EtcdEndpoints) > 0 {
-		etcd, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc, ListInterval: discovery.DefaultInterval}, n.log.With("component", "etcd"))
+		etcd, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc, ListInterval: discovery.DefaultInterval,
+			OnForeign: func(f etcdcluster.Foreign) {
+				n.m.foreign.Inc()
+				if ev := n.events; ev != nil {
+					ev.Emit(true, kube.ReasonEtcdImpostor, "%s: etcd endpoint %s answers for cluster %x, not %x, the one vigil follows; its answers are refused", cfg.NodeName, f.Endpoint, f.ClusterID, n.etcd.ClusterID())
+				}
+			}}, n.log.With("component", "etcd"))
 		if err != nil {
 			return err
 		}
 		n.etcd = etcd
+		n.m.registerEtcd(etcd)
 		n.onClose(etcd.Close)
 		n.etcdLock = election.NewEtcdLockOn(etcd, cfg.LockKey, n.log)
 	}
@@ -486,7 +493,7 @@ func (n *node) Run(ctx context.Context) error {
 		wg.Go(func() { h.handoffs.Run(cctx) })
 	}
 	if n.metricsLn != nil {
-		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts, n.speaker) },
+		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts, n.speaker, n.etcd) },
 			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, log)
 		defer func() { stopParts(); <-done }()
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/discovery"
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
@@ -39,6 +40,8 @@ type nodeMetrics struct {
 	conflict  prometheus.Gauge
 	// conflictUntracked counts conflicting hardware addresses past the cap.
 	conflictUntracked prometheus.Counter
+	// foreign counts etcd endpoints found answering for another cluster.
+	foreign prometheus.Counter
 	// lockOps is every operation on the election lock by op (get,
 	// acquire, renew, release): vigil_etcd_request_duration_seconds with
 	// the etcd election, vigil_lease_request_duration_seconds with the
@@ -95,6 +98,9 @@ func newNodeMetrics() *nodeMetrics {
 		conflict: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vigil_vip_conflict", Help: "1 while the last probe saw another hardware address answer for the VIP besides the holder's.",
 		}),
+		foreign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vigil_etcd_foreign_endpoints_total", Help: "Times an etcd endpoint was found answering for another etcd cluster than the one vigil follows (an impostor at a member's address); its answers are refused.",
+		}),
 		conflictUntracked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_vip_conflict_macs_untracked_total", Help: "Hardware addresses answering for the VIP that were counted but not tracked: a probe keeps at most 64, an episode at most 64 (a flood of replies with random addresses).",
 		}),
@@ -120,7 +126,7 @@ func newNodeMetrics() *nodeMetrics {
 	m.renew.WithLabelValues("ok")
 	m.renew.WithLabelValues("error")
 	m.reg.MustRegister(m.leader, m.vipHeld, m.leaderRuns, m.yielding, m.prunes, m.transitions, m.renew, m.nodesDeleted,
-		m.strays, m.restored, m.conflicts, m.conflict, m.conflictUntracked, m.memberDown, m.etcdOps, m.leaseOps, m.atRisk,
+		m.strays, m.restored, m.conflicts, m.conflict, m.conflictUntracked, m.foreign, m.memberDown, m.etcdOps, m.leaseOps, m.atRisk,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	observe.RegisterBuildInfo(m.reg)
 	return m
@@ -155,6 +161,17 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// foreignWindow is how recently an endpoint must have answered for another
+// cluster to count as one now (metric, /status).
+const foreignWindow = time.Minute
+
+// registerEtcd adds the gauges read from the etcd connection at each scrape.
+func (m *nodeMetrics) registerEtcd(c *etcdcluster.Cluster) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vigil_etcd_foreign_endpoints", Help: "etcd endpoints that answered for another etcd cluster than the one vigil follows within the last minute (their answers are refused).",
+	}, func() float64 { return float64(len(c.Foreign(foreignWindow))) }))
 }
 
 // registerElector adds the gauges read from the elector at each scrape.
@@ -224,6 +241,23 @@ type Report struct {
 	Advertised bool            `json:"advertised,omitempty"`
 	// Renewal is how the leader's renewals fare (nil when not leading).
 	Renewal *RenewalReport `json:"renewal,omitempty"`
+	// Etcd is the etcd cluster followed (nil without etcd).
+	Etcd *EtcdReport `json:"etcd,omitempty"`
+}
+
+// EtcdReport names the etcd cluster vigil follows, and the endpoints that
+// answered for another within the last minute.
+type EtcdReport struct {
+	ClusterID string          `json:"clusterID,omitempty"` // hex; empty until learned
+	Foreign   []ForeignReport `json:"foreign,omitempty"`
+}
+
+// ForeignReport is an endpoint that answers for another etcd cluster.
+type ForeignReport struct {
+	Endpoint  string    `json:"endpoint"`
+	ClusterID string    `json:"clusterID"`
+	Answers   int64     `json:"answers"`
+	Last      time.Time `json:"last"`
 }
 
 // RenewalReport says how close the leader's renewals run to its deadline.
@@ -249,10 +283,19 @@ type BackendReport struct {
 	Connections int    `json:"connections"`
 }
 
-func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts, sp *bgp.Speaker) Report {
+func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts, sp *bgp.Speaker, etcd *etcdcluster.Cluster) Report {
 	st := el.Status()
 	r := Report{Node: cfg.NodeName, VIP: cfg.VIPString(), Leader: st.Leader, Holder: st.Holder,
 		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: c.Report()}
+	if etcd != nil {
+		r.Etcd = &EtcdReport{}
+		if id := etcd.ClusterID(); id != 0 {
+			r.Etcd.ClusterID = fmt.Sprintf("%x", id)
+		}
+		for _, f := range etcd.Foreign(foreignWindow) {
+			r.Etcd.Foreign = append(r.Etcd.Foreign, ForeignReport{Endpoint: f.Endpoint, ClusterID: fmt.Sprintf("%x", f.ClusterID), Answers: f.Answers, Last: f.Last})
+		}
+	}
 	if sp != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		r.BGP, r.Advertised = sp.Peers(ctx), sp.Advertised()

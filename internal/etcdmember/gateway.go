@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -37,7 +38,15 @@ type ListerConfig struct {
 	TLS       *tls.Config // nil for plain http endpoints
 	// Try bounds each member's turn (DefaultTry when 0).
 	Try time.Duration
+	// OnForeign is called the first time an endpoint answers for another
+	// etcd cluster than the one the Lister follows.
+	OnForeign func(endpoint string, clusterID, want uint64)
 }
+
+// ErrForeignCluster is the error of a member list from another etcd
+// cluster than the one the Lister follows (an impostor at a member's
+// address): it is neither returned nor followed.
+var ErrForeignCluster = errors.New("etcdmember: the endpoint answers for another etcd cluster")
 
 // Lister reads the member list over etcd's JSON gateway: plain HTTPS, one
 // connection to one member at a time. It is the worker agent's etcd
@@ -60,8 +69,15 @@ type Lister struct {
 	lastGood  string     // the member to try first
 	connected string     // the member the kept-alive connection may go to
 
-	mu     sync.Mutex // guards wanted
+	mu     sync.Mutex // guards wanted, clusterID, votes and foreign
 	wanted []string
+	// clusterID is the cluster followed, learned once a majority of the
+	// seeds answered with it (one seed: its first answer); votes are the
+	// answers before that, by cluster ID; foreign the endpoints that
+	// answered for another since.
+	clusterID uint64
+	votes     map[uint64]map[string]bool
+	foreign   map[string]uint64
 }
 
 // NewLister validates cfg; nothing is dialled before the first read.
@@ -92,8 +108,64 @@ func NewLister(cfg ListerConfig) (*Lister, error) {
 		tr:     tr,
 		hc:     &http.Client{Transport: tr},
 		wanted: seeds,
+		votes:   map[uint64]map[string]bool{},
+		foreign: map[string]uint64{},
 	}, nil
 }
+
+// ClusterID is the ID of the etcd cluster followed (0 until learned).
+func (l *Lister) ClusterID() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.clusterID
+}
+
+// Foreign returns the endpoints that answered for another cluster, with
+// the ID they answered with.
+func (l *Lister) Foreign() map[string]uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.foreign)
+}
+
+// accept judges an answer from ep for cluster cid: nil when it is the
+// cluster followed, or completes the majority that makes it so; errUnknown
+// while no majority agrees yet (the answer counts as a vote).
+func (l *Lister) accept(ep string, cid uint64) error {
+	if cid == 0 {
+		return nil
+	}
+	l.mu.Lock()
+	if l.clusterID == 0 {
+		if l.votes[cid] == nil {
+			l.votes[cid] = map[string]bool{}
+		}
+		l.votes[cid][ep] = true
+		if len(l.votes[cid]) < len(l.seeds)/2+1 {
+			l.mu.Unlock()
+			return errIDUnknown
+		}
+		l.clusterID, l.votes = cid, nil
+		l.mu.Unlock()
+		return nil
+	}
+	want := l.clusterID
+	if cid == want {
+		l.mu.Unlock()
+		return nil
+	}
+	first := l.foreign[ep] != cid
+	l.foreign[ep] = cid
+	l.mu.Unlock()
+	if first && l.cfg.OnForeign != nil {
+		l.cfg.OnForeign(ep, cid, want)
+	}
+	return fmt.Errorf("%w: %s answers for cluster %x, not %x", ErrForeignCluster, ep, cid, want)
+}
+
+// errIDUnknown: an answer before a majority of the seeds agreed on the
+// cluster ID (it counted as a vote).
+var errIDUnknown = errors.New("etcdmember: the etcd cluster ID is not known yet (waiting for a majority of the seeds to agree on it)")
 
 // Endpoints returns the rotation: the seeds and what the members advertised
 // in the last read, sorted.
@@ -194,6 +266,9 @@ func (l *Lister) read(ctx context.Context, ep string) ([]GatewayMember, error) {
 		return nil, fmt.Errorf("HTTP %d: %s", resp.StatusCode, msg)
 	}
 	var out struct {
+		Header struct {
+			ClusterID uint64 `json:"cluster_id,string"`
+		} `json:"header"`
 		Members []GatewayMember `json:"members"`
 	}
 	if err := json.Unmarshal(body, &out); err != nil {
@@ -201,6 +276,9 @@ func (l *Lister) read(ctx context.Context, ep string) ([]GatewayMember, error) {
 	}
 	if len(out.Members) == 0 {
 		return nil, errors.New("member list: no member in the answer")
+	}
+	if err := l.accept(ep, out.Header.ClusterID); err != nil {
+		return nil, err
 	}
 	return out.Members, nil
 }

@@ -233,3 +233,37 @@ func (c *countingServer) open() int {
 	}
 	return n
 }
+
+// The Lister learns the cluster ID from a majority of its seeds and then
+// refuses a member list from another cluster (an impostor at a member's
+// address), neither returning nor following it, and says so once.
+func TestListerRefusesAnImpostor(t *testing.T) {
+	real := etcdtest.StartDistinct(t, 3)
+	impostor := etcdtest.Start(t, 1)
+	var reported []string
+	seeds := []string{real.Endpoints[0], real.Endpoints[1], impostor.Endpoints[0]}
+	l := newLister(t, ListerConfig{Endpoints: seeds, OnForeign: func(ep string, _, _ uint64) { reported = append(reported, ep) }})
+	for range 6 { // every endpoint gets its turn in the rotation, twice
+		members, err := l.MemberList(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(members) != 3 {
+			t.Fatalf("member list of %d members: the impostor's was believed", len(members))
+		}
+		if l.ClusterID() == 0 {
+			t.Fatal("no cluster ID learned")
+		}
+		// The rotation moves on only past a failure: force a turn.
+		l.readMu.Lock()
+		eps := l.Endpoints()
+		l.lastGood = eps[(slices.Index(eps, l.lastGood)+1)%len(eps)]
+		l.readMu.Unlock()
+	}
+	if len(reported) != 1 || reported[0] != impostor.Endpoints[0] {
+		t.Fatalf("reported %v, want the impostor %s once", reported, impostor.Endpoints[0])
+	}
+	if f := l.Foreign(); len(f) != 1 {
+		t.Fatalf("Foreign = %v", f)
+	}
+}

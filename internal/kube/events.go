@@ -23,6 +23,9 @@ const (
 	// ReasonLeaseAtRisk: the lock store answers renewals so late that the
 	// lease is nearly spent when they land (a slow etcd or API server).
 	ReasonLeaseAtRisk = "LeaseAtRisk"
+	// ReasonEtcdImpostor: an etcd endpoint answered for another cluster
+	// than the one vigil follows; its answers are refused.
+	ReasonEtcdImpostor = "EtcdImpostor"
 )
 
 // eventTimeout bounds one Event write. Events are for people reading
