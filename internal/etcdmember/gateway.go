@@ -103,11 +103,11 @@ func NewLister(cfg ListerConfig) (*Lister, error) {
 		TLSHandshakeTimeout: cfg.Try,
 	}
 	return &Lister{
-		cfg:    cfg,
-		seeds:  seeds,
-		tr:     tr,
-		hc:     &http.Client{Transport: tr},
-		wanted: seeds,
+		cfg:     cfg,
+		seeds:   seeds,
+		tr:      tr,
+		hc:      &http.Client{Transport: tr},
+		wanted:  seeds,
 		votes:   map[uint64]map[string]bool{},
 		foreign: map[string]uint64{},
 	}, nil

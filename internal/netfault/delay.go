@@ -75,9 +75,9 @@ type Proxy struct {
 	mu     sync.Mutex
 	target string
 	delay  Delay
-	conns map[net.Conn]struct{}
-	done  bool
-	wg    sync.WaitGroup
+	conns  map[net.Conn]struct{}
+	done   bool
+	wg     sync.WaitGroup
 }
 
 // NewProxy serves ln, forwarding to target.
