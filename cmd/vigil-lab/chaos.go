@@ -44,6 +44,8 @@ Faults (--faults, default all):
                     0.5-3 s (a frozen cgroup, a paused container)
   guard-stop        SIGSTOP the holder's guard, 1-2.5 s later its vigil too,
                     for 1-3 s (the holder must notice the silent guard first)
+  impostor-etcd     a fresh one-member etcd at a non-holder's member address
+                    for 3-8 s (see vigil-lab drill --help)
   stray-vip         add the VIP on a non-holder, as re-applied network config does
   stray-prefix      the same with another prefix length (/32 beside a /24)
   stray-lo          the same on lo (Linux answers ARP for it on any interface)

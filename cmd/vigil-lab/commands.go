@@ -170,6 +170,13 @@ func newDrillCmd(g *globals) *cobra.Command {
                      holder); then restart it
   kill-daemon        SIGKILL the holder's vigil (or keepalived) only; the node
                      and its link stay up; then restart it
+  impostor-etcd      SIGKILL a non-holder's etcd member and start a fresh
+                     one-member etcd with the same name and URLs (a rebuilt
+                     machine, a wrong snapshot restore) for 5 s, then stop it
+                     and, 2 s later, bring the real member back: the VIP must
+                     stay on its holder, and every vigil must refuse the
+                     impostor (its /status names it) and keep following the
+                     real cluster
   apiserver-down     stop the holder's (stand-in) API server listening; node
                      and vigil stay up. The VIP must leave the node within
                      --health-grace + 1 s, and requests through the load

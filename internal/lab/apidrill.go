@@ -456,6 +456,13 @@ type vigilReport struct {
 		Address string `json:"address"`
 		State   string `json:"state"`
 	} `json:"backends"`
+	// Etcd is the etcd cluster followed, and the endpoints refused.
+	Etcd *struct {
+		ClusterID string `json:"clusterID"`
+		Foreign   []struct {
+			Endpoint string `json:"endpoint"`
+		} `json:"foreign"`
+	} `json:"etcd"`
 }
 
 // vigilStatus reads vigil's /status on node (metrics address 127.0.0.1:9558

@@ -31,6 +31,7 @@ const (
 	FaultVIPLinkDown    = "vip-link-down"    // take the holder's VIP link down; etcd's stays up
 	FaultFlap           = "flap"             // VIP link down and up again within a second
 	FaultDuplicateName  = "duplicate-name"   // start a second vigil with the holder's node name on another node
+	FaultImpostorEtcd   = "impostor-etcd"    // replace a non-holder's etcd member by a fresh one-member etcd at its address
 	// Gray faults (gray.go): nothing dies.
 	FaultLatency     = "latency"      // every etcd answer late by 100-700 ms (jitter up to 50 ms), to every client or one node
 	FaultLoss        = "loss"         // drop 5-30 % of the packets on every path between the nodes
@@ -41,7 +42,7 @@ const (
 // ChaosFaults lists every fault kind.
 var ChaosFaults = []string{FaultKill, FaultGraceful, FaultPartition, FaultKillDaemon, FaultKillEtcdLeader,
 	FaultPause, FaultFreeze, FaultGuardStop, FaultStrayVIP, FaultStrayPrefix, FaultStrayLo, FaultVIPLinkDown, FaultFlap, FaultDuplicateName,
-	FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
+	FaultImpostorEtcd, FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
 
 // grayFaults are the kinds where nothing dies (gray.go).
 var grayFaults = []string{FaultLatency, FaultLoss, FaultOneWay, FaultSlowProcess}
@@ -341,6 +342,9 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 	case FaultDuplicateName:
 		target = c.other(holder)
 		ferr = c.duplicate(ctx, target, holder)
+	case FaultImpostorEtcd:
+		target = c.other(holder)
+		ferr = c.l.impostorEtcd(ctx, target, holder, c.between(3*time.Second, 8*time.Second))
 	case FaultLatency:
 		ferr = c.latency(ctx, target, &r)
 	case FaultLoss:

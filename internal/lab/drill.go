@@ -18,6 +18,7 @@ const (
 	DrillPartitionLeader = "partition-leader" // cut the holder's port, leave it running
 	DrillKillEtcdLeader  = "kill-etcd-leader" // SIGKILL the etcd raft leader (not the holder)
 	DrillKillDaemon      = "kill-daemon"      // SIGKILL the holder's vigil or keepalived; the node stays up
+	DrillImpostorEtcd    = "impostor-etcd"    // a fresh one-member etcd at a non-holder's member address (impostor.go)
 	probeInterval        = 10 * time.Millisecond
 	// settle is how long one node must have answered without a gap before
 	// the lab calls the VIP recovered.
@@ -32,7 +33,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -61,7 +62,7 @@ func DrillsFor(s Settings) []string {
 	if s.Impl != ImplVigil {
 		return failoverDrills
 	}
-	out := []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon}
+	out := []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd}
 	// The API server and watch drills go through the IPv4 VIP.
 	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() && s.has4() {
 		out = append(out, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled)
@@ -239,8 +240,11 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	if !slices.Contains(Drills, kind) {
 		return fmt.Errorf("unknown drill %q (one of %s)", kind, strings.Join(Drills, ", "))
 	}
-	if kind == DrillKillEtcdLeader && l.st.Settings.Impl != ImplVigil {
+	if (kind == DrillKillEtcdLeader || kind == DrillImpostorEtcd) && l.st.Settings.Impl != ImplVigil {
 		return fmt.Errorf("drill %s needs etcd, which the %s lab does not run", kind, l.st.Settings.Impl)
+	}
+	if kind == DrillImpostorEtcd {
+		return l.impostorDrill(ctx, r)
 	}
 	if kind == DrillAPIServerDown || kind == DrillAPIServerSlow {
 		return l.apiDrill(ctx, kind, r)

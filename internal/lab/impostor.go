@@ -1,0 +1,189 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// impostorEtcd replaces node n's etcd member by an impostor for hold: the
+// member is SIGKILLed and a fresh one-member etcd starts with the same
+// name and URLs (a machine rebuilt with the member's address before the
+// member was removed; a wrong snapshot restore). It answers at the URL the
+// real member advertises, with an empty store and a member list of its
+// own. Then the impostor goes and the real member comes back.
+//
+// Judged here, beside the samples: the VIP stays on holder the whole time,
+// every running vigil refuses the impostor (its /status names it), and
+// after the impostor is gone every vigil still follows the real cluster.
+func (l *Lab) impostorEtcd(ctx context.Context, n *Node, holder string, hold time.Duration) (err error) {
+	if l.st.Settings.Impl != ImplVigil {
+		return errors.New("impostor-etcd needs etcd and vigil")
+	}
+	ids, err := l.clusterIDs(ctx)
+	if err != nil {
+		return fmt.Errorf("before the impostor: %w", err)
+	}
+	if err := l.signal(ctx, n, roleEtcd, syscall.SIGKILL, 5*time.Second); err != nil {
+		return err
+	}
+	dir := l.nodeDir(n) + "/etcd-impostor"
+	_ = os.RemoveAll(dir)
+	restore := func() error {
+		if pid := n.PIDs[roleEtcd]; pid != 0 && alive(pid) {
+			_ = l.signal(context.WithoutCancel(ctx), n, roleEtcd, syscall.SIGKILL, 5*time.Second)
+		}
+		_ = os.RemoveAll(dir)
+		if err := l.startEtcd(n); err != nil {
+			return err
+		}
+		return l.waitEtcdHealthy(context.WithoutCancel(ctx), recoverTimeout)
+	}
+	defer func() {
+		if rerr := restore(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("put the real member back on %s: %w", n.Name, rerr))
+		}
+	}()
+	if err := l.start(n, roleEtcd, l.selfBin, "etcd",
+		"--name", n.Name,
+		"--data-dir", dir,
+		"--listen-client-urls", fmt.Sprintf("http://%s:%d,http://127.0.0.1:2379", n.IP, etcdDirectPort),
+		"--advertise-client-urls", fmt.Sprintf("http://%s:%d", n.IP, etcdFrontPort),
+		"--listen-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
+		"--initial-advertise-peer-urls", fmt.Sprintf("http://%s:2380", n.IP),
+		"--initial-cluster", fmt.Sprintf("%s=http://%s:2380", n.Name, n.IP),
+		"--initial-cluster-state", "new",
+		"--initial-cluster-token", "vigil-lab",
+		"--log-level", "error",
+	); err != nil {
+		return fmt.Errorf("start the impostor on %s: %w", n.Name, err)
+	}
+	// Every vigil must notice it and refuse it (a vigil learns of it on
+	// its next operation through that URL: within seconds).
+	var live []string
+	for _, m := range l.st.Nodes {
+		if pid := m.PIDs[roleVigil]; pid != 0 && alive(pid) {
+			live = append(live, m.Name)
+		}
+	}
+	refusedBy := map[string]bool{}
+	deadline := time.Now().Add(hold)
+	for time.Now().Before(deadline) || len(refusedBy) < len(live) {
+		if time.Since(deadline) > 10*time.Second {
+			break
+		}
+		for _, name := range live {
+			rep, err := l.vigilStatus(ctx, name)
+			if err != nil || rep.Etcd == nil {
+				continue
+			}
+			if rep.Etcd.ClusterID != ids[name] {
+				return fmt.Errorf("vigil on %s follows etcd cluster %s, was %s: it took the impostor's", name, rep.Etcd.ClusterID, ids[name])
+			}
+			for _, f := range rep.Etcd.Foreign {
+				if f.Endpoint == fmt.Sprintf("http://%s:%d", n.IP, etcdFrontPort) {
+					refusedBy[name] = true
+				}
+			}
+		}
+		if h, err := l.vipHolders(); err == nil && !slices.Equal(h, []string{holder}) {
+			return fmt.Errorf("the VIP is on %v with the impostor at %s's address; it was on %s", h, n.Name, holder)
+		}
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+	for _, name := range live {
+		if !refusedBy[name] {
+			return fmt.Errorf("vigil on %s does not report the impostor at %s's address", name, n.Name)
+		}
+	}
+	// The impostor goes; for 2 s the real member stays away too: the
+	// vigils must still follow the two real members, and nothing move.
+	if err := l.signal(ctx, n, roleEtcd, syscall.SIGKILL, 5*time.Second); err != nil {
+		return err
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); sleepCtx(ctx, 200*time.Millisecond) {
+		if h, err := l.vipHolders(); err == nil && !slices.Equal(h, []string{holder}) {
+			return fmt.Errorf("the VIP is on %v after the impostor at %s's address went away; it was on %s", h, n.Name, holder)
+		}
+	}
+	return nil
+}
+
+// impostorDrill runs impostorEtcd on a non-holder for 5 s, with the VIP
+// probed every 10 ms and every node's addresses sampled: the outage is the
+// longest gap in the answers, and any sample with two holders is a split
+// brain. The VIP must stay where it was.
+func (l *Lab) impostorDrill(ctx context.Context, r *Result) error {
+	if l.st.Settings.Kubeadm {
+		return fmt.Errorf("drill %s needs the lab's own etcd processes", DrillImpostorEtcd)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	var target *Node
+	for _, n := range l.st.Nodes {
+		if n.Name != holder && !n.Cut {
+			target = n
+			break
+		}
+	}
+	if target == nil {
+		return fmt.Errorf("drill %s needs a node besides the holder %s", DrillImpostorEtcd, holder)
+	}
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	r.Target, r.Before = target.Name, holder
+	pr, err := startProber(probeInterval, l.st.Settings.vips()[0].Addr())
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	mon := startMonitor(w, d.live, probeInterval)
+	defer mon.close()
+	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
+		return ctx.Err()
+	}
+	fault := time.Now()
+	ferr := l.impostorEtcd(ctx, target, holder, 5*time.Second)
+	end := time.Now()
+	r.OutageMillis = millis(longestGap(pr.snapshot(), fault, end))
+	final, herr := r.judgeHolders(mon.close(), w, d.live())
+	if herr != nil {
+		return errors.Join(ferr, herr)
+	}
+	if len(final) == 1 {
+		r.After = final[0]
+	}
+	if ferr == nil && !slices.Equal(final, []string{holder}) {
+		ferr = fmt.Errorf("after the impostor the VIP is on %v, was on %s", final, holder)
+	}
+	return ferr
+}
+
+// clusterIDs is the etcd cluster ID each running vigil follows (by node).
+func (l *Lab) clusterIDs(ctx context.Context) (map[string]string, error) {
+	out := map[string]string{}
+	for _, m := range l.st.Nodes {
+		if pid := m.PIDs[roleVigil]; pid == 0 || !alive(pid) {
+			continue
+		}
+		rep, err := l.vigilStatus(ctx, m.Name)
+		if err != nil {
+			return nil, err
+		}
+		if rep.Etcd == nil || rep.Etcd.ClusterID == "" {
+			return nil, fmt.Errorf("vigil on %s names no etcd cluster", m.Name)
+		}
+		out[m.Name] = rep.Etcd.ClusterID
+	}
+	return out, nil
+}
