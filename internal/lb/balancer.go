@@ -194,15 +194,24 @@ type Balancer struct {
 	closing map[string]*pendingClose // by backend address
 	closed  bool
 	serving bool
-	// clients holds every accepted connection until it ends: its
-	// net.Conn, or its *lpair while an event loop owns it.
-	clients map[any]struct{}
+	// clients holds every accepted connection until it ends (or is
+	// evicted, admitLocked): its net.Conn, or its *lpair while an event
+	// loop owns it.
+	clients map[any]admitted
 	sources map[netip.Addr]int // accepted connections per source address
 	lastNoB time.Time
 	lastCap time.Time // last "limit reached" log
+	// lastEvict is the last "evicting" log.
+	lastEvict time.Time
 	loops   []*evloop // the event loops, once Run started them
 
 	wg sync.WaitGroup // connection goroutines
+}
+
+// admitted is an accepted client connection's source, and when it came.
+type admitted struct {
+	src netip.Addr
+	at  time.Time
 }
 
 // pendingClose closes a down backend's connections later, unless it comes
@@ -346,7 +355,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		ln:      ln,
 		pool:    newPool(cfg.Picker),
 		closing: map[string]*pendingClose{},
-		clients: map[any]struct{}{},
+		clients: map[any]admitted{},
 		stopCh:  make(chan struct{}),
 		sources: map[netip.Addr]int{},
 		serving: !cfg.Standby,
@@ -446,11 +455,12 @@ func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 		backoff = 0
 		src := sourceAddr(c)
 		b.mu.Lock()
-		limit, ok := b.admitLocked(c, src)
+		limit, ok, evict := b.admitLocked(c, src)
 		if ok {
 			b.wg.Add(1)
 		}
 		b.mu.Unlock()
+		b.evict(evict)
 		if !ok {
 			// Counted before the reset: a client that sees the reset
 			// finds it counted.
@@ -468,29 +478,92 @@ func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 	}
 }
 
-// admitLocked decides on a new client connection from src, key being its
-// net.Conn or loop pair: admitted and counted, or not (limit names the
+// admitLocked admits a new client connection from src, under key (its
+// net.Conn or loop pair): admitted and counted, or not (limit names the
 // connection limit reached; empty when this node does not serve, and the
 // connection is a stray). b.mu is held.
-func (b *Balancer) admitLocked(key any, src netip.Addr) (limit string, ok bool) {
+//
+// At the total limit a source under its fair share still gets in: the
+// oldest connection of the source holding the most is evicted for it
+// (returned as evict, for the caller to close outside the lock), as long as
+// that source holds at least two more than the newcomer's would. A flood of
+// idle connections from a few addresses (or, with IPv6, many) then cannot
+// keep a new client out: shares even out, and only a source already at
+// its share is refused. Oldest, not most idle: the flood's first
+// connections are its oldest, and the busy connections of a real client
+// behind a NAT are its newest.
+func (b *Balancer) admitLocked(key any, src netip.Addr) (limit string, ok bool, evict any) {
 	switch {
 	case !b.serving:
-		return "", false
-	case b.cfg.MaxConns > 0 && len(b.clients) >= b.cfg.MaxConns:
-		limit = "max_conns"
+		return "", false, nil
 	case b.cfg.MaxConnsPerSource > 0 && b.sources[src] >= b.cfg.MaxConnsPerSource:
 		limit = "max_conns_per_source"
-	default:
-		b.clients[key] = struct{}{}
-		b.sources[src]++
-		return "", true
+	case b.cfg.MaxConns > 0 && len(b.clients) >= b.cfg.MaxConns:
+		limit = "max_conns"
+		if victim, ok := b.victimLocked(src); ok {
+			evict = victim
+			b.releaseLocked(victim, b.clients[victim].src)
+			limit = ""
+		}
 	}
-	if time.Since(b.lastCap) > 5*time.Second {
-		b.lastCap = time.Now()
-		b.log.Warn("connection limit reached; resetting new connections (logged every 5s)", "limit", limit,
-			"connections", len(b.clients), "max_conns", b.cfg.MaxConns, "max_conns_per_source", b.cfg.MaxConnsPerSource, "client", src.String())
+	if limit != "" {
+		if time.Since(b.lastCap) > 5*time.Second {
+			b.lastCap = time.Now()
+			b.log.Warn("connection limit reached; resetting new connections (logged every 5s)", "limit", limit,
+				"connections", len(b.clients), "max_conns", b.cfg.MaxConns, "max_conns_per_source", b.cfg.MaxConnsPerSource, "client", src.String())
+		}
+		return limit, false, nil
 	}
-	return limit, false
+	b.clients[key] = admitted{src: src, at: time.Now()}
+	b.sources[src]++
+	return "", true, evict
+}
+
+// victimLocked picks the connection to evict for a newcomer from src at
+// the total limit: the oldest of the source holding the most, if it holds
+// at least two more than src would with the newcomer. b.mu is held.
+func (b *Balancer) victimLocked(src netip.Addr) (any, bool) {
+	var top netip.Addr
+	most := 0
+	for s, n := range b.sources {
+		if n > most || (n == most && s.Less(top)) {
+			top, most = s, n
+		}
+	}
+	if top == src || most < b.sources[src]+2 {
+		return nil, false
+	}
+	var victim any
+	var oldest time.Time
+	for k, a := range b.clients {
+		if a.src == top && (victim == nil || a.at.Before(oldest)) {
+			victim, oldest = k, a.at
+		}
+	}
+	return victim, victim != nil
+}
+
+// evict closes a connection admitLocked evicted (nil: none), counted in
+// vigil_lb_connections_closed_total{reason="fair_share"}.
+func (b *Balancer) evict(key any) {
+	switch c := key.(type) {
+	case nil:
+		return
+	case net.Conn:
+		reset(c) // its serve goroutine closes the backend side
+	case *lpair:
+		c.loop.post(loopCmd{p: c})
+	}
+	b.m.closed.WithLabelValues("fair_share").Inc()
+	b.mu.Lock()
+	log := time.Since(b.lastEvict) > 5*time.Second
+	if log {
+		b.lastEvict = time.Now()
+	}
+	b.mu.Unlock()
+	if log {
+		b.log.Warn("connection limit reached; evicting the oldest connection of the source with the most, for a source under its share (logged every 5s)", "max_conns", b.cfg.MaxConns)
+	}
 }
 
 // refused counts a connection turned away (and reset) by admitLocked
@@ -517,12 +590,14 @@ func (b *Balancer) stillWantedLocked(key any, be *backend, anyway bool) bool {
 	return ok && !b.closed && b.serving && b.pool.m[be.addr] == be && (be.usable || anyway)
 }
 
-// releaseLocked forgets an admitted client connection (key may be nil
-// when it was forgotten already) and its slot of src. b.mu is held.
+// releaseLocked forgets an admitted client connection and its slot of
+// src; one forgotten already (evicted, or released) is left alone. b.mu is
+// held.
 func (b *Balancer) releaseLocked(key any, src netip.Addr) {
-	if key != nil {
-		delete(b.clients, key)
+	if _, ok := b.clients[key]; !ok {
+		return
 	}
+	delete(b.clients, key)
 	if b.sources[src]--; b.sources[src] <= 0 {
 		delete(b.sources, src)
 	}

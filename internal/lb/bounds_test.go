@@ -1,11 +1,15 @@
 package lb
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,4 +151,99 @@ func counterValue(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// At the total limit a flood of idle connections from a few addresses does
+// not keep a new client out: the oldest connection of the source holding
+// the most is evicted for it, and a source already at its share is still
+// refused. 4 and 64 flooding addresses, IPv4 loopback (127.0.0.0/8 gives
+// any address; the rule keys on the address alone, of either family).
+func TestFairShareUnderAFlood(t *testing.T) {
+	for _, sources := range []int{4, 64} {
+		t.Run(fmt.Sprintf("%d sources", sources), func(t *testing.T) {
+			const limit = 128
+			be := newBackend(t, "a", false)
+			b, _ := startLB(t, Config{MaxConns: limit, MaxConnsPerSource: -1}, be)
+			from := func(i int) *net.Dialer {
+				return &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(i/250), byte(1+i%250))}, Timeout: time.Second}
+			}
+			var flood []net.Conn
+			for i := range limit {
+				c, err := from(i % sources).Dial("tcp", b.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				flood = append(flood, c)
+			}
+			waitAdmitted(t, b, limit)
+			// A newcomer from a fifth address: served within a second.
+			start := time.Now()
+			c, err := from(1000).Dial("tcp", b.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			if _, err := io.WriteString(c, "hi\n"); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			if name, err := bufio.NewReader(c).ReadString('\n'); err != nil || name != "a\n" {
+				t.Fatalf("a new client from a fresh address at the limit got %q, %v; want it served", name, err)
+			}
+			t.Logf("served in %v", time.Since(start).Round(time.Millisecond))
+			if n := counterValue(b.m.closed.WithLabelValues("fair_share")); n != 1 {
+				t.Fatalf("evictions = %v, want 1", n)
+			}
+			// The evicted one is the oldest of a source that held the most.
+			var closed atomic.Int32
+			var wg sync.WaitGroup
+			for _, f := range flood { // all at once: one short wait
+				wg.Go(func() {
+					_ = f.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+					if _, err := f.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+						closed.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			if n := closed.Load(); n != 1 {
+				t.Fatalf("%d flood connections closed, want 1", n)
+			}
+			// A flooding source at its share gets nothing more.
+			refusedBefore := counterValue(b.m.refused.WithLabelValues("max_conns"))
+			c2, err := from(1).Dial("tcp", b.Addr().String())
+			if err == nil {
+				defer c2.Close()
+				_, _ = io.WriteString(c2, "hi\n")
+				closedWithin(t, bufio.NewReader(c2), c2, 2*time.Second)
+			}
+			if n := counterValue(b.m.refused.WithLabelValues("max_conns")); n != refusedBefore+1 {
+				t.Fatalf("a flooding source at its share was not refused (refused %v -> %v)", refusedBefore, n)
+			}
+		})
+	}
+}
+
+// waitAdmitted waits until the balancer has admitted n client connections.
+func waitAdmitted(t *testing.T, b *Balancer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b.mu.Lock()
+		got := len(b.clients)
+		b.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections admitted, want %d", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

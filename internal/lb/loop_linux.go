@@ -468,8 +468,9 @@ func (l *evloop) admit(fd int, src netip.Addr, now time.Time) {
 	p := &lpair{loop: l, cfd: fd, sfd: -1, src: src}
 	p.pc = &proxyConn{lp: p}
 	b.mu.Lock()
-	limit, ok := b.admitLocked(p, src)
+	limit, ok, evict := b.admitLocked(p, src)
 	b.mu.Unlock()
+	b.evict(evict)
 	if !ok {
 		b.refused(limit) // before the reset, as in serve
 		resetFD(fd)
@@ -879,10 +880,11 @@ func (l *evloop) handOver(p *lpair, pending []byte, up, bulk bool) {
 	}
 	pc := p.pc
 	b.mu.Lock()
-	ok := !b.closed && b.serving
+	a, admitted := b.clients[p] // not when evicted meanwhile
+	ok := !b.closed && b.serving && admitted
 	if ok {
 		delete(b.clients, p)
-		b.clients[client] = struct{}{}
+		b.clients[client] = a
 		b.wg.Add(1)
 	}
 	b.mu.Unlock()
@@ -935,13 +937,14 @@ func (l *evloop) handOverClient(p *lpair) {
 		return
 	}
 	b.mu.Lock()
-	ok := !b.closed && b.serving
-	delete(b.clients, p)
+	a, admitted := b.clients[p] // not when evicted meanwhile
+	ok := !b.closed && b.serving && admitted
 	if ok {
-		b.clients[client] = struct{}{}
+		delete(b.clients, p)
+		b.clients[client] = a
 		b.wg.Add(1)
 	} else {
-		b.releaseLocked(nil, p.src) // only the source count is left
+		b.releaseLocked(p, p.src)
 	}
 	b.mu.Unlock()
 	if !ok {
