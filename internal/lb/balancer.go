@@ -203,7 +203,7 @@ type Balancer struct {
 	lastCap time.Time // last "limit reached" log
 	// lastEvict is the last "evicting" log.
 	lastEvict time.Time
-	loops   []*evloop // the event loops, once Run started them
+	loops     []*evloop // the event loops, once Run started them
 
 	wg sync.WaitGroup // connection goroutines
 }

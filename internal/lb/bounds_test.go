@@ -169,7 +169,7 @@ func TestFairShareUnderAFlood(t *testing.T) {
 			}
 			var flood []net.Conn
 			for i := range limit {
-				c, err := from(i % sources).Dial("tcp", b.Addr().String())
+				c, err := from(i%sources).Dial("tcp", b.Addr().String())
 				if err != nil {
 					t.Fatal(err)
 				}
