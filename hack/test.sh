@@ -34,7 +34,7 @@ status=0
 # Every package but the lab runs under the race detector (the vigil and
 # vigil-lab binaries the tests start are built without it).
 go test -race -count=1 -timeout 20m $(go list ./... | grep -v /internal/lab$) || status=$?
-go test -count=1 -timeout 20m ./internal/lab/ || status=$?
+go test -count=1 -timeout 35m ./internal/lab/ || status=$?
 # Whatever happened, remove lab namespaces a crashed test may have left.
 bin/vigil-lab down >/dev/null 2>&1 || true
 exit $status

@@ -75,6 +75,11 @@ type Config struct {
 	// OnForeign is called the first time an endpoint answers for another
 	// etcd cluster than the one this process follows (identity.go).
 	OnForeign func(Foreign)
+	// Provisional lets a one-shot command work with a cluster that lost
+	// its majority: when no majority of the seeds agrees on a cluster ID,
+	// the one most of the answers carried is taken until a majority agrees
+	// (identity.go). vigil run and the agent leave it off.
+	Provisional bool
 }
 
 // Cluster is one process's connection to etcd. Safe for concurrent use.
@@ -120,7 +125,7 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 	for _, ep := range cfg.Endpoints {
 		c.seeds[ep] = true
 	}
-	c.ident = identity{learned: make(chan struct{}), need: len(c.seeds)/2 + 1, votes: map[uint64]map[string]bool{}, foreign: map[string]*Foreign{},
+	c.ident = identity{learned: make(chan struct{}), need: len(c.seeds)/2 + 1, allowProv: cfg.Provisional, votes: map[uint64]map[string]bool{}, foreign: map[string]*Foreign{},
 		onNew: cfg.OnForeign, log: log}
 	dialled := map[string]bool{}
 	for _, ep := range cfg.Endpoints {

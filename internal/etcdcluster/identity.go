@@ -31,7 +31,10 @@ import (
 // followed.
 //
 // Learning: the first ID that a majority of the seed endpoints answer with
-// (one seed: its first answer). Answers before that are refused, and each
+// (one seed: its first answer). A one-shot command (Config.Provisional),
+// which must still say what is wrong with a cluster that lost its
+// majority, takes the ID most answers carried when no majority answers,
+// until one does. Answers before that are refused, and each
 // counts as a vote; operations sent through every member (Do) then return
 // with the answer that completes the majority. The ID is kept for the life
 // of the process: a cluster restored from a snapshot has a new ID, and
@@ -59,6 +62,10 @@ type identity struct {
 	learned chan struct{} // closed once id is set
 	mu      sync.Mutex
 	id      uint64
+	// provisional (Config.Provisional) is the ID taken after an identify
+	// round without a majority: the one most answers carried.
+	provisional uint64
+	allowProv   bool
 	need    int                        // agreeing seeds needed to learn it
 	votes   map[uint64]map[string]bool // before it is learned: ID -> endpoints
 	foreign map[string]*Foreign        // by endpoint
@@ -103,7 +110,11 @@ func (c *Cluster) Accept(endpoint string, cid uint64) error {
 		}
 		id.votes[cid][endpoint] = true
 		if len(id.votes[cid]) < id.need {
+			prov := id.provisional
 			id.mu.Unlock()
+			if prov == cid {
+				return nil
+			}
 			return errIDUnknown
 		}
 		id.id = cid
@@ -172,8 +183,29 @@ func (c *Cluster) identify(ctx context.Context) {
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-id.learned:
+		return
 	case <-done:
 	case <-ctx.Done():
+	}
+	if id.allowProv {
+		id.mu.Lock()
+		defer id.mu.Unlock()
+		if id.id != 0 || id.provisional != 0 {
+			return
+		}
+		best, most, tie := uint64(0), 0, false
+		for cid, eps := range id.votes {
+			switch {
+			case len(eps) > most:
+				best, most, tie = cid, len(eps), false
+			case len(eps) == most:
+				tie = true
+			}
+		}
+		if most > 0 && !tie {
+			id.provisional = best
+			id.log.Warn("no majority of the etcd endpoints answered; taking the cluster ID the answers carried until one does", "cluster_id", fmt.Sprintf("%x", best), "endpoints", most, "needed", id.need)
+		}
 	}
 }
 

@@ -134,3 +134,29 @@ func proxiesMember(c *Cluster, endpoint string) *Member {
 	}
 	return nil
 }
+
+// With one seed of three answering, no majority can name the cluster: a
+// strict Cluster (vigil run) refuses the lone answer, a provisional one (a
+// one-shot command diagnosing a cluster that lost its majority) takes it.
+func TestProvisionalIdentity(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	dead := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return "http://" + ln.Addr().String()
+	}
+	seeds := []string{e.Endpoints[0], dead(), dead()}
+	for _, prov := range []bool{false, true} {
+		c := newCluster(t, Config{Endpoints: seeds, Provisional: prov})
+		_, err := c.LocalMemberList(ctx(t))
+		if prov && err != nil {
+			t.Fatalf("provisional: %v", err)
+		}
+		if !prov && !errors.Is(err, errIDUnknown) {
+			t.Fatalf("strict: %v, want the cluster ID unknown", err)
+		}
+	}
+}

@@ -543,7 +543,7 @@ func TestChaos(t *testing.T) {
 	dir := t.TempDir()
 	t.Logf("chaos seed %d (vigil-lab chaos --seed %d replays the sequence)", seed, seed)
 	cmd := exec.Command(nstest.Binary(t, "vigil-lab"), "--dir", filepath.Join(dir, "lab"), "--vigil-bin", nstest.Binary(t, "vigil"),
-		"chaos", "--duration", "180s", "--seed", strconv.FormatInt(seed, 10), "--max-pause", "5s", "--json", "--logs", filepath.Join(dir, "logs"))
+		"chaos", "--duration", "240s", "--seed", strconv.FormatInt(seed, 10), "--max-pause", "5s", "--json", "--logs", filepath.Join(dir, "logs"))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -99,7 +99,9 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 	}
 	// A one-shot command keeps no stream open: keepalive pings more often
 	// than etcd's --grpc-keepalive-min-time would be refused.
-	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.Endpoints, TLS: cfg.TLS, KeepAlive: 30 * time.Second}, log)
+	// It must also diagnose a cluster that lost its majority: the cluster
+	// ID is taken from a minority when no majority answers.
+	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.Endpoints, TLS: cfg.TLS, KeepAlive: 30 * time.Second, Provisional: true}, log)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client: %w", err)
 	}
