@@ -66,11 +66,11 @@ type identity struct {
 	// round without a majority: the one most answers carried.
 	provisional uint64
 	allowProv   bool
-	need    int                        // agreeing seeds needed to learn it
-	votes   map[uint64]map[string]bool // before it is learned: ID -> endpoints
-	foreign map[string]*Foreign        // by endpoint
-	onNew   func(Foreign)              // Config.OnForeign, outside mu
-	log     *slog.Logger
+	need        int                        // agreeing seeds needed to learn it
+	votes       map[uint64]map[string]bool // before it is learned: ID -> endpoints
+	foreign     map[string]*Foreign        // by endpoint
+	onNew       func(Foreign)              // Config.OnForeign, outside mu
+	log         *slog.Logger
 }
 
 // ClusterID returns the ID of the etcd cluster this process follows (0
