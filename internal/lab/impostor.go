@@ -125,15 +125,9 @@ func (l *Lab) impostorDrill(ctx context.Context, r *Result) error {
 	if err != nil {
 		return fmt.Errorf("lab not stable before the drill: %w", err)
 	}
-	var target *Node
-	for _, n := range l.st.Nodes {
-		if n.Name != holder && !n.Cut {
-			target = n
-			break
-		}
-	}
-	if target == nil {
-		return fmt.Errorf("drill %s needs a node besides the holder %s", DrillImpostorEtcd, holder)
+	target, err := l.nonHolder(DrillImpostorEtcd, holder)
+	if err != nil {
+		return err
 	}
 	w, err := newVIPWatch(l.st.Nodes)
 	if err != nil {

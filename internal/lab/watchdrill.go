@@ -181,15 +181,9 @@ func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error
 	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
 		return err
 	}
-	var target *Node
-	for _, n := range l.st.Nodes {
-		if n.Name != holder && !n.Cut {
-			target = n
-			break
-		}
-	}
-	if target == nil {
-		return fmt.Errorf("drill %s needs a node besides the holder %s", kind, holder)
+	target, err := l.nonHolder(kind, holder)
+	if err != nil {
+		return err
 	}
 	r.Target, r.Before = target.Name, holder
 
@@ -350,4 +344,15 @@ func (l *Lab) killBackend(ctx context.Context, target *Node, pid int, streams []
 		errs = append(errs, fmt.Errorf("restart the API server on %s: %w", target.Name, err))
 	}
 	return errors.Join(errs...)
+}
+
+// nonHolder is the first node, in the lab's order, that is neither holder
+// nor cut off: the target of a drill about a non-holder.
+func (l *Lab) nonHolder(kind, holder string) (*Node, error) {
+	for _, n := range l.st.Nodes {
+		if n.Name != holder && !n.Cut {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("drill %s needs a node besides the holder %s", kind, holder)
 }

@@ -139,37 +139,27 @@ func (m *Manager) Present() (bool, error) { return m.has() }
 // add adds every address (or refreshes its lifetime) and reports whether
 // any was missing. It tries them all even when one fails.
 func (m *Manager) add() (added bool, err error) {
-	var errs []error
-	for _, p := range m.cfg.all() {
-		a, err := m.link.add(p, m.cfg.Lifetime)
-		added = added || a
-		errs = append(errs, err)
-	}
-	return added, errors.Join(errs...)
+	return m.each(func(p netip.Prefix) (bool, error) { return m.link.add(p, m.cfg.Lifetime) })
 }
 
 // remove removes every address and reports whether any was there. It
 // tries them all even when one fails.
-func (m *Manager) remove() (removed bool, err error) {
-	var errs []error
-	for _, p := range m.cfg.all() {
-		r, err := m.link.remove(p)
-		removed = removed || r
-		errs = append(errs, err)
-	}
-	return removed, errors.Join(errs...)
-}
+func (m *Manager) remove() (removed bool, err error) { return m.each(m.link.remove) }
 
 // removeStrays removes every form of every address but the managed one,
 // and reports whether any was there.
-func (m *Manager) removeStrays() (removed bool, err error) {
+func (m *Manager) removeStrays() (removed bool, err error) { return m.each(m.link.removeStrays) }
+
+// each runs op on every address, all of them even when one fails, and
+// reports whether any op said true, and the errors joined.
+func (m *Manager) each(op func(netip.Prefix) (bool, error)) (some bool, err error) {
 	var errs []error
 	for _, p := range m.cfg.all() {
-		r, err := m.link.removeStrays(p)
-		removed = removed || r
+		ok, err := op(p)
+		some = some || ok
 		errs = append(errs, err)
 	}
-	return removed, errors.Join(errs...)
+	return some, errors.Join(errs...)
 }
 
 // has reports whether every address is on the interface.
