@@ -157,71 +157,83 @@ func counterValue(c prometheus.Counter) float64 {
 // not keep a new client out: the oldest connection of the source holding
 // the most is evicted for it, and a source already at its share is still
 // refused. 4 and 64 flooding addresses, IPv4 loopback (127.0.0.0/8 gives
-// any address; the rule keys on the address alone, of either family).
+// any address); TestFairShareUnderAnIPv6Flood does the same with IPv6.
 func TestFairShareUnderAFlood(t *testing.T) {
 	for _, sources := range []int{4, 64} {
 		t.Run(fmt.Sprintf("%d sources", sources), func(t *testing.T) {
-			const limit = 128
 			be := newBackend(t, "a", false)
-			b, _ := startLB(t, Config{MaxConns: limit, MaxConnsPerSource: -1}, be)
-			from := func(i int) *net.Dialer {
-				return &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(i/250), byte(1+i%250))}, Timeout: time.Second}
-			}
-			var flood []net.Conn
-			for i := range limit {
-				c, err := from(i%sources).Dial("tcp", b.Addr().String())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Close() })
-				flood = append(flood, c)
-			}
-			waitAdmitted(t, b, limit)
-			// A newcomer from a fifth address: served within a second.
-			start := time.Now()
-			c, err := from(1000).Dial("tcp", b.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			if _, err := io.WriteString(c, "hi\n"); err != nil {
-				t.Fatal(err)
-			}
-			_ = c.SetReadDeadline(time.Now().Add(time.Second))
-			if name, err := bufio.NewReader(c).ReadString('\n'); err != nil || name != "a\n" {
-				t.Fatalf("a new client from a fresh address at the limit got %q, %v; want it served", name, err)
-			}
-			t.Logf("served in %v", time.Since(start).Round(time.Millisecond))
-			if n := counterValue(b.m.closed.WithLabelValues("fair_share")); n != 1 {
-				t.Fatalf("evictions = %v, want 1", n)
-			}
-			// The evicted one is the oldest of a source that held the most.
-			var closed atomic.Int32
-			var wg sync.WaitGroup
-			for _, f := range flood { // all at once: one short wait
-				wg.Go(func() {
-					_ = f.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-					if _, err := f.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
-						closed.Add(1)
-					}
-				})
-			}
-			wg.Wait()
-			if n := closed.Load(); n != 1 {
-				t.Fatalf("%d flood connections closed, want 1", n)
-			}
-			// A flooding source at its share gets nothing more.
-			refusedBefore := counterValue(b.m.refused.WithLabelValues("max_conns"))
-			c2, err := from(1).Dial("tcp", b.Addr().String())
-			if err == nil {
-				defer c2.Close()
-				_, _ = io.WriteString(c2, "hi\n")
-				closedWithin(t, bufio.NewReader(c2), c2, 2*time.Second)
-			}
-			if n := counterValue(b.m.refused.WithLabelValues("max_conns")); n != refusedBefore+1 {
-				t.Fatalf("a flooding source at its share was not refused (refused %v -> %v)", refusedBefore, n)
+			b, _ := startLB(t, Config{MaxConns: floodLimit, MaxConnsPerSource: -1}, be)
+			checkFairShare(t, b, sources, func(i int) (net.Conn, error) {
+				d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 1, byte(i/250), byte(1+i%250))}, Timeout: time.Second}
+				return d.Dial("tcp", b.Addr().String())
+			})
+		})
+	}
+}
+
+// floodLimit is --lb-max-conns in the flood tests.
+const floodLimit = 128
+
+// checkFairShare fills b's floodLimit from sources addresses (dial(i)
+// dials from the i-th address), then checks that a client from another
+// address (dial(1000)) is served within a second, that exactly one flood
+// connection was evicted for it, and that a flooding source asking for
+// more is refused.
+func checkFairShare(t *testing.T, b *Balancer, sources int, dial func(i int) (net.Conn, error)) {
+	t.Helper()
+	var flood []net.Conn
+	for i := range floodLimit {
+		c, err := dial(i % sources)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		flood = append(flood, c)
+	}
+	waitAdmitted(t, b, floodLimit)
+	// A newcomer from a fresh address: served within a second.
+	start := time.Now()
+	c, err := dial(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, "hi\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if name, err := bufio.NewReader(c).ReadString('\n'); err != nil || name != "a\n" {
+		t.Fatalf("a new client from a fresh address at the limit got %q, %v; want it served", name, err)
+	}
+	t.Logf("served in %v", time.Since(start).Round(time.Millisecond))
+	if n := counterValue(b.m.closed.WithLabelValues("fair_share")); n != 1 {
+		t.Fatalf("evictions = %v, want 1", n)
+	}
+	// The evicted one is the oldest of a source that held the most.
+	var closed atomic.Int32
+	var wg sync.WaitGroup
+	for _, f := range flood { // all at once: one short wait
+		wg.Go(func() {
+			_ = f.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			if _, err := f.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+				closed.Add(1)
 			}
 		})
+	}
+	wg.Wait()
+	if n := closed.Load(); n != 1 {
+		t.Fatalf("%d flood connections closed, want 1", n)
+	}
+	// A flooding source at its share gets nothing more.
+	refusedBefore := counterValue(b.m.refused.WithLabelValues("max_conns"))
+	c2, err := dial(1)
+	if err == nil {
+		defer c2.Close()
+		_, _ = io.WriteString(c2, "hi\n")
+		closedWithin(t, bufio.NewReader(c2), c2, 2*time.Second)
+	}
+	if n := counterValue(b.m.refused.WithLabelValues("max_conns")); n != refusedBefore+1 {
+		t.Fatalf("a flooding source at its share was not refused (refused %v -> %v)", refusedBefore, n)
 	}
 }
 

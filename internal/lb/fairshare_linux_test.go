@@ -1,0 +1,64 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/netns"
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// The flood of TestFairShareUnderAFlood from IPv6 addresses, where an
+// attacker has as many as it likes: the balancer listens in namespace A on
+// fd00:192::1, the flood and the newcomer come from 65 addresses of
+// namespace B. (The backend is on this process's loopback: the balancer's
+// own dials leave from here.)
+func TestFairShareUnderAnIPv6Flood(t *testing.T) {
+	p := nstest.NewPair(t)
+	for i := range 65 {
+		nstest.IP(t, "-n", p.B, "addr", "add", fmt.Sprintf("fd00:192::1:%x/128", i+1), "dev", "b0", "nodad")
+	}
+	for _, sources := range []int{4, 64} {
+		t.Run(fmt.Sprintf("%d sources", sources), func(t *testing.T) {
+			b := startLBIn(t, p.A, "[fd00:192::1]:0", newBackend(t, "a", false))
+			checkFairShare(t, b, sources, func(i int) (c net.Conn, err error) {
+				src := fmt.Sprintf("fd00:192::1:%x", min(i, 64)+1)
+				err = netns.Do(p.B, func() error {
+					d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: time.Second}
+					c, err = d.Dial("tcp", b.Addr().String())
+					return err
+				})
+				return c, err
+			})
+		})
+	}
+}
+
+// startLBIn is startLB with the listener in namespace ns, on listen.
+func startLBIn(t *testing.T, ns, listen string, be *tcpBackend) *Balancer {
+	t.Helper()
+	var b *Balancer
+	if err := netns.Do(ns, func() (err error) {
+		b, err = New(Config{Listen: listen, MaxConns: floodLimit, MaxConnsPerSource: -1, Loops: testLoops}, slog.New(slog.DiscardHandler))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.SetBackends([]string{be.addr()})
+	b.Update(health.Status{Backend: be.addr(), State: health.Up})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return b
+}
