@@ -133,13 +133,20 @@ func (d *dialErrs) count(b string) int {
 // startLB runs a balancer on loopback over backends, all marked up.
 func startLB(t *testing.T, cfg Config, backends ...*tcpBackend) (*Balancer, *dialErrs) {
 	t.Helper()
-	errs := &dialErrs{}
 	cfg.Listen = "127.0.0.1:0"
+	return startLBWith(t, cfg, func(cfg Config) (*Balancer, error) { return New(cfg, slog.New(slog.DiscardHandler)) }, backends...)
+}
+
+// startLBWith is startLB with cfg.Listen as given and the balancer made by
+// newLB (in another network namespace, say).
+func startLBWith(t *testing.T, cfg Config, newLB func(Config) (*Balancer, error), backends ...*tcpBackend) (*Balancer, *dialErrs) {
+	t.Helper()
+	errs := &dialErrs{}
 	cfg.OnDialError = errs.add
 	if cfg.Loops == 0 {
 		cfg.Loops = testLoops
 	}
-	b, err := New(cfg, slog.New(slog.DiscardHandler))
+	b, err := newLB(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

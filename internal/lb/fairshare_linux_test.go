@@ -1,14 +1,12 @@
 package lb
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"testing"
 	"time"
 
-	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
@@ -42,23 +40,12 @@ func TestFairShareUnderAnIPv6Flood(t *testing.T) {
 // startLBIn is startLB with the listener in namespace ns, on listen.
 func startLBIn(t *testing.T, ns, listen string, be *tcpBackend) *Balancer {
 	t.Helper()
-	var b *Balancer
-	if err := netns.Do(ns, func() (err error) {
-		b, err = New(Config{Listen: listen, MaxConns: floodLimit, MaxConnsPerSource: -1, Loops: testLoops}, slog.New(slog.DiscardHandler))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	b.SetBackends([]string{be.addr()})
-	b.Update(health.Status{Backend: be.addr(), State: health.Up})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	b, _ := startLBWith(t, Config{Listen: listen, MaxConns: floodLimit, MaxConnsPerSource: -1}, func(cfg Config) (b *Balancer, err error) {
+		err = netns.Do(ns, func() error {
+			b, err = New(cfg, slog.New(slog.DiscardHandler))
+			return err
+		})
+		return b, err
+	}, be)
 	return b
 }
