@@ -53,6 +53,7 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"agent", "--config", serverOnly}, "must be an https URL"}, // the file's value reaches the check
 		{[]string{"config", "print-defaults", "extra"}, "unknown command"},
 		{[]string{"handoff", "--hold", "--release"}, "--hold and --release exclude each other"},
+		{[]string{"handoff", "--force"}, "--force goes with --hold"},
 		{[]string{"handoff", "--timeout", "0s"}, "--timeout 0s must be positive"},
 		{[]string{"handoff", "--hold", "--to", "cp1", "--node-name", "cp1"}, "--to cp1 is the node --hold keeps out"},
 		{[]string{"members", "preflight", "-o", "yaml"}, "use table or json"},
