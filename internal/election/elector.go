@@ -576,10 +576,17 @@ type probeResult struct {
 	leaderless bool
 }
 
+// maxProbes bounds the store probes under way at once (renewLoop).
+const maxProbes = 3
+
 // probe asks the store whether it can commit at all (see the package
-// documentation); a probe that found it cannot extends the deadline.
+// documentation); a probe that found it cannot extends the deadline. It
+// takes until the deadline it was started under at most, and no longer than
+// half the renew deadline: an answer after the deadline is of no use, and
+// the result is anchored at start however long the answers took, so later
+// probes are worth more than a long one.
 func (e *Elector) probe(ctx context.Context, start, deadline time.Time) probeResult {
-	pctx, cancel := context.WithDeadline(ctx, minTime(deadline, start.Add(e.cfg.RetryPeriod)))
+	pctx, cancel := context.WithDeadline(ctx, minTime(deadline, start.Add(e.cfg.RenewDeadline/2)))
 	defer cancel()
 	leaderless, err := e.cfg.Prober.StoreLeaderless(pctx)
 	if err != nil {

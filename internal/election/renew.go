@@ -223,11 +223,12 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 		p = e.newPipeline(ctx, rec.Tenure)
 	}
 	defer p.close() // renewals still under way are abandoned; see "late answers" in docs/election.md
-	probes := make(chan probeResult, 1)
+	// Room for every probe under way, so none is left blocked after the loop.
+	probes := make(chan probeResult, maxProbes)
 	var (
 		lastLatency  = l.latency
 		lastGood     = l.start.Add(l.latency) // when the last renewal was answered
-		probing      bool
+		probing      int                      // probes under way
 		lastProbe    time.Time
 		failingSince time.Time // first failure of the current run of failed renewals
 		keptLogged   bool      // whether this run of failures was logged as a store outage
@@ -254,15 +255,18 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 		}
 		// No answer for two retry periods: the store may be electing a
 		// leader, in which case nobody can take the lock either. Ask it,
-		// beside the renewals, at most once a retry period.
+		// beside the renewals, once a retry period. A probe may take up to
+		// half the renew deadline (a member's status answer is slow when
+		// its host is busy), so several may be under way; the first is due
+		// early enough to have that time before the deadline.
 		probeDue := time.Time{}
-		if e.cfg.Prober != nil && !probing {
-			probeDue = lastGood.Add(2 * e.cfg.RetryPeriod)
+		if e.cfg.Prober != nil && probing < maxProbes {
+			probeDue = minTime(lastGood.Add(2*e.cfg.RetryPeriod), l.deadline.Add(-e.cfg.RenewDeadline/2))
 			if d := lastProbe.Add(e.cfg.RetryPeriod); d.After(probeDue) {
 				probeDue = d
 			}
 			if !now.Before(probeDue) {
-				probing, lastProbe = true, now
+				probing, lastProbe = probing+1, now
 				dl := l.deadline
 				go func() { probes <- e.probe(p.ctx, now, dl) }()
 				continue
@@ -283,7 +287,7 @@ func (e *Elector) renewLoop(ctx context.Context, l *lease, rec *Record) StepDown
 		case <-timer.C:
 			continue
 		case pr := <-probes:
-			probing = false
+			probing--
 			if pr.leaderless && l.storeLeaderless(pr.start, e.cfg.RenewDeadline) {
 				if cb := e.cfg.Callbacks.OnLease; cb != nil {
 					cb(l.deadline)
