@@ -29,14 +29,21 @@ pkg=k8s.io/component-base/version
 ldflags="-s -w -X $pkg.gitVersion=$version -X $pkg.gitMajor=${BASH_REMATCH[1]} -X $pkg.gitMinor=${BASH_REMATCH[2]} -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 want=$(cat hack/kube-apiserver/go.mod hack/kube-apiserver/go.sum hack/build-kube.sh | sha256sum | cut -d' ' -f1)
 
+# One go build for every binary due: the packages they share compile once,
+# and both cores stay busy until the last link.
+todo=()
 for cmd in "${cmds[@]}"; do
 	stamp=bin/.$cmd.stamp
 	if [[ -x bin/$cmd && -f $stamp && $(cat "$stamp") == "$want" ]]; then
 		continue
 	fi
-	echo "building $cmd $version (a cold build takes minutes on two cores)" >&2
-	start=$SECONDS
-	(cd hack/kube-apiserver && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "../../bin/$cmd" "k8s.io/kubernetes/cmd/$cmd")
-	echo "$want" >"$stamp"
-	echo "$cmd built in $((SECONDS - start)) s" >&2
+	todo+=("$cmd")
 done
+[ ${#todo[@]} -gt 0 ] || exit 0
+echo "building ${todo[*]} $version (a cold build takes minutes on two cores)" >&2
+start=$SECONDS
+(cd hack/kube-apiserver && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o ../../bin/ "${todo[@]/#/k8s.io/kubernetes/cmd/}")
+for cmd in "${todo[@]}"; do
+	echo "$want" >"bin/.$cmd.stamp"
+done
+echo "${todo[*]} built in $((SECONDS - start)) s" >&2

@@ -21,6 +21,7 @@ for cmd in "$@"; do
     ip) need+=(iproute2) ;;
     nft) need+=(nftables) ;;
     bird) need+=(bird2) ;;
+    chrt | setsid) need+=(util-linux) ;;
     *) need+=("$cmd") ;;
   esac
 done

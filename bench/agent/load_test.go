@@ -36,6 +36,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/agent"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 // window is how long each size is measured, after every agent has
@@ -233,11 +234,11 @@ func TestControlPlaneHelper(t *testing.T) {
 		t.Skip("the control plane of BenchmarkControlPlaneLoad; runs only as its child process")
 	}
 	c := etcdtest.StartDistinct(t, 3)
-	port := etcdtest.FreePort(t)
+	port := testaddr.Port(t)
 	var readyz, open atomic.Int64
 	info := cpInfo{Etcd: c.Endpoints, Port: port}
 	for i := range 3 {
-		addr := fmt.Sprintf("%s:%d", etcdtest.Host(i), port)
+		addr := fmt.Sprintf("%s:%d", testaddr.Host(t, i), port)
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatal(err)

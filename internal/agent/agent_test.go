@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +24,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 func TestMain(m *testing.M) { etcdtest.Main(m, etcdtest.LeakOptions()...) }
@@ -35,36 +35,6 @@ type standIn struct {
 	name string
 	srv  *httptest.Server
 	once sync.Once
-}
-
-// sharedPort returns a port free on every one of hosts. A port that is free
-// on 127.0.0.1 (etcdtest.FreePort) may be in use on 127.0.0.11: the
-// embedded etcd members there make outbound connections from ephemeral
-// ports, so each candidate is tried on every host, and another one taken
-// if any refuses.
-func sharedPort(t *testing.T, hosts ...string) int {
-	t.Helper()
-	for range 50 {
-		port := etcdtest.FreePort(t)
-		var lns []net.Listener
-		ok := true
-		for _, h := range hosts {
-			ln, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(port)))
-			if err != nil {
-				ok = false
-				break
-			}
-			lns = append(lns, ln)
-		}
-		for _, ln := range lns {
-			ln.Close()
-		}
-		if ok {
-			return port
-		}
-	}
-	t.Fatalf("no port free on all of %v after 50 tries", hosts)
-	return 0
 }
 
 func newStandIn(t *testing.T, addr string) *standIn {
@@ -117,7 +87,7 @@ func ask(c *http.Client, addr string) (string, error) {
 
 // deadAddr is a loopback address where nothing listens.
 func deadAddr(t *testing.T) string {
-	return fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	return fmt.Sprintf("%s:%d", testaddr.Loopback(t), testaddr.Port(t))
 }
 
 // startAgent runs an agent with fast test timings until the test ends.
@@ -188,8 +158,8 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 // the agent sees every write across all of it.
 func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	c := etcdtest.StartDistinct(t, 3)
-	port := sharedPort(t, etcdtest.Host(0), etcdtest.Host(1), etcdtest.Host(2), etcdtest.Host(3))
-	api := func(i int) string { return fmt.Sprintf("%s:%d", etcdtest.Host(i), port) }
+	port := testaddr.Port(t) // free on every address of the binary's own range
+	api := func(i int) string { return fmt.Sprintf("%s:%d", testaddr.Host(t, i), port) }
 	stand := map[int]*standIn{}
 	for i := range 3 {
 		stand[i] = newStandIn(t, api(i))
@@ -345,10 +315,10 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 // following the member list through the cached client URLs.
 func TestRestartsFromCacheWhileSeedsAreDown(t *testing.T) {
 	c := etcdtest.StartDistinct(t, 3)
-	port := sharedPort(t, etcdtest.Host(0), etcdtest.Host(1), etcdtest.Host(2))
+	port := testaddr.Port(t) // free on every address of the binary's own range
 	var apis []string
 	for i := range 3 {
-		apis = append(apis, fmt.Sprintf("%s:%d", etcdtest.Host(i), port))
+		apis = append(apis, fmt.Sprintf("%s:%d", testaddr.Host(t, i), port))
 		newStandIn(t, apis[i])
 	}
 	cache := t.TempDir()
@@ -545,13 +515,13 @@ func TestPortConflictLeavesNothingOpen(t *testing.T) {
 // connection while it is up; the others take over when it dies; the seed
 // is used only when no learned backend is usable.
 func TestPrefersLocalThenSeed(t *testing.T) {
-	port := sharedPort(t, etcdtest.Host(0), etcdtest.Host(1))
-	local, remote := fmt.Sprintf("%s:%d", etcdtest.Host(1), port), fmt.Sprintf("%s:%d", etcdtest.Host(0), port)
+	port := testaddr.Port(t) // free on every address of the binary's own range
+	local, remote := fmt.Sprintf("%s:%d", testaddr.Host(t, 1), port), fmt.Sprintf("%s:%d", testaddr.Host(t, 0), port)
 	sl, sr := newStandIn(t, local), newStandIn(t, remote)
 	seed := newStandIn(t, "127.0.0.1:0")
 	a := startAgent(t, Config{
 		Server:     "https://" + seed.srv.Listener.Addr().String(),
-		LocalAddrs: func() ([]net.IP, error) { return []net.IP{net.ParseIP(etcdtest.Host(1))}, nil },
+		LocalAddrs: func() ([]net.IP, error) { return []net.IP{net.ParseIP(testaddr.Host(t, 1))}, nil },
 	})
 	a.learnAPIServers([]string{local, remote})
 	waitFor(t, 5*time.Second, "both learned backends up and ranked", func() bool {
@@ -583,8 +553,8 @@ func TestPrefersLocalThenSeed(t *testing.T) {
 // fails its checks, ready once one passes; /livez and vigil_build_info
 // answer throughout.
 func TestReadyz(t *testing.T) {
-	addr := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
-	metrics := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+	addr := fmt.Sprintf("%s:%d", testaddr.Loopback(t), testaddr.Port(t))
+	metrics := fmt.Sprintf("%s:%d", testaddr.Loopback(t), testaddr.Port(t))
 	a := startAgent(t, Config{Server: "https://" + addr, MetricsAddress: metrics})
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + metrics + path)

@@ -246,6 +246,43 @@ func readLockHolder(ns string) (string, error) {
 	return rec.Holder, nil
 }
 
+// reportRevision is the etcd revision of node's published member view
+// (membership.DefaultReportPrefix), read through ns's 127.0.0.1:2379; 0
+// when there is none (yet) or etcd cannot be read.
+func reportRevision(ns, node string) int64 {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(ns))},
+	})
+	if err != nil {
+		return 0
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/vigil/member-views/"+node)
+	if err != nil || len(resp.Kvs) != 1 {
+		return 0
+	}
+	return resp.Kvs[0].ModRevision
+}
+
+// waitLive waits until node's vigil is live to the others: its member
+// view published and then published again (readers count a view as fresh
+// once they have seen it change).
+func waitLive(t *testing.T, ns, node string) {
+	t.Helper()
+	var first int64
+	waitFor(t, 30*time.Second, node+" to publish its member view twice", func() bool {
+		rev := reportRevision(ns, node)
+		if first == 0 {
+			first = rev
+			return false
+		}
+		return rev > first
+	})
+}
+
 // startEtcdIn runs a one-member etcd on 127.0.0.1:2379 inside ns.
 func startEtcdIn(t *testing.T, ns string) *exec.Cmd { return startEtcdOn(t, ns, "127.0.0.1") }
 

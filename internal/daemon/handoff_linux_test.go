@@ -47,7 +47,7 @@ func TestHandoffCommand(t *testing.T) {
 
 	n2 := startIn(t, p.B, "vigil-n2.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
 		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
-	time.Sleep(3 * time.Second) // n2 publishes its first views
+	waitLive(t, p.A, "n2")
 
 	// Holds that would leave the VIP without a standby are refused, and
 	// write nothing: n2, the only standby of n1; n1, whose VIP would go to

@@ -18,6 +18,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdmember"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 func TestFromMembers(t *testing.T) {
@@ -132,7 +133,7 @@ func TestFollowsRealMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Close()
-	backend := func(i int) string { return etcdtest.Host(i) + ":6443" }
+	backend := func(i int) string { return testaddr.Host(t, i) + ":6443" }
 
 	d, s := run(t, Config{Members: lock.Cluster(), Port: 6443, Static: []string{"192.0.2.1:6443"}, Interval: 200 * time.Millisecond})
 	s.wait(t, 10*time.Second, []string{backend(0), backend(1), backend(2)})

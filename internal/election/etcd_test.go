@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -388,15 +389,15 @@ func TestForeignWriteMakesLeaderStepDown(t *testing.T) {
 // During kubeadm init etcd starts after vigil: the candidate waits, never
 // leads meanwhile, and leads once etcd is up.
 func TestEtcdStartsLater(t *testing.T) {
-	cp, pp := etcdtest.FreePort(t), etcdtest.FreePort(t)
-	ep := fmt.Sprintf("http://127.0.0.1:%d", cp)
+	cp, pp := testaddr.Port(t), testaddr.Port(t)
+	ep := fmt.Sprintf("http://%s:%d", testaddr.Loopback(t), cp)
 	tr := newTracker(t)
 	startCandidate(t, "a", []string{ep}, tr, tLease, tRenew, tRetry)
 	time.Sleep(2 * time.Second)
 	if l := tr.leader(); l != "" {
 		t.Fatalf("%s leads without etcd", l)
 	}
-	cfg := etcdtest.Config(t, "late", cp, pp, fmt.Sprintf("late=http://127.0.0.1:%d", pp))
+	cfg := etcdtest.Config(t, "late", cp, pp, fmt.Sprintf("late=http://%s:%d", testaddr.Loopback(t), pp))
 	e, err := startEmbedded(cfg)
 	if err != nil {
 		t.Fatal(err)

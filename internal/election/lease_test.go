@@ -17,6 +17,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/netfault"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 const testLeaseName = "vigil-test"
@@ -33,7 +34,7 @@ type cutProxy struct {
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
-	return newCutProxyOn(t, "127.0.0.1:0", target)
+	return newCutProxyOn(t, testaddr.Loopback(t)+":0", target) // the serving certificate's address
 }
 
 // newCutProxyOn is newCutProxy listening on addr.
@@ -224,7 +225,7 @@ func TestLease(t *testing.T) {
 	// the server answers. Losing nothing, it never exits.
 	t.Run("API server down at start", func(t *testing.T) {
 		tr := newTracker(t)
-		addr := fmt.Sprintf("127.0.0.1:%d", etcdtest.FreePort(t))
+		addr := fmt.Sprintf("%s:%d", testaddr.Loopback(t), testaddr.Port(t))
 		startLeaseCandidate(t, s, "https://"+addr, "late", tr)
 		time.Sleep(2 * time.Second) // several failed reads, with backoff
 		if l := tr.leader(); l != "" {
@@ -243,7 +244,7 @@ func TestLease(t *testing.T) {
 		var proxies []*netfault.Proxy
 		var counters []*inFlightLock
 		for _, name := range []string{"a", "b"} {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			ln, err := net.Listen("tcp", testaddr.Loopback(t)+":0") // the serving certificate's address
 			if err != nil {
 				t.Fatal(err)
 			}

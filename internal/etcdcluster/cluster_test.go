@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/netfault"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 func TestMain(m *testing.M) {
@@ -78,11 +81,18 @@ func TestFollowsTheMemberList(t *testing.T) {
 	}
 }
 
-// With KeepSeeds a seed that no member advertises (here an alias of a
-// member's address) stays connected; without it, it goes.
+// With KeepSeeds a seed that no member advertises (here a proxy in front
+// of the member, as a load balancer or a DNS alias would be) stays
+// connected; without it, it goes.
 func TestKeepSeeds(t *testing.T) {
 	e := etcdtest.Start(t, 1)
-	alias := "http://localhost" + e.Endpoints[0][len("http://127.0.0.1"):]
+	ln, err := net.Listen("tcp", testaddr.Loopback(t)+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netfault.NewProxy(ln, strings.TrimPrefix(e.Endpoints[0], "http://"), testLog(t))
+	t.Cleanup(func() { _ = p.Close() })
+	alias := "http://" + ln.Addr().String()
 	for _, keep := range []bool{false, true} {
 		t.Run(fmt.Sprint("keep=", keep), func(t *testing.T) {
 			c := newCluster(t, Config{Endpoints: []string{alias}, KeepSeeds: keep})

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 func TestMain(m *testing.M) {
@@ -88,7 +89,7 @@ func TestListerReadsFollowsAndMovesOn(t *testing.T) {
 		t.Fatalf("%d members, %d learners after adding a learner; want 4 and 1: %+v", len(members), learners, members)
 	}
 	s := ServingOf(members)
-	if hosts := []string{etcdtest.Host(0), etcdtest.Host(1), etcdtest.Host(2)}; !slices.Equal(s.Hosts, hosts) {
+	if hosts := []string{testaddr.Host(t, 0), testaddr.Host(t, 1), testaddr.Host(t, 2)}; !slices.Equal(s.Hosts, hosts) {
 		t.Fatalf("served hosts %v, want the three voters %v", s.Hosts, hosts)
 	}
 

@@ -5,13 +5,13 @@ package etcdtest
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/testaddr"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -28,9 +28,9 @@ type Cluster struct {
 
 func (c *Cluster) host(i int) string {
 	if c.distinct {
-		return Host(i)
+		return testaddr.Host(c.t, i)
 	}
-	return "127.0.0.1"
+	return testaddr.Loopback(c.t)
 }
 
 // PeerURL returns member i's peer URL.
@@ -40,7 +40,7 @@ func (c *Cluster) PeerURL(i int) string { return c.cfgs[i].AdvertisePeerUrls[0].
 // next; the caller announces the peer URL with MemberAdd first.
 func (c *Cluster) NewMemberURLs() (peerURL, clientURL string) {
 	i := len(c.Members)
-	return fmt.Sprintf("http://%s:%d", c.host(i), FreePort(c.t)), fmt.Sprintf("http://%s:%d", c.host(i), FreePort(c.t))
+	return fmt.Sprintf("http://%s:%d", c.host(i), testaddr.Port(c.t)), fmt.Sprintf("http://%s:%d", c.host(i), testaddr.Port(c.t))
 }
 
 // Add starts a member that MemberAdd already announced with peerURL; cluster
@@ -60,15 +60,13 @@ func (c *Cluster) Add(name, peerURL, clientURL, cluster string) int {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.ClusterState = embed.ClusterStateFlagExisting
-	e, err := embed.StartEtcd(cfg)
+	e, err := startMember(cfg)
 	if err != nil {
 		c.t.Fatalf("start etcd member %s: %v", name, err)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		e.Close()
-		c.t.Fatalf("etcd member %s not ready", name)
+	if err := ready(e, name); err != nil {
+		stopMember(c.t, e, name)
+		c.t.Fatal(err)
 	}
 	c.Members = append(c.Members, e)
 	c.cfgs = append(c.cfgs, cfg)
@@ -78,21 +76,10 @@ func (c *Cluster) Add(name, peerURL, clientURL, cluster string) int {
 	return len(c.Members) - 1
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// Config returns the configuration of member name with the given ports on
-// 127.0.0.1, as part of cluster (name=peerURL,...).
+// Config returns the configuration of member name with the given ports
+// (from testaddr.Port) on testaddr.Loopback, as part of cluster (name=peerURL,...).
 func Config(t testing.TB, name string, clientPort, peerPort int, cluster string) *embed.Config {
-	return hostConfig(t, name, "127.0.0.1", clientPort, peerPort, cluster)
+	return hostConfig(t, name, testaddr.Loopback(t), clientPort, peerPort, cluster)
 }
 
 func hostConfig(t testing.TB, name, host string, clientPort, peerPort int, cluster string) *embed.Config {
@@ -109,7 +96,7 @@ func hostConfig(t testing.TB, name, host string, clientPort, peerPort int, clust
 	return cfg
 }
 
-// Start runs an n-member cluster on 127.0.0.1 and stops it when the test
+// Start runs an n-member cluster on testaddr.Loopback and stops it when the test
 // ends.
 func Start(t testing.TB, n int) *Cluster {
 	t.Helper()
@@ -117,15 +104,11 @@ func Start(t testing.TB, n int) *Cluster {
 }
 
 // StartDistinct is Start with member i on its own loopback address,
-// 127.0.0.(11+i), like nodes with an address each; see Host.
+// testaddr.Host(i), like nodes with an address each.
 func StartDistinct(t testing.TB, n int) *Cluster {
 	t.Helper()
 	return start(t, n, true)
 }
-
-// Host is the loopback address of the i-th member StartDistinct or Add
-// creates: 127.0.0.(11+i).
-func Host(i int) string { return fmt.Sprintf("127.0.0.%d", 11+i) }
 
 // StartAdvertising is StartDistinct where member i advertises the client
 // URL front(i, listen) instead of the one it listens on: a proxy in front
@@ -141,29 +124,13 @@ func start(t testing.TB, n int, distinct bool) *Cluster {
 }
 
 func startWith(t testing.TB, n int, distinct bool, front func(i int, listen string) string) *Cluster {
-	// FreePort's ports were free a moment ago; another test binary running
-	// beside this one (go test runs packages in parallel) may take one
-	// first. Then the whole cluster starts again on new ports.
-	for attempt := 1; ; attempt++ {
-		c, err := tryStart(t, n, distinct, front)
-		if err == nil {
-			t.Cleanup(c.Close)
-			return c
-		}
-		inUse := errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
-		if !inUse || attempt == 3 {
-			t.Fatal(err)
-		}
-		t.Logf("%v; starting the cluster again on other ports", err)
-	}
-}
-
-func tryStart(t testing.TB, n int, distinct bool, front func(i int, listen string) string) (*Cluster, error) {
+	t.Helper()
 	c := &Cluster{t: t, distinct: distinct}
+	t.Cleanup(c.Close)
 	clientPorts, peerPorts := make([]int, n), make([]int, n)
 	var initial []string
 	for i := 0; i < n; i++ {
-		clientPorts[i], peerPorts[i] = FreePort(t), FreePort(t)
+		clientPorts[i], peerPorts[i] = testaddr.Port(t), testaddr.Port(t)
 		name := fmt.Sprintf("m%d", i+1)
 		c.Names = append(c.Names, name)
 		initial = append(initial, fmt.Sprintf("%s=http://%s:%d", name, c.host(i), peerPorts[i]))
@@ -174,30 +141,83 @@ func tryStart(t testing.TB, n int, distinct bool, front func(i int, listen strin
 		if front != nil {
 			adv, err := url.Parse(front(i, cfg.ListenClientUrls[0].Host))
 			if err != nil {
-				c.Close()
-				return nil, fmt.Errorf("member %s's advertised client URL: %w", c.Names[i], err)
+				t.Fatalf("member %s's advertised client URL: %v", c.Names[i], err)
 			}
 			cfg.AdvertiseClientUrls = []url.URL{*adv}
 			c.Endpoints[i] = adv.String()
 		}
-		e, err := embed.StartEtcd(cfg)
+		e, err := startMember(cfg)
 		if err != nil {
-			c.Close()
-			return nil, fmt.Errorf("start etcd member %s: %w", c.Names[i], err)
+			t.Fatalf("start etcd member %s: %v", c.Names[i], err)
 		}
 		c.Members = append(c.Members, e)
 		c.cfgs = append(c.cfgs, cfg)
 		c.stopped = append(c.stopped, false)
 	}
 	for i, e := range c.Members {
-		select {
-		case <-e.Server.ReadyNotify():
-		case <-time.After(30 * time.Second):
-			c.Close()
-			return nil, fmt.Errorf("etcd member %s not ready", c.Names[i])
+		if err := ready(e, c.Names[i]); err != nil {
+			t.Fatal(err)
 		}
 	}
-	return c, nil
+	return c
+}
+
+// Bounds on an embedded member's start and stop. A member that takes
+// longer is stuck (embed.StartEtcd closes a member that fails to start,
+// and that close has been seen to wait for ever): the test fails with the
+// goroutines that tell where, instead of hanging until go test's timeout.
+const (
+	startWait = time.Minute
+	readyWait = 30 * time.Second
+	stopWait  = 30 * time.Second
+)
+
+// errStuck is returned by startMember when embed.StartEtcd did not return.
+var errStuck = errors.New("embed.StartEtcd did not return")
+
+// startMember runs embed.StartEtcd, bounded by startWait.
+func startMember(cfg *embed.Config) (*embed.Etcd, error) {
+	type result struct {
+		e   *embed.Etcd
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		e, err := embed.StartEtcd(cfg)
+		ch <- result{e, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.e, r.err
+	case <-time.After(startWait):
+		return nil, fmt.Errorf("%w within %v; where it waits:\n%s", errStuck, startWait, interesting(allStacks()))
+	}
+}
+
+func ready(e *embed.Etcd, name string) error {
+	select {
+	case <-e.Server.ReadyNotify():
+		return nil
+	case <-time.After(readyWait):
+		return fmt.Errorf("etcd member %s not ready within %v", name, readyWait)
+	}
+}
+
+// stopMember stops e at once (HardStop: no leadership transfer, like
+// SIGKILL) and closes its listeners, failing the test if that takes more
+// than stopWait.
+func stopMember(t testing.TB, e *embed.Etcd, name string) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.Server.HardStop()
+		e.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(stopWait):
+		t.Errorf("etcd member %s did not stop within %v; where it waits:\n%s", name, stopWait, interesting(allStacks()))
+	}
 }
 
 // Leader returns the index of the raft leader, or -1.
@@ -231,18 +251,19 @@ func (c *Cluster) Kill(i int) {
 		return
 	}
 	c.stopped[i] = true
-	c.Members[i].Server.HardStop()
-	c.Members[i].Close()
+	stopMember(c.t, c.Members[i], c.Names[i])
 }
 
-// Close stops every member. Safe to call twice.
+// Close stops every member as Kill does, all at once. Safe to call twice.
 func (c *Cluster) Close() {
+	var wg sync.WaitGroup
 	for i := range c.Members {
 		if !c.stopped[i] {
 			c.stopped[i] = true
-			c.Members[i].Close()
+			wg.Go(func() { stopMember(c.t, c.Members[i], c.Names[i]) })
 		}
 	}
+	wg.Wait()
 }
 
 // Retry calls f until it succeeds or d has passed, then fails the test.

@@ -26,9 +26,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/sakey"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 // Tokens of the users: admin (system:masters), nobody (no rights), and
@@ -66,7 +66,7 @@ func Binary(t testing.TB) string {
 
 // Server is a running kube-apiserver.
 type Server struct {
-	URL    string // https://127.0.0.1:PORT
+	URL    string // https://ADVERTISE-ADDRESS:PORT
 	CAFile string // the self-signed serving certificate, as a CA
 	Dir    string
 	// AuditLog is the audit log (one JSON event per line) with
@@ -84,12 +84,13 @@ type Options struct {
 	// Netns, when set, is the network namespace to run in (ip netns exec);
 	// the test process reaches the server through netns.Dialer.
 	Netns string
-	// BindAddress defaults to 127.0.0.1; AdvertiseAddress to BindAddress
-	// (or to 127.0.0.1 when binding 0.0.0.0).
+	// BindAddress defaults to the test binary's own loopback address
+	// (etcdtest.Loopback), or to 127.0.0.1 in Netns; AdvertiseAddress to
+	// BindAddress (or to 127.0.0.1 when binding 0.0.0.0).
 	BindAddress      string
 	AdvertiseAddress string
-	// Port defaults to a free port (free on the host: in a fresh
-	// namespace every port is).
+	// Port defaults to one of the test binary's own (etcdtest.Port): free
+	// on its loopback address, and in a fresh namespace every port is.
 	Port int
 	// Reconcile lets the server publish itself in the kubernetes Service's
 	// EndpointSlices (--endpoint-reconciler-type=lease). It needs a
@@ -98,7 +99,7 @@ type Options struct {
 	// Audit logs every request's metadata to Server.AuditLog.
 	Audit bool
 	// CertFile and KeyFile serve TLS, verified with CAFile; all empty: a
-	// self-signed certificate from --cert-dir (for 127.0.0.1).
+	// self-signed certificate from --cert-dir (for the advertise address).
 	CertFile, KeyFile, CAFile string
 }
 
@@ -116,10 +117,13 @@ func StartWith(t testing.TB, opts Options) *Server {
 	bin := Binary(t)
 	dir := t.TempDir()
 	if opts.Port == 0 {
-		opts.Port = etcdtest.FreePort(t)
+		opts.Port = testaddr.Port(t)
 	}
 	if opts.BindAddress == "" {
-		opts.BindAddress = "127.0.0.1"
+		opts.BindAddress = "127.0.0.1" // a namespace's own
+		if opts.Netns == "" {
+			opts.BindAddress = testaddr.Loopback(t) // this test binary's own
+		}
 	}
 	if opts.AdvertiseAddress == "" {
 		opts.AdvertiseAddress = opts.BindAddress

@@ -23,7 +23,8 @@ const (
 	// member's client port for 25 s (or 2.5 periods, if longer). That member
 	// keeps serving the other nodes; it must stay.
 	DrillPruneOneSided = "prune-one-sided"
-	// DrillPruneColdStart: stop vigil everywhere for 60 s, block one
+	// DrillPruneColdStart: stop vigil everywhere (for --prune-after + 15 s:
+	// every report vigil published has expired by then), block one
 	// member's client port, start vigil, and lift the block 2 s after a
 	// holder is elected. No member may go.
 	DrillPruneColdStart = "prune-cold-start"
@@ -39,8 +40,12 @@ var PruneDrills = []string{DrillPruneOneSided, DrillPruneColdStart, DrillPruneRe
 const (
 	// oneSidedBlock is how long the one-sided block lasts at least.
 	oneSidedBlock = 25 * time.Second
-	// coldStartPause is how long vigil stays stopped everywhere.
-	coldStartPause = 60 * time.Second
+	// coldStartExtra is how much longer than --prune-after vigil stays
+	// stopped everywhere in the cold-start drill: the published member
+	// views live 10 s after their vigil stops, so none is left when vigil
+	// starts again, and the member has been unreachable from nowhere for
+	// longer than the period.
+	coldStartExtra = 15 * time.Second
 	// realDeathSlack is how much later than --prune-after a dead member
 	// may be pruned: the observers' rounds, report freshness and the
 	// removal itself.
@@ -175,10 +180,11 @@ func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, vic
 		}
 	}
 	phase("stop vigil everywhere", "")
-	if !sleepCtx(ctx, coldStartPause) {
+	pause := l.st.Settings.PruneAfter + coldStartExtra
+	if !sleepCtx(ctx, pause) {
 		return ctx.Err()
 	}
-	phase(fmt.Sprintf("vigil stopped for %v", coldStartPause), "")
+	phase(fmt.Sprintf("vigil stopped for %v", pause), "")
 	if err := l.block(ctx, victim, "input", fmt.Sprintf("tcp dport %d", etcdClientPort)); err != nil {
 		return err
 	}

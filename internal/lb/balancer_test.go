@@ -11,7 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 // testLoops is Config.Loops for the balancers the tests start.
@@ -597,7 +598,11 @@ func TestDualStackListeners(t *testing.T) {
 		ln.Close()
 	}
 	be := newBackend(t, "a", false)
-	b, err := New(Config{Listen: "127.0.0.1:0", AlsoListen: []string{"[::1]:0"}, Loops: testLoops}, slog.New(slog.DiscardHandler))
+	// Ports of this test binary's own: after Run returns nothing may
+	// accept there, and a port the kernel handed out could be another
+	// process's by then.
+	b, err := New(Config{Listen: net.JoinHostPort(testaddr.Loopback(t), strconv.Itoa(testaddr.Port(t))),
+		AlsoListen: []string{net.JoinHostPort("::1", strconv.Itoa(testaddr.Port(t)))}, Loops: testLoops}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -633,12 +638,16 @@ func TestDualStackListeners(t *testing.T) {
 		}
 	}
 
-	busy, err := net.Listen("tcp", "[::1]:0")
+	// The second address is taken, the first is free: one port of this
+	// test binary's own on both (a port the kernel hands out for [::1]
+	// might be another process's on 127.0.0.1).
+	port := strconv.Itoa(testaddr.Port(t))
+	busy, err := net.Listen("tcp", net.JoinHostPort("::1", port))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	first := "127.0.0.1:" + strings.TrimPrefix(busy.Addr().String(), "[::1]:")
+	first := net.JoinHostPort(testaddr.Loopback(t), port)
 	if _, err := New(Config{Listen: first, AlsoListen: []string{busy.Addr().String()}}, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrPortInUse) {
 		t.Fatalf("New with a busy second address: %v, want ErrPortInUse", err)
 	}
