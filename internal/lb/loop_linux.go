@@ -120,7 +120,8 @@ type lpair struct {
 }
 
 // loopCmd asks a loop to close one pair, reset every client (resetAll),
-// or stop; ack is closed when done.
+// or stop; ack is closed when done (for a stop, postWait waits for the
+// loop to exit instead).
 type loopCmd struct {
 	p        *lpair
 	resetAll bool
@@ -425,11 +426,9 @@ func (l *evloop) commands() bool {
 		for p := range l.pairs {
 			l.closePair(p, false)
 		}
-		for _, c := range cmds {
-			if c.stop && c.ack != nil {
-				close(c.ack)
-			}
-		}
+		// A stop is acknowledged by the loop's exit, once run has closed
+		// the listeners too: until then the kernel would still complete
+		// connections to them.
 	}
 	return stop
 }
