@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The lab demo: builds a 3-node control plane in network namespaces (real etcd
 # and vigil on each node, a load balancer on the VIP, --prune-after 10s),
-# runs every failover drill once and the replacement of a dead VIP holder,
-# prints the outage each one caused and a summary, and removes the lab. Then
-# 30 s of randomized chaos (pause, freeze, stray VIPs in every form, link
+# runs every failover drill once, two load balancer drills and the
+# replacement of a dead VIP holder, prints the outage each one caused and a
+# summary, and removes the lab. Then 20 s of randomized chaos (pause, freeze, stray VIPs in every form, link
 # down, etcd latency and loss, an impostor etcd, ...) on a fresh lab, with the
 # one-holder invariant sampled on every node.
 #
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source hack/deps.sh ip nft
 hack/build.sh
-chaos=${CHAOS_DURATION:-30s}
+chaos=${CHAOS_DURATION:-20s}
 for a in "$@"; do
   [ "$a" = --full ] && chaos=${CHAOS_DURATION:-60s}
 done

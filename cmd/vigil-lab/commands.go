@@ -288,15 +288,16 @@ func newDemoCmd(g *globals) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Up, every failover drill, the replacement of a dead node, a summary table, down",
-		Long: `Builds a lab, runs every failover drill once and the replacement of a dead
-VIP holder (the membership story), prints what each cost and a summary
-table, and removes the lab: about two minutes.
+		Short: "Up, every failover drill, the replacement of a dead holder, a summary table, down",
+		Long: `Builds a lab, runs every failover drill once, two load balancer drills
+(apiserver-down, backend-killed) and the replacement of a dead VIP holder
+(the membership story), prints what each cost and a summary table, and
+removes the lab: about a minute and a half.
 
-With --full, every failover drill runs --count times (3) and every
-membership drill once (scale, replace-healthy, replace-node,
-scale-workers-unaffected, and the prune drills with --prune-after): about
-eight minutes.`,
+With --full, every drill runs --count times (3), the load balancer drills
+apiserver-slow and backend-paused too, and every membership drill once
+(scale, replace-healthy, replace-node, scale-workers-unaffected, and the
+prune drills with --prune-after): about eight minutes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if !cmd.Flags().Changed("count") && full {
@@ -305,9 +306,17 @@ eight minutes.`,
 			if count < 1 {
 				return fmt.Errorf("--count %d: must be at least 1", count)
 			}
-			membership := lab.MembershipDrills(s)
-			if !full && slices.Contains(membership, lab.DrillReplaceNode) {
-				membership = []string{lab.DrillReplaceNode}
+			drills, membership := lab.DrillsFor(s), lab.MembershipDrills(s)
+			if !full {
+				// The first minutes: one load balancer drill of each
+				// kind (a dead API server, a dead backend's watches)
+				// and the seed's story, a dead holder replaced.
+				drills = slices.DeleteFunc(drills, func(d string) bool {
+					return d == lab.DrillAPIServerSlow || d == lab.DrillBackendPaused
+				})
+				if slices.Contains(membership, lab.DrillReplaceNode) {
+					membership = []string{lab.DrillReplaceNode}
+				}
 			}
 			out := cmd.OutOrStdout()
 			if !asJSON {
@@ -324,7 +333,7 @@ eight minutes.`,
 				}
 			}
 			var rs []lab.Result
-			for _, kind := range lab.DrillsFor(s) {
+			for _, kind := range drills {
 				for i := 1; i <= count; i++ {
 					r := l.Drill(cmd.Context(), kind, i)
 					rs = append(rs, r)
