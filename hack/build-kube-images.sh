@@ -10,17 +10,27 @@
 # kube-proxy and CoreDNS are not built: the lab skips those kubeadm addons.
 # It also builds vigil's own image (hack/build-image.sh), which the lab's
 # static pods run.
-# Usage: bash hack/build-kube-images.sh
+# Usage: bash hack/build-kube-images.sh [--no-vigil-image]
+# --no-vigil-image leaves vigil's image alone (hack/test.sh builds it first,
+# on its own, because tests that run earlier need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=local CGO_ENABLED=0
+vigil_image=true
+case ${1:-} in
+"") ;;
+--no-vigil-image) vigil_image=false ;;
+*) echo "usage: hack/build-kube-images.sh [--no-vigil-image]" >&2; exit 2 ;;
+esac
 hack/build-kube.sh --all
-bash hack/build-image.sh >/dev/null
+if $vigil_image; then
+	bash hack/build-image.sh >/dev/null
+fi
 mkdir -p bin/kube-images bin/image
 version=$(bin/kubeadm version -o short)
 epoch=0
 for cmd in etcd pause; do
-	go build -trimpath -buildvcs=false -ldflags "-s -w -buildid=" -o "bin/image/$cmd" "./hack/kubeimages/$cmd"
+	go build -trimpath -gcflags=all=-dwarf=false -buildvcs=false -ldflags "-s -w -buildid=" -o "bin/image/$cmd" "./hack/kubeimages/$cmd"
 done
 out=()
 for ref in $(bin/kubeadm config images list --kubernetes-version "$version"); do

@@ -42,7 +42,7 @@ done
 [ ${#todo[@]} -gt 0 ] || exit 0
 echo "building ${todo[*]} $version (a cold build takes minutes on two cores)" >&2
 start=$SECONDS
-(cd hack/kube-apiserver && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o ../../bin/ "${todo[@]/#/k8s.io/kubernetes/cmd/}")
+(cd hack/kube-apiserver && CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" -o ../../bin/ "${todo[@]/#/k8s.io/kubernetes/cmd/}")
 for cmd in "${todo[@]}"; do
 	echo "$want" >"bin/.$cmd.stamp"
 done

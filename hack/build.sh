@@ -7,11 +7,15 @@ cd "$(dirname "$0")/.."
 export GOTOOLCHAIN=local
 mkdir -p bin
 # Static binaries (no cgo): they run on any distribution, and vigil-agent on
-# every worker does not map libc.
+# every worker does not map libc. No DWARF debug information, like the
+# image's binaries: stack traces are unchanged, and a cold build compiles
+# about 10 % faster (for a debugger, build with plain go build).
+# hack/test.sh tests the lab with these same flags, so the two share the
+# build cache: keep them in step.
 # The revision `vigil --version` and vigil_build_info report; Go's own VCS
 # stamp is often off (-buildvcs=false in GOFLAGS, or no .git).
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$revision" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
   revision="$revision-dirty"
 fi
-CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/vigil-ha/vigil.revision=$revision" -o bin/ ./cmd/vigil ./cmd/vigil-agent ./cmd/vigil-lab
+CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags "-w -X github.com/vigil-ha/vigil.revision=$revision" -o bin/ ./cmd/vigil ./cmd/vigil-agent ./cmd/vigil-lab
