@@ -38,6 +38,6 @@ for arch in $arches; do
   args+=(--binary "linux/$arch=bin/image/vigil-linux-$arch")
   args+=(--extra "vigil-agent@linux/$arch=bin/image/vigil-agent-linux-$arch")
 done
-go run ./hack/buildimage --out bin/vigil-image.oci.tar --epoch "$epoch" --revision "$revision" "${args[@]}"
+go run -trimpath -gcflags=all=-dwarf=false ./hack/buildimage --out bin/vigil-image.oci.tar --epoch "$epoch" --revision "$revision" "${args[@]}"
 echo "ghcr.io/vigil-ha/vigil:v$version -> bin/vigil-image.oci.tar"
 sha256sum bin/vigil-image.oci.tar

@@ -47,7 +47,7 @@ for ref in $(bin/kubeadm config images list --kubernetes-version "$version"); do
 		out+=("$ref")
 		continue
 	fi
-	go run ./hack/buildimage --out "$archive" --epoch "$epoch" --name "$name" --version "${ref##*:}" \
+	go run -trimpath -gcflags=all=-dwarf=false ./hack/buildimage --out "$archive" --epoch "$epoch" --name "$name" --version "${ref##*:}" \
 		--ref "$ref" --binary "linux/amd64=$bin"
 	echo "$ref" >"$archive.ref"
 	out+=("$ref")

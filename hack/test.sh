@@ -101,13 +101,25 @@ gotest() {
 labtest() { CGO_ENABLED=0 gotest "$@" -trimpath -gcflags=all=-dwarf=false -count=1 -timeout 30m ./internal/lab/; }
 labtest "lab (without Kubernetes binaries)" -skip '^(TestKubeadmLab|TestLeaseLab)$'
 
+# Every other package, with -race, in two groups so that the tests start as
+# soon as what they need is built: first those whose tests start no
+# kube-apiserver, beside the background build of it; then those that do
+# (they import internal/kubetest).
+all=$(go list ./... | grep -v /internal/lab$)
+withkube=$(go list -test -f '{{.ForTest}} {{join .Deps " "}}' ./... |
+  awk '$1 != "" && / github.com\/vigil-ha\/vigil\/internal\/kubetest( |$)/ {sub(/\.test$/, "", $1); print $1}' | sort -u)
+withoutkube=$(comm -23 <(printf '%s\n' $all | sort) <(printf '%s\n' $withkube))
+withkube=$(comm -12 <(printf '%s\n' $all | sort) <(printf '%s\n' $withkube))
+export VIGIL_REQUIRE_KUBE_APISERVER=1
 t=$SECONDS
 await race
 await image
+phase "waiting for the -race build, image" $((SECONDS - t))
+gotest "unit and integration (-race), no kube-apiserver" $race -count=1 -timeout 20m $withoutkube
+t=$SECONDS
 await apiserver
-phase "waiting for the -race build, image, kube-apiserver" $((SECONDS - t))
-export VIGIL_REQUIRE_KUBE_APISERVER=1
-gotest "unit and integration (-race)" $race -count=1 -timeout 20m $(go list ./... | grep -v /internal/lab$)
+phase "waiting for kube-apiserver" $((SECONDS - t))
+gotest "unit and integration (-race), kube-apiserver" $race -count=1 -timeout 20m $withkube
 
 t=$SECONDS
 await all
