@@ -7,7 +7,7 @@
 # ends with each package's time and the total.
 #
 # The order is chosen for a cold machine, where compiling is most of the
-# work: the tests' builds (vigil with the race detector, then the Kubernetes
+# work: the tests' builds (vigil with the race detector, its image, then the Kubernetes
 # binaries from source, then the images) run in the background at idle CPU
 # priority (SCHED_IDLE: they only get CPU nothing else wants), beside the
 # lab's own tests, which spend most of their time waiting for timers. Each
