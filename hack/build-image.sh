@@ -24,11 +24,14 @@ revision=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -n "$revision" ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
   revision="$revision-dirty"
 fi
-mkdir -p bin/image
-args=()
+# Every architecture is checked before anything is built.
 arches=${VIGIL_IMAGE_ARCHES:-amd64 arm64}
 for arch in $arches; do
   case $arch in amd64 | arm64) ;; *) echo "hack/build-image.sh: VIGIL_IMAGE_ARCHES: unknown architecture $arch (amd64, arm64)" >&2; exit 2 ;; esac
+done
+mkdir -p bin/image
+args=()
+for arch in $arches; do
   for cmd in vigil vigil-agent; do
     GOOS=linux GOARCH=$arch go build -trimpath -gcflags=all=-dwarf=false -buildvcs=false -ldflags "-s -w -buildid= -X github.com/vigil-ha/vigil.revision=$revision" \
       -o "bin/image/$cmd-linux-$arch" ./cmd/$cmd
