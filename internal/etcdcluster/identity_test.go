@@ -3,6 +3,7 @@ package etcdcluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netfault"
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 // An impostor at a member's address: a fresh one-member etcd answers at
@@ -140,14 +142,8 @@ func proxiesMember(c *Cluster, endpoint string) *Member {
 // one-shot command diagnosing a cluster that lost its majority) takes it.
 func TestProvisionalIdentity(t *testing.T) {
 	e := etcdtest.Start(t, 1)
-	dead := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return "http://" + ln.Addr().String()
-	}
+	// Ports of this binary's own loopback address that nothing listens on.
+	dead := func() string { return fmt.Sprintf("http://%s:%d", testaddr.Loopback(t), testaddr.Port(t)) }
 	seeds := []string{e.Endpoints[0], dead(), dead()}
 	for _, prov := range []bool{false, true} {
 		c := newCluster(t, Config{Endpoints: seeds, Provisional: prov})

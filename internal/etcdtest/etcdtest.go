@@ -93,6 +93,11 @@ func hostConfig(t testing.TB, name, host string, clientPort, peerPort int, clust
 	cfg.InitialCluster = cluster
 	cfg.InitialClusterToken = "etcdtest"
 	cfg.LogLevel = "error"
+	lg, err := logger()
+	if err != nil {
+		t.Fatalf("etcd's logger: %v", err)
+	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	return cfg
 }
 
