@@ -22,23 +22,41 @@ export GOTOOLCHAIN=local
 export VIGIL_REQUIRE_ROOT=1
 begin=$SECONDS
 log=$(mktemp -d)
-buildpid=
+buildpid= fetchpid=
 cleanup() {
   [ -n "$buildpid" ] && kill -- "-$buildpid" 2>/dev/null || true
+  [ -n "$fetchpid" ] && kill "$fetchpid" 2>/dev/null || true
   # Whatever happened, remove lab namespaces a crashed test may have left.
   bin/vigil-lab down >/dev/null 2>&1 || true
   rm -rf "$log"
 }
 trap cleanup EXIT
 phases=()
-phase() { phases+=("$(printf '%-44s %5d s' "$1" "$2")"); }
+# mark starts a phase; phase NAME records its time and how busy the two
+# cores were meanwhile (the whole machine's, from /proc/stat: where it is
+# below 100 %, something waited for a timer or the network, not for CPU).
+cpustat() { awk '$1 == "cpu" {t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t; exit}' /proc/stat; }
+mark() { t=$SECONDS; read -r cb ct < <(cpustat); }
+phase() {
+  local b tt
+  read -r b tt < <(cpustat)
+  phases+=("$(printf '%-50s %5d s  CPU %3d %%' "$1" $((SECONDS - t)) $((tt > ct ? 100 * (b - cb) / (tt - ct) : 0)))")
+}
 
-t=$SECONDS
+# The modules the Kubernetes build needs, fetched while hack/build.sh
+# compiles: the download waits on the network, the compile on the CPU.
+(cd hack/kube-apiserver && go list -deps k8s.io/kubernetes/cmd/{kube-apiserver,kubelet,kubeadm,kube-controller-manager,kube-scheduler} >/dev/null) &
+fetchpid=$!
+mark
+read -r cb0 ct0 < <(cpustat)
 hack/build.sh
 # Lab namespaces left by a run that was killed would make the lab tests
 # refuse to start.
 bin/vigil-lab down >/dev/null 2>&1 || true
-phase "vigil binaries" $((SECONDS - t))
+# A failed fetch is not fatal here: the build below fetches again and says why.
+wait "$fetchpid" || echo "hack/test.sh: fetching the Kubernetes modules failed; the build retries" >&2
+fetchpid=
+phase "vigil binaries (and the Kubernetes modules' download)"
 
 # The builds the later steps need, in the background, at idle priority, in
 # their own process group, in this order, each announced by a file in $log
@@ -53,7 +71,6 @@ export VIGIL_IMAGE_ARCHIVE="$PWD/bin/vigil-image.oci.tar"
 # The race build's flags, the same in step 4 so that it finds them cached
 # (no DWARF: race reports do not need it, and it is 10 % of the compile).
 race="-race -gcflags=all=-dwarf=false"
-t=$SECONDS
 # GOGC=400: the compiler collects garbage less often (5 % less CPU,
 # measured; each compile then peaks at about half a GiB).
 GOGC=400 setsid chrt --idle 0 bash -c '
@@ -87,11 +104,12 @@ status=0
 # gotest NAME ARGS...: go test, its output kept for the summary.
 runs=0
 gotest() {
-  local name=$1 s=$SECONDS rc=0
+  local name=$1 rc=0
   shift
   runs=$((runs + 1))
+  mark
   go test "$@" 2>&1 | tee "$log/$runs.out" || rc=${PIPESTATUS[0]}
-  phase "$name" $((SECONDS - s))
+  phase "$name"
   [ "$rc" = 0 ] || status=$rc
 }
 
@@ -115,24 +133,24 @@ withkube=$(go list -test -f '{{with .ForTest}}{{.}}{{else}}{{.ImportPath}}{{end}
 withoutkube=$(comm -23 <(printf '%s\n' $all | sort) <(printf '%s\n' $withkube))
 withkube=$(comm -12 <(printf '%s\n' $all | sort) <(printf '%s\n' $withkube))
 export VIGIL_REQUIRE_KUBE_APISERVER=1
-t=$SECONDS
+mark
 await race
 await image
-phase "waiting for the -race build, image" $((SECONDS - t))
+phase "waiting for the -race build, image"
 gotest "unit and integration (-race), no kube-apiserver" $race -p 3 -count=1 -timeout 20m $withoutkube
-t=$SECONDS
+mark
 await apiserver
-phase "waiting for kube-apiserver" $((SECONDS - t))
+phase "waiting for kube-apiserver"
 gotest "unit and integration (-race), kube-apiserver" $race -p 3 -count=1 -timeout 20m $withkube
 # The Lease election against real kube-apiservers needs nothing more, so it
 # runs while the background build finishes the kubeadm binaries and images.
 labtest "lab: Lease" -run '^TestLeaseLab$'
 
-t=$SECONDS
+mark
 await all
 wait "$buildpid" || true
 buildpid=
-phase "waiting for kubelet, kubeadm, images" $((SECONDS - t))
+phase "waiting for kubelet, kubeadm, images"
 export VIGIL_REQUIRE_KUBEADM_LAB=1
 labtest "lab: kubeadm" -run '^TestKubeadmLab$'
 
@@ -146,6 +164,8 @@ cat "$log"/*.out | awk '($1 == "ok" || $1 == "FAIL") && $2 ~ /^github.com\// {
 for p in "${phases[@]}"; do echo "$p"; done
 echo "background builds (idle priority, beside the steps above):"
 sed 's/^/  /' "$log/stages"
-printf '%-44s %5d s\n' "total" $((SECONDS - begin))
+cb=$cb0 ct=$ct0 t=$begin
+phase "total"
+echo "${phases[-1]}"
 [ "$status" = 0 ] && echo "PASS" || echo "FAIL"
 exit $status
