@@ -204,6 +204,10 @@ func newDrillCmd(g *globals) *cobra.Command {
   prune-real-death   (needs up --prune-after) power off a member that does
                      not hold the VIP; it must be pruned within
                      --prune-after + 5 s (not before), then a new node joins
+  prune-client-port  (needs up --prune-after) on a member that does not hold
+                     the VIP, drop what arrives for its client port for 5
+                     periods (25 s at least) while raft replicates to it as
+                     before; it must stay
   kubeadm-vigil-killed  (kubeadm lab) SIGKILL the holder's vigil container
                      process, PID 1 of its container: its guard, a container
                      of its own, must remove the VIP at once; kubelet

@@ -64,7 +64,7 @@ func newMembersCmd() *cobra.Command {
 	var ef etcdFlags
 	cmd := &cobra.Command{
 		Use:   "members",
-		Short: "Inspect and safely change etcd membership (list, remove, prune, replace, preflight)",
+		Short: "Inspect and safely change etcd membership (list, remove, prune, replace, preflight, recover)",
 		Long: `Inspect and change the control plane's etcd membership without risking quorum.
 
 Every change first reads the member list and asks each member for its status
@@ -72,6 +72,11 @@ Every change first reads the member list and asks each member for its status
 refuses anything that would leave fewer healthy voters than the quorum of
 the remaining ones, or that needs a quorum the cluster does not have.
 Refusals say why and what to do instead; nothing is changed.
+
+A member that does not answer is not necessarily gone: before a prune, and
+in list, every member that answers is asked which peers its raft transport
+has a working link with. A member raft still links (its client port
+filtered or stalled, its peer port working) is never pruned.
 
 Every vigil run observes every member once a second and publishes its view
 in etcd under /vigil/member-views/: how long it has seen each member
@@ -85,7 +90,7 @@ The connection flags are those of vigil run. With kubeadm:
   --etcd-key /etc/kubernetes/pki/apiserver-etcd-client.key`,
 	}
 	ef.add(cmd)
-	cmd.AddCommand(newMembersListCmd(&ef), newMembersRemoveCmd(&ef), newMembersPruneCmd(&ef), newMembersReplaceCmd(&ef), newMembersPreflightCmd(&ef))
+	cmd.AddCommand(newMembersListCmd(&ef), newMembersRemoveCmd(&ef), newMembersPruneCmd(&ef), newMembersReplaceCmd(&ef), newMembersPreflightCmd(&ef), newMembersRecoverCmd(&ef))
 	return cmd
 }
 
@@ -108,6 +113,7 @@ func newMembersListCmd(ef *etcdFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cl.CheckRaft(cmd.Context(), &v)
 			w := cmd.OutOrStdout()
 			switch output {
 			case "json":
@@ -123,7 +129,7 @@ func newMembersListCmd(ef *etcdFlags) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tID\tROLE\tLEADER\tHEALTHY\tLAG\tDB\tSEEN BY VIGIL\tPEER URLS\tCLIENT URLS")
+			fmt.Fprintln(tw, "NAME\tID\tROLE\tLEADER\tHEALTHY\tRAFT LINKS\tLAG\tDB\tSEEN BY VIGIL\tPEER URLS\tCLIENT URLS")
 			for _, m := range v.Members {
 				role := "voter"
 				if m.Learner {
@@ -133,8 +139,8 @@ func newMembersListCmd(ef *etcdFlags) *cobra.Command {
 				if name == "" {
 					name = "(not started)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", name, m.IDString(), role, yesNo(m.Leader), yesNo(m.Reachable),
-					m.Lag, size(m.DBSize), seenBy(m), strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", name, m.IDString(), role, yesNo(m.Leader), yesNo(m.Reachable),
+					raftLinks(m.Raft), m.Lag, size(m.DBSize), seenBy(m), strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
 			}
 			return tw.Flush()
 		},
@@ -258,6 +264,19 @@ Ready; permission to delete Nodes is checked before the member is touched.`,
 	return cmd
 }
 
+// raftLinks sums up what the other answering members' raft transports
+// say of a member: "2/2" (linked from 2 of the 2 asked), "0/2", or "?"
+// when none could be read.
+func raftLinks(r *membership.RaftLinks) string {
+	switch {
+	case r == nil:
+		return "-"
+	case !r.Known():
+		return "?"
+	}
+	return fmt.Sprintf("%d/%d", len(r.LinkedFrom), r.Asked)
+}
+
 // seenBy sums up the vigils' views of m: "cp1 up, cp2 down 12s".
 func seenBy(m membership.Member) string {
 	if len(m.SeenBy) == 0 {
@@ -295,6 +314,15 @@ A member only some vigils lose (a one-sided firewall rule, an asymmetric
 partition) is refused, with a non-zero exit: the evidence is one-sided.
 --force removes every member unreachable from here whatever the views say.
 
+Nor is a member pruned while raft may still have it, even with --force:
+before each removal every member that answers is asked which peers its raft
+transport has a working link with (etcd_network_active_peers on its client
+URL). A member whose client port is filtered, or too busy to answer, keeps
+its links and is refused with a non-zero exit; one that is powered off,
+partitioned or stopped loses them within about 5 seconds. If no member's
+links can be read, nothing is pruned. remove --force removes a member
+regardless.
+
 Before each removal the cluster is read again and the quorum rules of
 remove apply, so prune never goes below a healthy majority and two prunes
 at once are safe. A member that never started (added, no name yet) is
@@ -330,10 +358,13 @@ permission to delete Nodes is checked before anything is removed.`,
 			for _, m := range removed {
 				gone[m.ID] = true
 			}
-			var refused []string
+			var refused, held []string
 			for _, cs := range cases {
 				switch {
 				case gone[cs.Member.ID] || dryRun && cs.Removable(membership.PruneConfig{MinDown: minDown, Force: force}):
+				case cs.RaftHolds() != "":
+					say.line("%s does not answer on its client URL, but %s", cs.Member.Label(), cs.RaftHolds())
+					held = append(held, cs.Member.Name)
 				case cs.Verdict == membership.OneSided:
 					say.line("%s is unreachable from here, but the evidence is one-sided: %s", cs.Member.Label(), cs.Evidence())
 					refused = append(refused, cs.Member.Name)
@@ -353,6 +384,9 @@ permission to delete Nodes is checked before anything is removed.`,
 					return err
 				}
 			}
+			if len(held) > 0 {
+				return fmt.Errorf("%w: not pruning %s: raft may still have it (see RAFT LINKS in vigil members list); if it must go, vigil members remove --force", membership.ErrRefused, strings.Join(held, ", "))
+			}
 			if len(refused) > 0 {
 				return fmt.Errorf("%w: not pruning %s: fewer than a majority of the voters' vigils see it down; check what cuts this node off, or pass --force to remove it on this node's view alone", membership.ErrRefused, strings.Join(refused, ", "))
 			}
@@ -361,7 +395,7 @@ permission to delete Nodes is checked before anything is removed.`,
 	}
 	nf.add(cmd)
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be removed, remove nothing")
-	cmd.Flags().BoolVar(&force, "force", false, "remove every member unreachable from here, whatever the other vigils report (the quorum rules still apply)")
+	cmd.Flags().BoolVar(&force, "force", false, "remove every member unreachable from here, whatever the other vigils report (the quorum rules still apply, and a member raft still links is kept)")
 	cmd.Flags().DurationVar(&minDown, "min-down", 5*time.Minute, "how long a majority of the voters' vigils must have seen a member unreachable")
 	return cmd
 }

@@ -368,8 +368,15 @@ func (n *node) newObserver() error {
 	if cfg.PruneDeleteNode {
 		w.nodes = newNodeReaper(n.kc, cfg.PruneAfter, mlog)
 	}
+	var veto func(context.Context, membership.Member) string
+	switch {
+	case cfg.PruneAfter > 0 && n.kc != nil:
+		veto = newCAPIVeto(n.kc, cfg.NodeName, mlog).check
+	case cfg.PruneAfter > 0:
+		mlog.Info("--prune-after without --kubeconfig: vigil cannot see whether Cluster API manages these machines (its remediation removes etcd members itself); where it does, leave --prune-after off")
+	}
 	n.observer = membership.NewObserver(members, membership.ObserverConfig{
-		Node: cfg.NodeName, Member: cfg.EtcdMemberName, PruneAfter: cfg.PruneAfter,
+		Node: cfg.NodeName, Member: cfg.EtcdMemberName, PruneAfter: cfg.PruneAfter, Veto: veto,
 		Holding: n.h.holding, OnRound: w.observed, OnPruned: w.pruned,
 		OnLive: func(live []string) {
 			if hs := n.h.handoffs; hs != nil {

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -95,6 +96,7 @@ type Cluster struct {
 	listAt  time.Time
 	voters  map[uint64]string // ID -> name, from list
 	closed  bool
+	http    *http.Client // for PeerLinks, made on first use
 
 	readMu sync.Mutex   // one member list read at a time; the others wait for it
 	reads  atomic.Int64 // member list reads sent (each through every member)

@@ -259,6 +259,33 @@ func (c *Cluster) Kill(i int) {
 	stopMember(c.t, c.Members[i], c.Names[i])
 }
 
+// DataDir returns member i's data directory.
+func (c *Cluster) DataDir(i int) string { return c.cfgs[i].Dir }
+
+// Restart starts member i again after Kill, from its data directory, on
+// the same URLs.
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	if !c.stopped[i] {
+		c.t.Fatalf("etcd member %s is running", c.Names[i])
+	}
+	old := c.cfgs[i]
+	cfg := hostConfig(c.t, old.Name, "", 0, 0, old.InitialCluster)
+	cfg.Dir = old.Dir
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = old.ListenClientUrls, old.AdvertiseClientUrls
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = old.ListenPeerUrls, old.AdvertisePeerUrls
+	cfg.ClusterState = embed.ClusterStateFlagExisting
+	e, err := startMember(cfg)
+	if err != nil {
+		c.t.Fatalf("restart etcd member %s: %v", c.Names[i], err)
+	}
+	if err := ready(e, c.Names[i]); err != nil {
+		stopMember(c.t, e, c.Names[i])
+		c.t.Fatal(err)
+	}
+	c.Members[i], c.cfgs[i], c.stopped[i] = e, cfg, false
+}
+
 // Close stops every member as Kill does, all at once. Safe to call twice.
 func (c *Cluster) Close() {
 	var wg sync.WaitGroup

@@ -36,6 +36,30 @@ func TestKubernetes(t *testing.T) {
 	s.WaitNamespace(t, "kube-system")
 	t.Run("Events", func(t *testing.T) { testEvents(t, admin, s.Client(t, kubetest.NobodyToken)) })
 	t.Run("DeleteDeadNode", func(t *testing.T) { testDeleteDeadNode(t, admin) })
+	t.Run("ClusterAPIManager", func(t *testing.T) { testClusterAPIManager(t, admin) })
+}
+
+func testClusterAPIManager(t *testing.T, admin kubernetes.Interface) {
+	ctx := ctxTimeout(t, 10*time.Second)
+	for name, ann := range map[string]map[string]string{
+		"capi-kcp":   {CAPIMachineAnnotation: "prod-cp-x7k2z", CAPIOwnerKindAnnotation: "KubeadmControlPlane", CAPIOwnerNameAnnotation: "prod-cp", "cluster.x-k8s.io/cluster-name": "prod"},
+		"capi-bare":  {CAPIMachineAnnotation: "m-1"},
+		"plain-node": {"kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock"},
+	} {
+		if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: ann}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, want := range map[string]string{
+		"capi-kcp":   "KubeadmControlPlane/prod-cp (Machine prod-cp-x7k2z)",
+		"capi-bare":  "Cluster API (Machine m-1)",
+		"plain-node": "",
+		"no-such":    "",
+	} {
+		if got, err := ClusterAPIManager(ctx, admin, name); err != nil || got != want {
+			t.Errorf("ClusterAPIManager(%s) = %q, %v; want %q", name, got, err, want)
+		}
+	}
 }
 
 func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {

@@ -107,3 +107,36 @@ func NodeLeaseRenewal(ctx context.Context, cs kubernetes.Interface, name string)
 	}
 	return renew, true, nil
 }
+
+// Cluster API marks the Node of every machine it manages: the Machine's
+// name, and the kind and name of the controller that owns the Machine
+// (KubeadmControlPlane for a kubeadm control plane). That controller's
+// remediation removes a control-plane machine's etcd member itself, so a
+// second remover (vigil run --prune-after) would race it.
+const (
+	CAPIMachineAnnotation   = "cluster.x-k8s.io/machine"
+	CAPIOwnerKindAnnotation = "cluster.x-k8s.io/owner-kind"
+	CAPIOwnerNameAnnotation = "cluster.x-k8s.io/owner-name"
+)
+
+// ClusterAPIManager says what manages the Node called name when Cluster
+// API does, e.g. "KubeadmControlPlane/prod-cp (Machine prod-cp-x7k2z)";
+// "" when it does not, or when there is no such Node.
+func ClusterAPIManager(ctx context.Context, cs kubernetes.Interface, name string) (string, error) {
+	n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("get node %s: %w", name, err)
+	}
+	machine, ok := n.Annotations[CAPIMachineAnnotation]
+	if !ok {
+		return "", nil
+	}
+	owner := "Cluster API"
+	if kind := n.Annotations[CAPIOwnerKindAnnotation]; kind != "" {
+		owner = kind + "/" + n.Annotations[CAPIOwnerNameAnnotation]
+	}
+	return fmt.Sprintf("%s (Machine %s)", owner, machine), nil
+}

@@ -32,10 +32,16 @@ const (
 	// It must be pruned within --prune-after + 5 s, and not before
 	// --prune-after; then a new node joins in its place.
 	DrillPruneRealDeath = "prune-real-death"
+	// DrillPruneClientPort: on a member that does not hold the VIP, drop
+	// every packet that arrives on its network interface for its client
+	// port, for 5 periods (25 s at least). Its peer port works: raft
+	// replicates to it, and every other vigil sees it unreachable for
+	// longer than --prune-after. It must stay.
+	DrillPruneClientPort = "prune-client-port"
 )
 
 // PruneDrills lists the prune drills.
-var PruneDrills = []string{DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath}
+var PruneDrills = []string{DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort}
 
 const (
 	// oneSidedBlock is how long the one-sided block lasts at least.
@@ -75,6 +81,10 @@ type PruneResult struct {
 	// Witnesses is what every vigil's view said of the victim at the
 	// end of the fault.
 	Witnesses string `json:"witnesses,omitempty"`
+	// RaftLinkedFrom (client port): the members whose raft transport the
+	// holder's vigil members list found linked with the victim, last
+	// time it answered during the block.
+	RaftLinkedFrom []string `json:"raftLinkedFrom,omitempty"`
 }
 
 func (p *PruneResult) String() string {
@@ -89,6 +99,9 @@ func (p *PruneResult) String() string {
 	}
 	if p.Witnesses != "" {
 		s += " [" + p.Witnesses + "]"
+	}
+	if len(p.RaftLinkedFrom) > 0 {
+		s += ", raft linked from " + strings.Join(p.RaftLinkedFrom, ",")
 	}
 	return s
 }
@@ -119,6 +132,8 @@ func (l *Lab) pruneDrill(ctx context.Context, kind string, r *Result) error {
 		return l.pruneOneSided(ctx, r, p, holder, victim, phase)
 	case DrillPruneColdStart:
 		return l.pruneColdStart(ctx, r, p, victim, phase)
+	case DrillPruneClientPort:
+		return l.pruneClientPort(ctx, r, p, holder, victim, phase)
 	default:
 		return l.pruneRealDeath(ctx, r, p, holder, victim, phase)
 	}
@@ -171,6 +186,92 @@ func (l *Lab) pruneOneSided(ctx context.Context, r *Result, p *PruneResult, hold
 		return fmt.Errorf("the block did not take: %s saw %s down for only %.0fms of the %.0fms period", holder, victim.Name, p.HolderSawDownMillis, p.PruneAfterMillis)
 	}
 	return l.finishStill(ctx, r, pr, start, holder, "during a one-sided block")
+}
+
+// clientPortBlock is how many periods the client-port drill blocks the
+// port for, and its least duration.
+const (
+	clientPortPeriods  = 5
+	clientPortBlockMin = 25 * time.Second
+)
+
+func (l *Lab) pruneClientPort(ctx context.Context, r *Result, p *PruneResult, holder string, victim *Node, phase func(string, string)) error {
+	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	start := time.Now()
+	block := max(clientPortBlockMin, clientPortPeriods*l.st.Settings.PruneAfter)
+	// Only what arrives on the network interface: the member's own vigil
+	// and API server reach it over loopback, as kubeadm's do.
+	rule := fmt.Sprintf("iifname %q tcp dport %d", nodeIface, etcdClientPort)
+	if err := l.block(ctx, victim, "input", rule); err != nil {
+		return err
+	}
+	defer l.unblock(victim)
+	phase(fmt.Sprintf("drop %s:%d from the network", victim.Name, etcdClientPort), "")
+	for end := time.Now().Add(block); time.Now().Before(end); {
+		if gone, err := l.memberGone(ctx, victim.Name); err == nil && gone {
+			return fmt.Errorf("PRUNED A WORKING MEMBER: %s was removed while only its client port was filtered (raft linked from %v)", victim.Name, p.RaftLinkedFrom)
+		}
+		if v, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
+			if s, ok := v[holder]; ok && !s.Reachable {
+				p.HolderSawDownMillis = max(p.HolderSawDownMillis, float64(s.DownMillis))
+			}
+			p.Witnesses = describeViews(v)
+		}
+		if linked, err := l.raftLinksOf(ctx, holder, victim.Name); err == nil {
+			p.RaftLinkedFrom = linked
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+	phase(fmt.Sprintf("hold the block %v", block), p.Witnesses)
+	if err := l.unblock(victim); err != nil {
+		return err
+	}
+	if err := l.pruneSettle(ctx, p, victim.Name); err != nil {
+		return err
+	}
+	phase("unblock, settle", "")
+	switch {
+	case p.Pruned:
+		return fmt.Errorf("PRUNED A WORKING MEMBER: %s is gone; members %v", victim.Name, p.Members)
+	case p.HolderSawDownMillis < p.PruneAfterMillis:
+		return fmt.Errorf("the block did not take: %s saw %s down for only %.0fms of the %.0fms period", holder, victim.Name, p.HolderSawDownMillis, p.PruneAfterMillis)
+	case len(p.RaftLinkedFrom) == 0:
+		return fmt.Errorf("vigil members list never showed raft linking %s during the block", victim.Name)
+	}
+	return l.finishStill(ctx, r, pr, start, holder, "while a member's client port was filtered")
+}
+
+// raftLinksOf returns the members whose raft transport links member name,
+// as vigil members list (run on node from) shows them.
+func (l *Lab) raftLinksOf(ctx context.Context, from, name string) ([]string, error) {
+	out, err := l.vigilMembers(ctx, from, "list", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var ms []struct {
+		Name string `json:"name"`
+		Raft *struct {
+			LinkedFrom []string `json:"linkedFrom"`
+		} `json:"raft"`
+	}
+	if err := json.Unmarshal([]byte(out), &ms); err != nil {
+		return nil, fmt.Errorf("vigil members list -o json: %w", err)
+	}
+	for _, m := range ms {
+		if m.Name == name {
+			if m.Raft == nil {
+				return nil, nil
+			}
+			return m.Raft.LinkedFrom, nil
+		}
+	}
+	return nil, errors.New("no member " + name)
 }
 
 func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, victim *Node, phase func(string, string)) error {

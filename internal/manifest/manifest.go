@@ -373,8 +373,9 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 //     its election Lease in kube-system (get, watch, create, update); in
 //     the default namespace, the kubernetes Service's EndpointSlices (list,
 //     watch) to find API servers and Events on its Node (create); Nodes
-//     (get, delete) and node Leases in kube-node-lease (get), used only by
-//     the opt-in removal of a pruned member's Node. Nodes are the one
+//     (get, delete) and node Leases in kube-node-lease (get), used by the
+//     opt-in removal of a pruned member's Node, and Nodes (get) by
+//     --prune-after to see whether Cluster API manages them. Nodes are the one
 //     cluster-wide grant: they have no namespace.
 //   - vigil agent (ServiceAccount kube-system/vigil-agent, or the user
 //     "vigil-agent"): the EndpointSlices in default (list, watch).

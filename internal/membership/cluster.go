@@ -209,6 +209,7 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 			continue
 		}
 		m.Reachable = true
+		m.endpoint = ep
 		m.Leader = st.Leader == m.ID
 		m.RaftIndex = st.RaftIndex
 		m.DBSize = st.DBSize

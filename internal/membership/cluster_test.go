@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/netfault"
 )
 
 func TestMain(m *testing.M) {
@@ -218,6 +220,7 @@ func TestPrune(t *testing.T) {
 	// m1, m2 and m3 report m4 down for two minutes. Only m1 lost m5;
 	// m2 and m3 still reach it (a one-sided view).
 	m4, m5 := ms["m4"], ms["m5"]
+	unlinked(t, cl, "m4", "m5")
 	publishAs(t, c, report("m1", seen{m4, 2 * time.Minute}, seen{m5, 2 * time.Minute}))
 	publishAs(t, c, report("m2", seen{m4, 2 * time.Minute}, seen{m5, up}))
 	publishAs(t, c, report("m3", seen{m4, 2 * time.Minute}, seen{m5, up}))
@@ -269,6 +272,104 @@ func TestPrune(t *testing.T) {
 	removed, _, err = cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Force: true}, say(t))
 	if err != nil || len(removed) != 1 || removed[0].Name != "m5" {
 		t.Fatalf("Prune --force = %v, %v", removed, err)
+	}
+}
+
+// unlinked waits until raft has lost the members named: no answering
+// member's transport has a working link with them (a second or so after
+// their etcd stopped).
+func unlinked(t *testing.T, cl *Cluster, names ...string) {
+	t.Helper()
+	etcdtest.Retry(t, 15*time.Second, "raft to lose "+strings.Join(names, ", "), func() error {
+		v, err := cl.View(ctx(t))
+		if err != nil {
+			return err
+		}
+		cl.CheckRaft(ctx(t), &v)
+		for _, m := range v.Members {
+			if slices.Contains(names, m.Name) && (m.Raft.Linked() || !m.Raft.Known()) {
+				return fmt.Errorf("%s: raft %s", m.Name, m.Raft)
+			}
+		}
+		return nil
+	})
+}
+
+// A member whose client port does not answer (a proxy in front of it holds
+// every answer back, as a filtered or stalled port would) while its peer
+// port replicates as before is not pruned, not even by force, and list
+// shows both views; once its etcd stops, raft loses it and prune removes
+// it.
+func TestFilteredClientPortIsNotPruned(t *testing.T) {
+	var mu sync.Mutex
+	proxies := map[int]*netfault.Proxy{}
+	c := etcdtest.StartAdvertising(t, 3, func(i int, listen string) string {
+		host, _, _ := strings.Cut(listen, ":")
+		ln, err := net.Listen("tcp", host+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := netfault.NewProxy(ln, listen, slog.New(slog.DiscardHandler))
+		t.Cleanup(func() { _ = p.Close() })
+		mu.Lock()
+		proxies[i] = p
+		mu.Unlock()
+		return "http://" + ln.Addr().String()
+	})
+	cl := newCluster(t, c)
+	settle(t, c)
+	if err := proxies[2].Set(netfault.Delay{Latency: netfault.MaxDelay}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := cl.View(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.CheckRaft(ctx(t), &v)
+	m3, err := v.Find("m3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m3.Reachable || !m3.Raft.Linked() || m3.Raft.Asked != 2 {
+		t.Fatalf("m3 with its client port held: reachable %v, raft %s; want unreachable and linked from both", m3.Reachable, m3.Raft)
+	}
+	for _, name := range []string{"m1", "m2"} {
+		if m, _ := v.Find(name); !m.Reachable || len(m.Raft.LinkedFrom) != 1 {
+			t.Fatalf("%s: reachable %v, raft %s; want reachable, linked from the other answering member", name, m.Reachable, m.Raft)
+		}
+	}
+	// Both survivors report m3 down for an hour: the evidence is agreed,
+	// and --force asks for it too.
+	publishAs(t, c, report("m1", seen{m3, time.Hour}))
+	publishAs(t, c, report("m2", seen{m3, time.Hour}))
+	fresh := func(string) bool { return true }
+	for _, force := range []bool{false, true} {
+		removed, cases, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Force: force}, say(t))
+		if err != nil || len(removed) != 0 || len(cases) != 1 || cases[0].RaftHolds() == "" {
+			t.Fatalf("Prune(force=%v) of a member raft still has = %v, %+v, %v", force, removed, cases, err)
+		}
+		t.Logf("force=%v: %s", force, cases[0].RaftHolds())
+	}
+	if got := names(t, cl); len(got) != 3 {
+		t.Fatalf("members: %v", got)
+	}
+	// Its etcd stops: raft loses it, and the same evidence prunes it,
+	// unless something else manages its machine (a veto).
+	c.Kill(2)
+	unlinked(t, cl, "m3")
+	var vetoed []Event
+	veto := func(_ context.Context, m Member) string { return "Cluster API manages node " + m.Name }
+	removed, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Veto: veto}, func(e Event) {
+		if e.Kind == EventVetoed {
+			vetoed = append(vetoed, e)
+		}
+	})
+	if err != nil || len(removed) != 0 || len(vetoed) != 1 || !strings.Contains(vetoed[0].Text, "Cluster API manages node m3") {
+		t.Fatalf("Prune with a veto = %v, %v; vetoed %v", removed, err, vetoed)
+	}
+	removed, _, err = cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh}, say(t))
+	if err != nil || len(removed) != 1 || removed[0].Name != "m3" {
+		t.Fatalf("Prune after m3 stopped = %v, %v", removed, err)
 	}
 }
 

@@ -18,6 +18,7 @@ const (
 	EventWouldRemove EventKind = "would-remove" // dry run
 	EventWouldKeep   EventKind = "would-keep"   // dry run: the removal would be refused
 	EventEvidence    EventKind = "evidence"     // why a member is being removed
+	EventVetoed      EventKind = "vetoed"       // removable, but something else manages that machine (Cluster API)
 	// Replacement, in its four steps.
 	EventStep      EventKind = "step"
 	EventStartEtcd EventKind = "start-etcd" // the command line the new member's etcd needs

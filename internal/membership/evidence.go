@@ -238,7 +238,11 @@ func (c Case) Evidence() string {
 	if len(parts) == 0 {
 		parts = append(parts, "no vigil has reported")
 	}
-	return fmt.Sprintf("%d of %d voters needed agree: %s", c.Agree, c.Needed, strings.Join(parts, ", "))
+	out := fmt.Sprintf("%d of %d voters needed agree: %s", c.Agree, c.Needed, strings.Join(parts, ", "))
+	if c.Member.Raft != nil {
+		out += "; raft: " + c.Member.Raft.String()
+	}
+	return out
 }
 
 // Book tells fresh reports from stale ones on the reader's own clock: a

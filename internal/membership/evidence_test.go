@@ -117,6 +117,7 @@ func TestJudge(t *testing.T) {
 
 func TestCasesAndRemovable(t *testing.T) {
 	a, b, c := voter("a", true), voter("b", true), voter("c", false)
+	c.Raft = &RaftLinks{Asked: 2}                     // raft lost it too
 	v := view(a, b, c, Member{ID: 99, Learner: true}) // and an added member that never started
 	v.Reports = []Report{report("b", seen{c, time.Minute}), report("a", seen{c, time.Hour})}
 	self := report("a", seen{c, 10 * time.Second})
@@ -171,5 +172,46 @@ func TestBookJudgesFreshnessByChange(t *testing.T) {
 	b.Note(nil, t0.Add(7*time.Second))
 	if b.Fresh("a", t0.Add(7*time.Second)) || b.Fresh("zz", t0) {
 		t.Fatal("a withdrawn or unknown report is fresh")
+	}
+}
+
+// Agreed evidence and even --force do not remove a member while raft may
+// still have it: a working link from an answering member, links that
+// could not be read, or links never read.
+func TestRaftHoldsBack(t *testing.T) {
+	a, b, c := voter("a", true), voter("b", true), voter("c", false)
+	reports := []Report{report("a", seen{c, time.Hour}), report("b", seen{c, time.Hour})}
+	fresh := func(string) bool { return true }
+	for _, tc := range []struct {
+		name string
+		raft *RaftLinks
+		says string
+	}{
+		{"linked", &RaftLinks{LinkedFrom: []string{"b"}, Asked: 2}, "linked from b (1 of 2 asked)"},
+		{"unreadable", &RaftLinks{Error: "connection refused"}, "cannot tell"},
+		{"not read", nil, "not read"},
+	} {
+		c.Raft = tc.raft
+		v := view(a, b, c)
+		v.Reports = reports
+		cs := v.Cases(PruneConfig{MinDown: time.Minute, Fresh: fresh})
+		if len(cs) != 1 || cs[0].Verdict != Agreed {
+			t.Fatalf("%s: cases %+v, want c agreed down", tc.name, cs)
+		}
+		if cs[0].Removable(PruneConfig{MinDown: time.Minute}) || cs[0].Removable(PruneConfig{Force: true}) {
+			t.Errorf("%s: removable", tc.name)
+		}
+		if h := cs[0].RaftHolds(); !strings.Contains(h, tc.says) {
+			t.Errorf("%s: RaftHolds = %q, want it to say %q", tc.name, h, tc.says)
+		}
+	}
+	c.Raft = &RaftLinks{Asked: 2}
+	v := view(a, b, c)
+	v.Reports = reports
+	if cs := v.Cases(PruneConfig{MinDown: time.Minute, Fresh: fresh}); !cs[0].Removable(PruneConfig{MinDown: time.Minute}) || cs[0].RaftHolds() != "" {
+		t.Errorf("raft lost it, evidence agreed: not removable (%s)", cs[0].RaftHolds())
+	}
+	if e := v.Cases(PruneConfig{MinDown: time.Minute, Fresh: fresh})[0].Evidence(); !strings.Contains(e, "raft: no link (2 asked)") {
+		t.Errorf("evidence %q does not say what raft said", e)
 	}
 }

@@ -41,6 +41,9 @@ type ObserverConfig struct {
 	// OnLive is called after every observation with the observers whose
 	// reports are fresh (their vigils run and observe), this one included.
 	OnLive func(live []string)
+	// Veto, when set, can keep a member that would be pruned
+	// (PruneConfig.Veto): Cluster API manages its machine.
+	Veto func(ctx context.Context, m Member) string
 }
 
 // Observer observes the members on every node, publishes its view and,
@@ -137,16 +140,30 @@ func (o *Observer) prune(ctx context.Context, v View, self *Report) {
 	}
 	now := time.Now()
 	pc := PruneConfig{MinDown: o.cfg.PruneAfter, Self: self, Fresh: func(obs string) bool { return o.book.Fresh(obs, now) }}
+	if v.raftUnchecked() {
+		// Only while a member does not answer: reading the links costs
+		// each answering member a /metrics page.
+		o.cl.CheckRaft(ctx, &v)
+	}
 	cases := v.Cases(pc)
 	early := now.Sub(since) < pc.MinDown || now.Sub(o.started) < pc.MinDown
 	want := false
 	for _, cs := range cases {
 		ok := cs.Removable(pc) && !early
+		var veto string
+		if ok && o.cfg.Veto != nil {
+			veto = o.cfg.Veto(ctx, cs.Member)
+			ok = veto == ""
+		}
 		want = want || ok
 		var msg string
 		switch {
 		case ok:
 			continue // Prune says it
+		case veto != "":
+			msg = "not pruning automatically: " + veto
+		case cs.RaftHolds() != "":
+			msg = cs.RaftHolds() + "; not pruning"
 		case cs.Verdict == OneSided:
 			msg = "one-sided evidence, not pruning"
 		case cs.SelfDownMillis < pc.MinDown.Milliseconds() || cs.Verdict == NotYet:
@@ -168,6 +185,7 @@ func (o *Observer) prune(ctx context.Context, v View, self *Report) {
 		return
 	}
 	pc.View = &v // just read: the first removal need not wait for another round of Status calls
+	pc.Veto = o.cfg.Veto
 	pc.OnRemoved = func(m Member) {
 		delete(o.said, m.ID)
 		if o.cfg.OnPruned != nil {

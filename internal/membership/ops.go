@@ -37,6 +37,10 @@ type PruneConfig struct {
 	View *View
 	// OnRemoved, when set, is called right after each removal.
 	OnRemoved func(Member)
+	// Veto, when set, is asked about each member just before it would be
+	// removed; a non-empty answer says why it must not be (something
+	// else manages that machine's membership) and keeps it.
+	Veto func(ctx context.Context, m Member) string
 }
 
 // Prune removes the unreachable members that a majority of the voters
@@ -56,11 +60,18 @@ func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say Reporter) ([]Me
 		} else if v, err = c.View(ctx); err != nil {
 			return removed, nil, err
 		}
+		if v.raftUnchecked() {
+			c.CheckRaft(ctx, &v)
+		}
 		cases := v.Cases(pc)
 		var next *Case
 		for i, cs := range cases {
 			if pc.DryRun {
 				if cs.Removable(pc) {
+					if why := pc.veto(ctx, cs.Member); why != "" {
+						say.say(EventVetoed, cs.Member.Label(), "would not remove %s: %s", cs.Member.Label(), why)
+						continue
+					}
 					if err := v.CheckRemove(cs.Member, false); err != nil {
 						say.say(EventWouldKeep, cs.Member.Label(), "would not remove %s: %v", cs.Member.Label(), err)
 						continue
@@ -71,6 +82,10 @@ func (c *Cluster) Prune(ctx context.Context, pc PruneConfig, say Reporter) ([]Me
 				continue
 			}
 			if next == nil && cs.Removable(pc) {
+				if why := pc.veto(ctx, cs.Member); why != "" {
+					say.say(EventVetoed, cs.Member.Label(), "not removing %s: %s", cs.Member.Label(), why)
+					continue
+				}
 				next = &cases[i]
 			}
 		}
@@ -121,9 +136,19 @@ func (v View) Cases(pc PruneConfig) []Case {
 	return out
 }
 
+func (pc PruneConfig) veto(ctx context.Context, m Member) string {
+	if pc.Veto == nil {
+		return ""
+	}
+	return pc.Veto(ctx, m)
+}
+
 // Removable tells whether Prune may remove the member of c under pc.
+// Never while raft may still have it (RaftHolds), not even with Force.
 func (c Case) Removable(pc PruneConfig) bool {
 	switch {
+	case c.RaftHolds() != "":
+		return false
 	case pc.Force:
 		return true
 	case pc.Self != nil && c.SelfDownMillis < pc.MinDown.Milliseconds():
@@ -131,6 +156,33 @@ func (c Case) Removable(pc PruneConfig) bool {
 	default:
 		return c.Verdict == Agreed
 	}
+}
+
+// RaftHolds says why raft may still have the member of c ("" when the
+// answering members' transports have all lost it): a working link from
+// one of them, or no transport state that could be read.
+func (c Case) RaftHolds() string {
+	r := c.Member.Raft
+	switch {
+	case r == nil:
+		return "raft's view of it was not read"
+	case r.Linked():
+		return "raft still has a working link with it, " + r.String() + ": its client port is filtered or too busy to answer, not the member gone"
+	case !r.Known():
+		return "cannot tell whether raft still has it: " + r.String()
+	}
+	return ""
+}
+
+// raftUnchecked tells whether v has an unreachable started member whose
+// raft links were not read.
+func (v View) raftUnchecked() bool {
+	for _, m := range v.Members {
+		if !m.Reachable && m.Name != "" && m.Raft == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (v View) without(id uint64) View {

@@ -31,6 +31,11 @@ type Member struct {
 	// SeenBy is what each vigil's published report says of the member,
 	// by observer (node name).
 	SeenBy map[string]Sighting `json:"seenBy,omitempty"`
+	// Raft is what the answering members' raft transports say of it
+	// (raft.go); nil until CheckRaft.
+	Raft *RaftLinks `json:"raft,omitempty"`
+
+	endpoint string // the client URL that answered Status
 }
 
 // IDString is the member ID as etcdctl prints it.

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vigil-ha/vigil/internal/recovery"
+	"github.com/vigil-ha/vigil/internal/validate"
+)
+
+// kubeadm's paths: etcd's static pod manifest and data directory, and the
+// client certificate kubeadm makes for etcd health checks.
+const (
+	kubeadmEtcdManifest = "/etc/kubernetes/manifests/etcd.yaml"
+	kubeadmEtcdDataDir  = "/var/lib/etcd"
+	kubeadmEtcdCA       = "/etc/kubernetes/pki/etcd/ca.crt"
+	kubeadmEtcdCert     = "/etc/kubernetes/pki/etcd/healthcheck-client.crt"
+	kubeadmEtcdKey      = "/etc/kubernetes/pki/etcd/healthcheck-client.key"
+)
+
+func newMembersRecoverCmd(ef *etcdFlags) *cobra.Command {
+	var (
+		dataDir, name, peerURL, manifest string
+		dryRun, kubeadm                  bool
+		timeout                          time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "recover",
+		Short: "Bring etcd back from the loss of its quorum, on a surviving member: make it a one-member cluster that keeps what it committed",
+		Long: `Run on a surviving control-plane node when a majority of the etcd members
+are lost for good (2 of 3, 3 of 5): the API server is down and no membership
+change can commit. recover turns this member's data directory into a
+one-member cluster that keeps every entry the member had committed; start
+its etcd, and vigil run takes the VIP again. Replacements then join with
+kubeadm join or vigil members replace, as for any dead member.
+
+How: etcd's own --force-new-cluster, run once, in-process, on the data
+directory: etcd replays the member's write-ahead log (so entries its
+database had not written yet are kept too), commits the removal of every
+other member, and stops. The cluster ID, member ID and peer URL stay, so
+clients and vigil keep following the same cluster.
+
+It refuses, with one line and nothing changed, when: the directory is not an
+etcd data directory; etcd runs on it (stop it first, or use --kubeadm); the
+member named is not in it, or advertises another peer URL than --peer-url;
+the cluster has not lost its quorum (the other members are asked at the
+client URLs the data directory lists, with the --etcd-* certificates). The
+data directory is copied beside itself first (DATA_DIR.vigil-backup-TIME).
+
+Other members that still answer, without making a quorum, are named: stop
+them and wipe their data directories before they come back.
+
+--kubeadm stops etcd by moving its static pod manifest out of
+/etc/kubernetes/manifests, waits for the kubelet to stop it, recovers, and
+moves the manifest back; its defaults are kubeadm's paths and certificates.`,
+		Example: `  # kubeadm, on the surviving control-plane node:
+  vigil members recover --kubeadm --name cp1 --dry-run
+  vigil members recover --kubeadm --name cp1
+
+  # etcd as a service:
+  systemctl stop etcd
+  vigil members recover --data-dir /var/lib/etcd --name cp1 --peer-url https://10.0.0.11:2380
+  systemctl start etcd`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if name == "" {
+				h, err := os.Hostname()
+				if err != nil {
+					return fmt.Errorf("--name not given and no hostname: %w", err)
+				}
+				name = h
+			}
+			if kubeadm {
+				if !cmd.Flags().Changed("data-dir") {
+					dataDir = kubeadmEtcdDataDir
+				}
+				for _, f := range []struct {
+					flag string
+					v    *string
+					def  string
+				}{{"etcd-cacert", &ef.ca, kubeadmEtcdCA}, {"etcd-cert", &ef.cert, kubeadmEtcdCert}, {"etcd-key", &ef.key, kubeadmEtcdKey}} {
+					if !cmd.Flags().Changed(f.flag) {
+						*f.v = f.def
+					}
+				}
+			} else if cmd.Flags().Changed("manifest") {
+				return fmt.Errorf("--manifest is only used with --kubeadm")
+			}
+			if dataDir == "" {
+				return fmt.Errorf("--data-dir is required (kubeadm: /var/lib/etcd, or pass --kubeadm)")
+			}
+			tc, err := validate.EtcdClientTLS(ef.ca, ef.cert, ef.key)
+			if err != nil {
+				return err
+			}
+			say := sayTo{cmd.OutOrStdout()}
+			rcfg := recovery.Config{DataDir: dataDir, Name: name, PeerURL: peerURL, TLS: tc, DryRun: dryRun, Timeout: timeout}
+			if !kubeadm || dryRun {
+				_, err := recovery.Recover(cmd.Context(), rcfg, say.line)
+				return err
+			}
+			return recoverKubeadm(cmd, rcfg, manifest, timeout, say)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dataDir, "data-dir", "", "the stopped member's etcd data directory (with --kubeadm: "+kubeadmEtcdDataDir+")")
+	f.StringVar(&name, "name", "", "the member's name, etcd's --name (default: the host name, as kubeadm names members)")
+	f.StringVar(&peerURL, "peer-url", "", "if set, must be the member's peer URL: a check that this is the node meant")
+	f.BoolVar(&dryRun, "dry-run", false, "check and say what would be done; change nothing")
+	f.BoolVar(&kubeadm, "kubeadm", false, "stop and start etcd's static pod around the recovery, with kubeadm's paths and certificates as defaults")
+	f.StringVar(&manifest, "manifest", kubeadmEtcdManifest, "with --kubeadm: etcd's static pod manifest")
+	f.DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for etcd to stop (--kubeadm) and for the one-member start")
+	return cmd
+}
+
+// recoverKubeadm moves etcd's static pod manifest out of the kubelet's
+// manifest directory, waits until etcd has let go of its data directory,
+// recovers, and puts the manifest back whatever happened: a refusal or a
+// failure leaves etcd as it was (with the backup beside the data
+// directory after a failure).
+func recoverKubeadm(cmd *cobra.Command, cfg recovery.Config, manifest string, timeout time.Duration, say sayTo) error {
+	if _, err := os.Stat(manifest); err != nil {
+		return fmt.Errorf("--kubeadm: etcd's static pod manifest: %w", err)
+	}
+	// What can be checked while etcd runs is checked before it is stopped.
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, "member", "snap", "db")); err != nil {
+		return fmt.Errorf("%w: %s is not an etcd data directory (no member/snap/db in it)", recovery.ErrRefused, cfg.DataDir)
+	}
+	parked := filepath.Join(filepath.Dir(filepath.Dir(manifest)), filepath.Base(manifest)+".vigil-recover")
+	if _, err := os.Stat(parked); err == nil {
+		return fmt.Errorf("%s exists: an earlier recover was interrupted; put it back in %s, or remove it, first", parked, filepath.Dir(manifest))
+	}
+	if err := os.Rename(manifest, parked); err != nil {
+		return fmt.Errorf("--kubeadm: stop etcd: %w", err)
+	}
+	say.line("moved %s to %s: the kubelet stops etcd", manifest, parked)
+	defer func() {
+		if err := os.Rename(parked, manifest); err != nil {
+			say.line("could not put %s back (%v): move it to %s by hand to start etcd", parked, err, manifest)
+			return
+		}
+		say.line("moved %s back: the kubelet starts etcd", manifest)
+	}()
+	if err := recovery.WaitStopped(cmd.Context(), cfg.DataDir, timeout); err != nil {
+		return err
+	}
+	_, err := recovery.Recover(cmd.Context(), cfg, say.line)
+	return err
+}

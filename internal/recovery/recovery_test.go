@@ -1,0 +1,156 @@
+package recovery
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/vigil-ha/vigil/internal/etcdtest"
+)
+
+func TestMain(m *testing.M) {
+	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+func client(t *testing.T, eps ...string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+// treeHash is a digest of every file's path, mode and content under dir.
+func treeHash(t *testing.T, dir string) string {
+	t.Helper()
+	h := sha256.New()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %v\n", p, info.Mode())
+		if info.Mode().IsRegular() {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			h.Write(b)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// A 3-member cluster loses two members for good. Every refusal on the
+// way leaves the survivor's data directory byte for byte as it was; then
+// recover makes it a one-member cluster with every key it had, including
+// the writes its database had not flushed when its etcd was killed.
+func TestRecoverKeepsWhatTheSurvivorCommitted(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	c.WaitLeader(10 * time.Second)
+	cli := client(t, c.Endpoints...)
+	const keys = 200
+	for i := range keys {
+		if _, err := cli.Put(ctx(t), fmt.Sprintf("/k/%03d", i), fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := c.DataDir(0)
+	cfg := Config{DataDir: dir, Name: c.Names[0], Now: func() time.Time { return time.Date(2026, 12, 5, 3, 0, 0, 0, time.UTC) }}
+	refused := func(what string, cfg Config, want string) {
+		t.Helper()
+		before := ""
+		if _, err := os.Stat(cfg.DataDir); err == nil {
+			before = treeHash(t, cfg.DataDir)
+		}
+		_, err := Recover(ctx(t), cfg, t.Logf)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("%s: Recover = %v; want a one-line refusal saying %q", what, err, want)
+		}
+		t.Logf("%s: %v", what, err)
+		if before != "" && treeHash(t, cfg.DataDir) != before {
+			t.Fatalf("%s: the data directory changed", what)
+		}
+		if _, err := os.Stat(dir + ".vigil-backup-20261205T030000Z"); err == nil {
+			t.Fatalf("%s: a backup was made", what)
+		}
+	}
+
+	// A running etcd holds its database.
+	_, err := Recover(ctx(t), cfg, t.Logf)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "etcd is running") {
+		t.Fatalf("Recover on a running member = %v", err)
+	}
+	// Stopped, but the two others still make a quorum.
+	c.Kill(0)
+	refused("quorum reachable", cfg, "has not lost its quorum")
+	// The two others are lost for good.
+	c.Kill(1)
+	c.Kill(2)
+	refused("not etcd's", Config{DataDir: t.TempDir(), Name: "m1"}, "not an etcd data directory")
+	refused("wrong name", Config{DataDir: dir, Name: "m9"}, `no member named "m9"`)
+	refused("no name", Config{DataDir: dir}, "name is required")
+	refused("wrong peer URL", Config{DataDir: dir, Name: c.Names[0], PeerURL: "http://10.0.0.99:2380"}, "not http://10.0.0.99:2380")
+	before := treeHash(t, dir)
+	dry := cfg
+	dry.DryRun = true
+	if r, err := Recover(ctx(t), dry, t.Logf); err != nil || len(r.Removed) != 2 || r.Backup != "" {
+		t.Fatalf("dry run = %+v, %v", r, err)
+	}
+	if treeHash(t, dir) != before {
+		t.Fatal("the dry run changed the data directory")
+	}
+
+	cfg.PeerURL = c.PeerURL(0)
+	r, err := Recover(ctx(t), cfg, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Backup != dir+".vigil-backup-20261205T030000Z" || treeHash(t, r.Backup) == "" {
+		t.Fatalf("backup %q", r.Backup)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(r.Backup) })
+	if _, err := Recover(ctx(t), cfg, t.Logf); !errors.Is(err, ErrRefused) {
+		t.Fatalf("a second recover with the same backup name = %v, want refused", err)
+	}
+
+	// Its etcd starts as before, a one-member cluster with every key.
+	c.Restart(0)
+	cli0 := client(t, c.Endpoints[0])
+	ml, err := cli0.MemberList(ctx(t))
+	if err != nil || len(ml.Members) != 1 || ml.Members[0].Name != c.Names[0] {
+		t.Fatalf("member list after recovery = %v, %v", ml, err)
+	}
+	got, err := cli0.Get(ctx(t), "/k/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || got.Count != keys {
+		t.Fatalf("keys after recovery = %v, %v; want %d", got, err, keys)
+	}
+	if _, err := cli0.Put(ctx(t), "/after", "recovery"); err != nil {
+		t.Fatalf("a write after recovery: %v", err)
+	}
+}
