@@ -4,7 +4,8 @@
 # replace-healthy drills (learner, promote, remove), COUNT scale drills
 # (3 -> 5 -> 3; each on a fresh lab, as each run uses two new node
 # indexes), and COUNT of each prune drill on a lab with --prune-after
-# PRUNE_AFTER (prune-one-sided, prune-cold-start, prune-real-death). Every
+# PRUNE_AFTER (prune-one-sided, prune-cold-start, prune-real-death,
+# prune-client-port). Every
 # run is kept as JSON in results/<timestamp>/, with summary.md.
 # Usage, as root: bash bench/membership/run.sh   (COUNT=5 by default)
 #   e.g. COUNT=10 DRILLS="prune-one-sided prune-cold-start prune-real-death" bash bench/membership/run.sh
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/../.."
 source hack/deps.sh ip nft jq
 hack/build.sh
 COUNT=${COUNT:-5}
-DRILLS=${DRILLS:-"replace-node replace-healthy scale prune-one-sided prune-cold-start prune-real-death"}
+DRILLS=${DRILLS:-"replace-node replace-healthy scale prune-one-sided prune-cold-start prune-real-death prune-client-port"}
 PRUNE_AFTER=${PRUNE_AFTER:-10s}
 out=bench/membership/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"

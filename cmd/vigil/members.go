@@ -74,9 +74,10 @@ the remaining ones, or that needs a quorum the cluster does not have.
 Refusals say why and what to do instead; nothing is changed.
 
 A member that does not answer is not necessarily gone: before a prune, and
-in list, every member that answers is asked which peers its raft transport
-has a working link with. A member raft still links (its client port
-filtered or stalled, its peer port working) is never pruned.
+in list, every member that answers is asked, twice, what its raft transport
+has received from each peer. A member whose raft messages still arrive
+(its client port filtered or stalled, its peer port working) is never
+pruned.
 
 Every vigil run observes every member once a second and publishes its view
 in etcd under /vigil/member-views/: how long it has seen each member
@@ -315,12 +316,13 @@ partition) is refused, with a non-zero exit: the evidence is one-sided.
 --force removes every member unreachable from here whatever the views say.
 
 Nor is a member pruned while raft may still have it, even with --force:
-before each removal every member that answers is asked which peers its raft
-transport has a working link with (etcd_network_active_peers on its client
-URL). A member whose client port is filtered, or too busy to answer, keeps
-its links and is refused with a non-zero exit; one that is powered off,
-partitioned or stopped loses them within about 5 seconds. If no member's
-links can be read, nothing is pruned. remove --force removes a member
+before each removal every member that answers is asked, twice, a second
+apart, how much its raft transport has received from each peer
+(etcd_network_peer_received_bytes_total on its client URL). A member whose
+client port is filtered, or too busy to answer, still sends raft messages
+and is refused with a non-zero exit; one that is powered off, partitioned
+or stopped sends nothing. If its silence cannot be shown (no counts, or
+not the raft leader's), nothing is pruned. remove --force removes a member
 regardless.
 
 Before each removal the cluster is read again and the quorum rules of

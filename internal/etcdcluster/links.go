@@ -14,28 +14,29 @@ import (
 // member: its client port filtered, or its gRPC server stalled by a long
 // defragmentation, while its peer port replicates as before. Raft keeps no
 // per-follower state a client can ask for (Status says nothing of the
-// other members), but each member's raft transport does, and publishes it
-// as a metric on the client URL:
+// other members), but each member's raft transport counts what it
+// receives from each peer, and publishes it on the client URL:
 //
-//	etcd_network_active_peers{Local="<its ID>",Remote="<peer ID>"} 1
+//	etcd_network_peer_received_bytes_total{From="<peer ID>"} 731560
 //
-// is 1 while the member's transport has a working link with the peer (a
-// stream attached or dialled, a message sent) and drops to 0 when a send
-// fails, a stream's link heartbeat (every ~1.7 s) cannot be written, or
-// a stream reads nothing for 5 s. A member that is powered off, partitioned
-// or whose etcd stopped loses every link within about 5 s; one that raft
-// still replicates to keeps them.
+// A live member sends raft messages all the time: a follower answers the
+// leader's heartbeats (every 100 ms by default), a leader sends them. So
+// the leader's count for a live follower, and the followers' counts for a
+// live leader, grow between two reads a second apart; a member that is
+// powered off, partitioned or stopped sends nothing, and every count for
+// it stands still. (etcd's etcd_network_active_peers is no substitute: a
+// follower's link with another follower that lost power was seen to stay
+// "active" for minutes.)
 
 // metricsLimit bounds the /metrics answer read: etcd's is a few hundred
 // KiB.
 const metricsLimit = 16 << 20
 
-// PeerLinks asks the member at endpoint, whose ID is local, which peers
-// its raft transport has a working link with: the IDs whose link is up
-// (true) or down (false), as the member sees them now. endpoint must have
-// answered as a member of this cluster (Status) just before: the metrics
-// endpoint does not say which cluster it belongs to.
-func (c *Cluster) PeerLinks(ctx context.Context, endpoint string, local uint64) (map[uint64]bool, error) {
+// PeerTraffic asks the member at endpoint how many bytes its raft
+// transport has received from each peer, by peer ID, since it started.
+// endpoint must have answered as a member of this cluster (Status) just
+// before: the metrics do not say which cluster they belong to.
+func (c *Cluster) PeerTraffic(ctx context.Context, endpoint string) (map[uint64]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/metrics", nil)
 	if err != nil {
 		return nil, err
@@ -48,12 +49,12 @@ func (c *Cluster) PeerLinks(ctx context.Context, endpoint string, local uint64) 
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("read %s/metrics: %s", endpoint, resp.Status)
 	}
-	return parsePeerLinks(io.LimitReader(resp.Body, metricsLimit), local)
+	return parsePeerTraffic(io.LimitReader(resp.Body, metricsLimit))
 }
 
 // metricsClient is an HTTP client with the cluster's TLS configuration.
-// It keeps no idle connection: links are read seldom, when a member stops
-// answering.
+// It keeps no idle connection: the metrics are read seldom, while a
+// member does not answer.
 func (c *Cluster) metricsClient() *http.Client {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -67,15 +68,12 @@ func (c *Cluster) metricsClient() *http.Client {
 	return c.http
 }
 
-// parsePeerLinks reads etcd_network_active_peers with Local = local from
-// Prometheus text. Other Locals are other members in the same process
-// (embedded etcd shares one registry).
-func parsePeerLinks(r io.Reader, local uint64) (map[uint64]bool, error) {
-	const name = "etcd_network_active_peers{"
-	want := strconv.FormatUint(local, 16)
-	// A peer the member never had a working link with has no line: it
-	// reads as down.
-	links := map[uint64]bool{}
+// parsePeerTraffic reads etcd_network_peer_received_bytes_total from
+// Prometheus text. From="0" is the transport's own link heartbeats, which
+// name no sender; it is left out.
+func parsePeerTraffic(r io.Reader) (map[uint64]float64, error) {
+	const name = "etcd_network_peer_received_bytes_total{"
+	out := map[uint64]float64{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -87,32 +85,27 @@ func parsePeerLinks(r io.Reader, local uint64) (map[uint64]bool, error) {
 		if !ok {
 			return nil, fmt.Errorf("etcd metrics: cannot read %q", line)
 		}
-		var from, to string
+		var from string
 		for _, l := range strings.Split(labels, ",") {
-			k, v, _ := strings.Cut(l, "=")
-			v = strings.Trim(v, `"`)
-			switch k {
-			case "Local":
-				from = v
-			case "Remote":
-				to = v
+			if k, v, _ := strings.Cut(l, "="); k == "From" {
+				from = strings.Trim(v, `"`)
 			}
 		}
-		if from != want {
-			continue
-		}
-		id, err := strconv.ParseUint(to, 16, 64)
+		id, err := strconv.ParseUint(from, 16, 64)
 		if err != nil {
 			return nil, fmt.Errorf("etcd metrics: peer ID in %q: %w", line, err)
+		}
+		if id == 0 {
+			continue
 		}
 		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
 		if err != nil {
 			return nil, fmt.Errorf("etcd metrics: value in %q: %w", line, err)
 		}
-		links[id] = n > 0
+		out[id] += n
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("etcd metrics: %w", err)
 	}
-	return links, nil
+	return out, nil
 }

@@ -10,66 +10,67 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 )
 
-func TestParsePeerLinks(t *testing.T) {
-	const text = `# HELP etcd_network_active_peers The current number of active peer connections.
-# TYPE etcd_network_active_peers gauge
-etcd_network_active_peers{Local="a1",Remote="b2"} 1
-etcd_network_active_peers{Local="a1",Remote="c3"} 0
-etcd_network_active_peers{Local="ff",Remote="a1"} 1
-etcd_network_disconnected_peers_total{Local="a1",Remote="c3"} 2
+func TestParsePeerTraffic(t *testing.T) {
+	const text = `# HELP etcd_network_peer_received_bytes_total The total number of bytes received from peers.
+# TYPE etcd_network_peer_received_bytes_total counter
+etcd_network_peer_received_bytes_total{From="0"} 2760
+etcd_network_peer_received_bytes_total{From="26fe03edd2e3918e"} 724839
+etcd_network_peer_received_bytes_total{From="e05d56363bb2aac0"} 1.427e+04
+etcd_network_peer_sent_bytes_total{To="e05d56363bb2aac0"} 99
 `
-	got, err := parsePeerLinks(strings.NewReader(text), 0xa1)
+	got, err := parsePeerTraffic(strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[uint64]bool{0xb2: true, 0xc3: false}; !maps.Equal(got, want) {
-		t.Fatalf("links of a1 = %v, want %v (another member's lines left out)", got, want)
-	}
-	if got, err := parsePeerLinks(strings.NewReader(text), 0xd4); err != nil || len(got) != 0 {
-		t.Fatalf("links of a member with no lines = %v, %v; want none", got, err)
+	if want := map[uint64]float64{0x26fe03edd2e3918e: 724839, 0xe05d56363bb2aac0: 14270}; !maps.Equal(got, want) {
+		t.Fatalf("traffic = %v, want %v (link heartbeats, From 0, left out)", got, want)
 	}
 	for _, bad := range []string{
-		`etcd_network_active_peers{Local="a1",Remote="zz"} 1`,
-		`etcd_network_active_peers{Local="a1",Remote="b2"} one`,
-		`etcd_network_active_peers{Local="a1",Remote="b2"`,
+		`etcd_network_peer_received_bytes_total{From="zz"} 1`,
+		`etcd_network_peer_received_bytes_total{From="b2"} one`,
+		`etcd_network_peer_received_bytes_total{From="b2"`,
 	} {
-		if _, err := parsePeerLinks(strings.NewReader(bad+"\n"), 0xa1); err == nil {
-			t.Errorf("parsePeerLinks(%q) = nil error", bad)
+		if _, err := parsePeerTraffic(strings.NewReader(bad + "\n")); err == nil {
+			t.Errorf("parsePeerTraffic(%q) = nil error", bad)
 		}
 	}
 }
 
-// A member's transport links with its peers are read from its client
-// URL; a peer whose etcd stops is seen unlinked within seconds.
-func TestPeerLinksFollowTheTransport(t *testing.T) {
+// What a member's transport received from each peer is read from its
+// client URL: the count for a live peer grows, and once the peer's etcd
+// stops it stands still.
+func TestPeerTrafficFollowsTheTransport(t *testing.T) {
 	e := etcdtest.Start(t, 3)
 	c := newCluster(t, Config{Endpoints: e.Endpoints})
-	e.WaitLeader(10 * time.Second)
-	id := func(i int) uint64 { return uint64(e.Members[i].Server.MemberID()) }
-	etcdtest.Retry(t, 10*time.Second, "member 1 linked with both peers", func() error {
-		links, err := c.PeerLinks(ctx(t), e.Endpoints[0], id(0))
+	lead := e.WaitLeader(10 * time.Second)
+	victim := (lead + 1) % 3
+	id := uint64(e.Members[victim].Server.MemberID())
+	read := func() float64 {
+		t.Helper()
+		tr, err := c.PeerTraffic(ctx(t), e.Endpoints[lead])
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		if !links[id(1)] || !links[id(2)] {
-			return fmt.Errorf("links %v", links)
+		return tr[id]
+	}
+	etcdtest.Retry(t, 10*time.Second, "the leader to receive from a live follower", func() error {
+		a := read()
+		time.Sleep(500 * time.Millisecond)
+		if b := read(); b <= a {
+			return fmt.Errorf("received %v, then %v", a, b)
 		}
 		return nil
 	})
-	e.Kill(2)
-	start := time.Now()
-	etcdtest.Retry(t, 15*time.Second, "member 1 to lose its link with member 3", func() error {
-		links, err := c.PeerLinks(ctx(t), e.Endpoints[0], id(0))
-		if err != nil {
-			return err
-		}
-		if links[id(2)] || !links[id(1)] {
-			return fmt.Errorf("links %v", links)
+	e.Kill(victim)
+	etcdtest.Retry(t, 10*time.Second, "the count for a stopped follower to stand still", func() error {
+		a := read()
+		time.Sleep(time.Second)
+		if b := read(); b != a {
+			return fmt.Errorf("received %v, then %v", a, b)
 		}
 		return nil
 	})
-	t.Logf("link lost %v after the kill", time.Since(start).Round(time.Millisecond))
-	if _, err := c.PeerLinks(ctx(t), e.Endpoints[2], id(2)); err == nil {
-		t.Fatal("PeerLinks of a stopped member answered")
+	if _, err := c.PeerTraffic(ctx(t), e.Endpoints[victim]); err == nil {
+		t.Fatal("PeerTraffic of a stopped member answered")
 	}
 }

@@ -79,8 +79,11 @@ type Cluster struct {
 	own bool // cl was made by New: Close closes it, and every view is fresh
 	log *slog.Logger
 
-	mu    sync.Mutex       // guards lease
+	mu    sync.Mutex       // guards lease and traffic
 	lease clientv3.LeaseID // of this process's published report; 0 before the first
+	// traffic is the last read of each answering member's raft counts
+	// (raft.go), by member ID.
+	traffic map[uint64]traffic
 }
 
 // New connects (lazily) to the endpoints, or uses cfg.Etcd.
@@ -160,9 +163,20 @@ func (c *Cluster) view(ctx context.Context, fresh bool) (View, error) {
 	wg.Wait()
 	v.AnsweredAt = time.Now()
 	var leaderIndex uint64
+	seen := map[uint64]int{}
 	for _, m := range v.Members {
 		if m.Leader {
 			v.LeaderID, leaderIndex = m.ID, m.RaftIndex
+		}
+		if m.leaderSeen != 0 {
+			seen[m.leaderSeen]++
+		}
+	}
+	// The leader the answering members follow, even when it does not
+	// answer itself: most of them name it.
+	for id, n := range seen {
+		if n > seen[v.RaftLeader] {
+			v.RaftLeader = id
 		}
 	}
 	for i := range v.Members {
@@ -210,6 +224,7 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 		}
 		m.Reachable = true
 		m.endpoint = ep
+		m.leaderSeen = st.Leader
 		m.Leader = st.Leader == m.ID
 		m.RaftIndex = st.RaftIndex
 		m.DBSize = st.DBSize

@@ -276,8 +276,7 @@ func TestPrune(t *testing.T) {
 }
 
 // unlinked waits until raft has lost the members named: no answering
-// member's transport has a working link with them (a second or so after
-// their etcd stopped).
+// member's transport hears from them any more (their etcd stopped).
 func unlinked(t *testing.T, cl *Cluster, names ...string) {
 	t.Helper()
 	etcdtest.Retry(t, 15*time.Second, "raft to lose "+strings.Join(names, ", "), func() error {
@@ -333,9 +332,12 @@ func TestFilteredClientPortIsNotPruned(t *testing.T) {
 	if m3.Reachable || !m3.Raft.Linked() || m3.Raft.Asked != 2 {
 		t.Fatalf("m3 with its client port held: reachable %v, raft %s; want unreachable and linked from both", m3.Reachable, m3.Raft)
 	}
+	// (Embedded in one process, the members share etcd's counters, so
+	// what each answering member says of the other is not checked here;
+	// the lab's prune-client-port drill runs each member in its own.)
 	for _, name := range []string{"m1", "m2"} {
-		if m, _ := v.Find(name); !m.Reachable || len(m.Raft.LinkedFrom) != 1 {
-			t.Fatalf("%s: reachable %v, raft %s; want reachable, linked from the other answering member", name, m.Reachable, m.Raft)
+		if m, _ := v.Find(name); !m.Reachable || !m.Raft.Linked() {
+			t.Fatalf("%s: reachable %v, raft %s; want reachable and linked", name, m.Reachable, m.Raft)
 		}
 	}
 	// Both survivors report m3 down for an hour: the evidence is agreed,
@@ -354,9 +356,17 @@ func TestFilteredClientPortIsNotPruned(t *testing.T) {
 		t.Fatalf("members: %v", got)
 	}
 	// Its etcd stops: raft loses it, and the same evidence prunes it,
-	// unless something else manages its machine (a veto).
+	// unless something else manages its machine (a veto). (The proxy
+	// stops holding answers back first: its held answers would keep the
+	// connections, and the member's stop, waiting for a minute.)
+	if err := proxies[2].Set(netfault.Delay{}); err != nil {
+		t.Fatal(err)
+	}
 	c.Kill(2)
 	unlinked(t, cl, "m3")
+	// The reports live on a 10 s lease, which may have run out by now.
+	publishAs(t, c, report("m1", seen{m3, time.Hour}))
+	publishAs(t, c, report("m2", seen{m3, time.Hour}))
 	var vetoed []Event
 	veto := func(_ context.Context, m Member) string { return "Cluster API manages node " + m.Name }
 	removed, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Veto: veto}, func(e Event) {

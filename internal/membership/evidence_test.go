@@ -117,7 +117,7 @@ func TestJudge(t *testing.T) {
 
 func TestCasesAndRemovable(t *testing.T) {
 	a, b, c := voter("a", true), voter("b", true), voter("c", false)
-	c.Raft = &RaftLinks{Asked: 2}                     // raft lost it too
+	c.Raft = &RaftLinks{Asked: 2, leaderRead: true}   // raft lost it too
 	v := view(a, b, c, Member{ID: 99, Learner: true}) // and an added member that never started
 	v.Reports = []Report{report("b", seen{c, time.Minute}), report("a", seen{c, time.Hour})}
 	self := report("a", seen{c, 10 * time.Second})
@@ -189,6 +189,7 @@ func TestRaftHoldsBack(t *testing.T) {
 	}{
 		{"linked", &RaftLinks{LinkedFrom: []string{"b"}, Asked: 2}, "linked from b (1 of 2 asked)"},
 		{"unreadable", &RaftLinks{Error: "connection refused"}, "cannot tell"},
+		{"no leader's counts", &RaftLinks{Asked: 1, Error: "the raft leader's counts were not read"}, "leader's counts were not read"},
 		{"not read", nil, "not read"},
 	} {
 		c.Raft = tc.raft
@@ -205,13 +206,13 @@ func TestRaftHoldsBack(t *testing.T) {
 			t.Errorf("%s: RaftHolds = %q, want it to say %q", tc.name, h, tc.says)
 		}
 	}
-	c.Raft = &RaftLinks{Asked: 2}
+	c.Raft = &RaftLinks{Asked: 2, leaderRead: true}
 	v := view(a, b, c)
 	v.Reports = reports
 	if cs := v.Cases(PruneConfig{MinDown: time.Minute, Fresh: fresh}); !cs[0].Removable(PruneConfig{MinDown: time.Minute}) || cs[0].RaftHolds() != "" {
 		t.Errorf("raft lost it, evidence agreed: not removable (%s)", cs[0].RaftHolds())
 	}
-	if e := v.Cases(PruneConfig{MinDown: time.Minute, Fresh: fresh})[0].Evidence(); !strings.Contains(e, "raft: no link (2 asked)") {
+	if e := v.Cases(PruneConfig{MinDown: time.Minute, Fresh: fresh})[0].Evidence(); !strings.Contains(e, "raft: silent (2 asked)") {
 		t.Errorf("evidence %q does not say what raft said", e)
 	}
 }

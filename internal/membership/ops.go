@@ -159,8 +159,8 @@ func (c Case) Removable(pc PruneConfig) bool {
 }
 
 // RaftHolds says why raft may still have the member of c ("" when the
-// answering members' transports have all lost it): a working link from
-// one of them, or no transport state that could be read.
+// answering members' transports have all stopped hearing from it): its
+// messages still arriving at one of them, or no counts that show it silent.
 func (c Case) RaftHolds() string {
 	r := c.Member.Raft
 	switch {
@@ -186,7 +186,7 @@ func (v View) raftUnchecked() bool {
 }
 
 func (v View) without(id uint64) View {
-	out := View{LeaderID: v.LeaderID}
+	out := View{LeaderID: v.LeaderID, RaftLeader: v.RaftLeader}
 	for _, m := range v.Members {
 		if m.ID != id {
 			out.Members = append(out.Members, m)

@@ -35,7 +35,8 @@ type Member struct {
 	// (raft.go); nil until CheckRaft.
 	Raft *RaftLinks `json:"raft,omitempty"`
 
-	endpoint string // the client URL that answered Status
+	endpoint   string // the client URL that answered Status
+	leaderSeen uint64 // the raft leader its Status named
 }
 
 // IDString is the member ID as etcdctl prints it.
@@ -55,6 +56,9 @@ type View struct {
 	// LeaderID is the raft leader as the reachable members report it; 0
 	// when none does.
 	LeaderID uint64
+	// RaftLeader is the leader most reachable members follow, whether or
+	// not it answers itself; 0 when none names one.
+	RaftLeader uint64
 	// Reports are the views the vigils have published.
 	Reports []Report
 	// AskedAt is when the members were asked for their status, and

@@ -78,11 +78,14 @@ type Proxy struct {
 	conns  map[net.Conn]struct{}
 	done   bool
 	wg     sync.WaitGroup
+	// stop is closed by Close: an answer held back (for up to MaxDelay)
+	// is dropped then, so that Close does not wait for it.
+	stop chan struct{}
 }
 
 // NewProxy serves ln, forwarding to target.
 func NewProxy(ln net.Listener, target string, log *slog.Logger) *Proxy {
-	p := &Proxy{ln: ln, target: target, log: log, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, log: log, conns: map[net.Conn]struct{}{}, stop: make(chan struct{})}
 	p.wg.Add(1)
 	go p.serve()
 	return p
@@ -126,6 +129,9 @@ func (p *Proxy) Delay() Delay {
 func (p *Proxy) Close() error {
 	err := p.ln.Close()
 	p.mu.Lock()
+	if !p.done {
+		close(p.stop)
+	}
 	p.done = true
 	for c := range p.conns {
 		_ = c.Close()
@@ -248,7 +254,17 @@ func (p *Proxy) delayed(dst io.Writer, src io.Reader, from netip.Addr) {
 			continue // drain, so the reader ends
 		}
 		if w := time.Until(c.due); w > 0 {
-			time.Sleep(w)
+			t := time.NewTimer(w)
+			select {
+			case <-t.C:
+			case <-p.stop:
+				t.Stop()
+				failed = true
+				if cl, ok := src.(io.Closer); ok {
+					_ = cl.Close()
+				}
+				continue
+			}
 		}
 		if _, err := dst.Write(c.b); err != nil {
 			failed = true

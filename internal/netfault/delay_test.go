@@ -117,3 +117,44 @@ func TestDelayValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Close does not wait for answers held back: a minute's delay ends at
+// once, and the client sees its connection close.
+func TestProxyCloseDropsHeldAnswers(t *testing.T) {
+	backend := echo(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewProxy(ln, backend.Addr().String(), slog.New(slog.DiscardHandler))
+	if err := p.Set(Delay{Latency: MaxDelay}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		t.Fatal(err)
+	}
+	// The echo is held once the proxy has read it back from the backend;
+	// a read that times out shows it is being held.
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 8)); err == nil {
+		t.Fatalf("read %d bytes through a minute's delay", n)
+	}
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { _ = p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a held answer")
+	}
+	t.Logf("Close took %v", time.Since(start))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 8)); err == nil {
+		t.Fatal("the held answer was delivered after Close")
+	}
+}
