@@ -35,6 +35,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/vigil-ha/vigil/internal/etcdmember"
 )
@@ -56,6 +57,15 @@ const (
 	keepAliveTimeout = time.Second
 	dialTimeout      = 2 * time.Second
 )
+
+// reconnectBackoff paces the reconnection to a member whose connection
+// broke. gRPC's default waits up to 120 s between attempts, so after a
+// minute-long fault (a filtered port, a partition) a member that is back
+// went on looking unreachable for tens of seconds: its Status failed, the
+// observers' "down since" kept counting, and the agent kept avoiding it.
+// Two seconds at most between attempts costs a dead member one dial
+// every two seconds per process.
+var reconnectBackoff = backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}
 
 // ErrNoEndpoints is returned by New when Config.Endpoints is empty.
 var ErrNoEndpoints = errors.New("etcdcluster: no etcd endpoints")
@@ -154,7 +164,10 @@ func (c *Cluster) dial(ep string) (*Member, error) {
 		DialKeepAliveTime:    c.cfg.KeepAlive,
 		DialKeepAliveTimeout: keepAliveTimeout,
 		Logger:               zap.NewNop(),
-		DialOptions:          []grpc.DialOption{grpc.WithChainUnaryInterceptor(c.checkIdentity(ep))},
+		DialOptions: []grpc.DialOption{
+			grpc.WithChainUnaryInterceptor(c.checkIdentity(ep)),
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff, MinConnectTimeout: dialTimeout}),
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %s: %w", ep, err)

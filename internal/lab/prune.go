@@ -81,6 +81,9 @@ type PruneResult struct {
 	// Witnesses is what every vigil's view said of the victim at the
 	// end of the fault.
 	Witnesses string `json:"witnesses,omitempty"`
+	// SeenBackMillis (one-sided, client port): from lifting the block to
+	// the holder's published view showing the member reachable again.
+	SeenBackMillis float64 `json:"seenBackMillis,omitempty"`
 	// RaftLinkedFrom (client port): the members whose raft transport the
 	// holder's vigil members list found linked with the victim, last
 	// time it answered during the block.
@@ -157,36 +160,16 @@ func (l *Lab) pruneOneSided(ctx context.Context, r *Result, p *PruneResult, hold
 	}
 	defer l.unblock(h)
 	phase(fmt.Sprintf("block %s -> %s:%d", holder, victim.Name, etcdClientPort), "")
-	for end := time.Now().Add(block); time.Now().Before(end); {
-		if gone, err := l.memberGone(ctx, victim.Name); err == nil && gone {
-			return fmt.Errorf("PRUNED A HEALTHY MEMBER: %s was removed while only %s could not reach it", victim.Name, holder)
-		}
-		if v, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
-			if s, ok := v[holder]; ok && !s.Reachable {
-				p.HolderSawDownMillis = max(p.HolderSawDownMillis, float64(s.DownMillis))
-			}
-			p.Witnesses = describeViews(v)
-		}
-		if !sleepCtx(ctx, time.Second) {
-			return ctx.Err()
-		}
-	}
-	phase(fmt.Sprintf("hold the block %v", block), p.Witnesses)
-	if err := l.unblock(h); err != nil {
+	if err := l.holdBlock(ctx, p, h, holder, victim, block, "while only "+holder+" could not reach it", phase); err != nil {
 		return err
-	}
-	if err := l.pruneSettle(ctx, p, victim.Name); err != nil {
-		return err
-	}
-	phase("unblock, settle", "")
-	if p.Pruned {
-		return fmt.Errorf("PRUNED A HEALTHY MEMBER: %s is gone; members %v", victim.Name, p.Members)
-	}
-	if p.HolderSawDownMillis < p.PruneAfterMillis {
-		return fmt.Errorf("the block did not take: %s saw %s down for only %.0fms of the %.0fms period", holder, victim.Name, p.HolderSawDownMillis, p.PruneAfterMillis)
 	}
 	return l.finishStill(ctx, r, pr, start, holder, "during a one-sided block")
 }
+
+// seenBackBound is how soon after a block is lifted the holder must see
+// the member again: its connection's next attempt (at most 2 s away), an
+// observer round (1 s) and the published view's round trip.
+const seenBackBound = 8 * time.Second
 
 // clientPortBlock is how many periods the client-port drill blocks the
 // port for, and its least duration.
@@ -211,17 +194,31 @@ func (l *Lab) pruneClientPort(ctx context.Context, r *Result, p *PruneResult, ho
 	}
 	defer l.unblock(victim)
 	phase(fmt.Sprintf("drop %s:%d from the network", victim.Name, etcdClientPort), "")
+	if err := l.holdBlock(ctx, p, victim, holder, victim, block, "while only its client port was filtered", phase); err != nil {
+		return err
+	}
+	if len(p.RaftLinkedFrom) == 0 {
+		return fmt.Errorf("vigil members list never showed raft hearing from %s during the block", victim.Name)
+	}
+	return l.finishStill(ctx, r, pr, start, holder, "while a member's client port was filtered")
+}
+
+// holdBlock keeps the block on node at for block, watching: the victim
+// must never leave the member list; the holder's published view of it and
+// what raft says of it (vigil members list on the holder) are kept in p.
+// Then it lifts the block and waits until etcd answers; the victim must
+// still be a member, and the holder must have seen it down for the whole
+// period (or the block did not take).
+func (l *Lab) holdBlock(ctx context.Context, p *PruneResult, at *Node, holder string, victim *Node, block time.Duration, while string, phase func(string, string)) error {
 	for end := time.Now().Add(block); time.Now().Before(end); {
 		if gone, err := l.memberGone(ctx, victim.Name); err == nil && gone {
-			return fmt.Errorf("PRUNED A WORKING MEMBER: %s was removed while only its client port was filtered (raft linked from %v)", victim.Name, p.RaftLinkedFrom)
+			return fmt.Errorf("PRUNED A WORKING MEMBER: %s was removed %s", victim.Name, while)
 		}
-		if v, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
+		if v, linked, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
 			if s, ok := v[holder]; ok && !s.Reachable {
 				p.HolderSawDownMillis = max(p.HolderSawDownMillis, float64(s.DownMillis))
 			}
 			p.Witnesses = describeViews(v)
-		}
-		if linked, err := l.raftLinksOf(ctx, holder, victim.Name); err == nil {
 			p.RaftLinkedFrom = linked
 		}
 		if !sleepCtx(ctx, time.Second) {
@@ -229,49 +226,37 @@ func (l *Lab) pruneClientPort(ctx context.Context, r *Result, p *PruneResult, ho
 		}
 	}
 	phase(fmt.Sprintf("hold the block %v", block), p.Witnesses)
-	if err := l.unblock(victim); err != nil {
+	if err := l.unblock(at); err != nil {
 		return err
+	}
+	// The holder must see the member again within seconds: its
+	// connection's reconnect attempts are paced for that
+	// (etcdcluster.reconnectBackoff), where gRPC's default would wait up
+	// to 20 s per attempt and 120 s between them.
+	lifted := time.Now()
+	for {
+		if v, _, err := l.viewsOf(ctx, holder, victim.Name); err == nil && v[holder].Reachable {
+			p.SeenBackMillis = millis(time.Since(lifted))
+			break
+		}
+		if time.Since(lifted) > seenBackBound {
+			return fmt.Errorf("%s still saw %s unreachable %v after the block was lifted", holder, victim.Name, seenBackBound)
+		}
+		if !sleepCtx(ctx, 250*time.Millisecond) {
+			return ctx.Err()
+		}
 	}
 	if err := l.pruneSettle(ctx, p, victim.Name); err != nil {
 		return err
 	}
-	phase("unblock, settle", "")
-	switch {
-	case p.Pruned:
+	phase("unblock, settle", fmt.Sprintf("%s sees it again after %.0fms", holder, p.SeenBackMillis))
+	if p.Pruned {
 		return fmt.Errorf("PRUNED A WORKING MEMBER: %s is gone; members %v", victim.Name, p.Members)
-	case p.HolderSawDownMillis < p.PruneAfterMillis:
+	}
+	if p.HolderSawDownMillis < p.PruneAfterMillis {
 		return fmt.Errorf("the block did not take: %s saw %s down for only %.0fms of the %.0fms period", holder, victim.Name, p.HolderSawDownMillis, p.PruneAfterMillis)
-	case len(p.RaftLinkedFrom) == 0:
-		return fmt.Errorf("vigil members list never showed raft linking %s during the block", victim.Name)
 	}
-	return l.finishStill(ctx, r, pr, start, holder, "while a member's client port was filtered")
-}
-
-// raftLinksOf returns the members whose raft transport links member name,
-// as vigil members list (run on node from) shows them.
-func (l *Lab) raftLinksOf(ctx context.Context, from, name string) ([]string, error) {
-	out, err := l.vigilMembers(ctx, from, "list", "-o", "json")
-	if err != nil {
-		return nil, err
-	}
-	var ms []struct {
-		Name string `json:"name"`
-		Raft *struct {
-			LinkedFrom []string `json:"linkedFrom"`
-		} `json:"raft"`
-	}
-	if err := json.Unmarshal([]byte(out), &ms); err != nil {
-		return nil, fmt.Errorf("vigil members list -o json: %w", err)
-	}
-	for _, m := range ms {
-		if m.Name == name {
-			if m.Raft == nil {
-				return nil, nil
-			}
-			return m.Raft.LinkedFrom, nil
-		}
-	}
-	return nil, errors.New("no member " + name)
+	return nil
 }
 
 func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, victim *Node, phase func(string, string)) error {
@@ -306,7 +291,7 @@ func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, vic
 	if !sleepCtx(ctx, 2*time.Second) {
 		return ctx.Err()
 	}
-	if v, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
+	if v, _, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
 		p.Witnesses = describeViews(v)
 	}
 	if err := l.unblock(victim); err != nil {
@@ -363,7 +348,7 @@ func (l *Lab) pruneRealDeath(ctx context.Context, r *Result, p *PruneResult, hol
 		// reads linearizably, and once a removal is near, a stall of etcd
 		// would delay this loop and the moment it sees the removal.
 		if time.Since(fault) < l.st.Settings.PruneAfter {
-			if v, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
+			if v, _, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
 				p.Witnesses = describeViews(v)
 			}
 		}
@@ -508,25 +493,33 @@ type sighting struct {
 }
 
 // viewsOf returns every vigil's published view of member name, by
-// observer, as `vigil members list` (run on node from) shows them.
-func (l *Lab) viewsOf(ctx context.Context, from, name string) (map[string]sighting, error) {
+// observer, and the members whose raft transport hears from it, as
+// `vigil members list` (run on node from) shows them.
+func (l *Lab) viewsOf(ctx context.Context, from, name string) (map[string]sighting, []string, error) {
 	out, err := l.vigilMembers(ctx, from, "list", "-o", "json")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var ms []struct {
 		Name   string              `json:"name"`
 		SeenBy map[string]sighting `json:"seenBy"`
+		Raft   *struct {
+			LinkedFrom []string `json:"linkedFrom"`
+		} `json:"raft"`
 	}
 	if err := json.Unmarshal([]byte(out), &ms); err != nil {
-		return nil, fmt.Errorf("vigil members list -o json: %w", err)
+		return nil, nil, fmt.Errorf("vigil members list -o json: %w", err)
 	}
 	for _, m := range ms {
 		if m.Name == name {
-			return m.SeenBy, nil
+			var linked []string
+			if m.Raft != nil {
+				linked = m.Raft.LinkedFrom
+			}
+			return m.SeenBy, linked, nil
 		}
 	}
-	return nil, errors.New("no member " + name)
+	return nil, nil, errors.New("no member " + name)
 }
 
 func describeViews(v map[string]sighting) string {

@@ -372,7 +372,7 @@ func (l *Lab) memberGone(ctx context.Context, name string) (bool, error) {
 // recordedHealthy tells whether some vigil's published view, as `vigil
 // members list` on node from shows it, has member name reachable.
 func (l *Lab) recordedHealthy(ctx context.Context, from, name string) bool {
-	v, err := l.viewsOf(ctx, from, name)
+	v, _, err := l.viewsOf(ctx, from, name)
 	if err != nil {
 		return false
 	}
