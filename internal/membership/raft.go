@@ -133,7 +133,9 @@ func (c *Cluster) CheckRaft(ctx context.Context, v *View) {
 			}
 			b, okB := before[a.ID]
 			n, okN := now[a.ID]
-			if !okB || !okN {
+			// A count that went down is a member that restarted in
+			// between: its two reads compare nothing.
+			if !okB || !okN || n.bytes[m.ID] < b.bytes[m.ID] {
 				unread = append(unread, a.Name)
 				continue
 			}
