@@ -36,9 +36,14 @@ func TestRemovalUnderStatusCalls(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var calls atomic.Int64
+	// The callers stop once the hook has ended a request: a Status call
+	// still going when the removed member closes its database meets
+	// another etcd race (a nil bbolt transaction in Status, a runtime
+	// panic no logger hook can catch), seen once in 20 runs.
+	first := removedMemberPanics.Load()
 	for range 8 {
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			for ctx.Err() == nil && removedMemberPanics.Load() == first {
 				sctx, done := context.WithTimeout(ctx, time.Second)
 				_, _ = vcli.Status(sctx, c.Endpoints[victim])
 				done()
