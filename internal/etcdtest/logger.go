@@ -33,6 +33,14 @@ func (panicHook) OnWrite(ce *zapcore.CheckedEntry, fields []zapcore.Field) {
 	zapcore.WriteThenPanic.OnWrite(ce, fields)
 }
 
+// A test that hammered Status through a removal reproduced the panic in
+// every run, and ended the binary without this hook; it was dropped
+// because the same hammering also meets a second etcd race, 1 to 2 runs
+// in 20: a Status call reading the storage version while the removed
+// member closes its database dereferences a nil bbolt transaction, a
+// runtime panic that no logger hook can catch. Tests that remove a member
+// while vigil asks for Status can still meet that one, far more rarely.
+
 // removedMemberPanics counts the requests panicHook ended.
 var removedMemberPanics atomic.Int64
 
