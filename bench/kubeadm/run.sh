@@ -6,12 +6,14 @@
 # and of kubeadm-vigil-oom (the OOM killer kills it), and of
 # kubeadm-vigil-restart (a changed manifest: kubelet replaces the pod), one
 # kubeadm-certs-renew (renew all, restart etcd and the API servers), then COUNT runs of kubeadm-replace without pruning and COUNT with vigil
-# pruning (--prune-after PRUNE_AFTER), each on a fresh lab. Every run is kept
+# pruning (--prune-after PRUNE_AFTER), each on a fresh lab, and on the second
+# lab COUNT runs of kubeadm-recover (2 of 3 machines lost, vigil members
+# recover --kubeadm, 2 joins). Every run is kept
 # in results/<timestamp>/ as JSON and as the text the drill printed.
 # Then, COUNT times on a fresh lab: kubeadm-lease (the move to the Lease
 # election) followed by COUNT runs of kubeadm-vigil-killed under the Lease.
 # Usage, as root: bash bench/kubeadm/run.sh   (COUNT=3 by default;
-# ONLY=lease runs the Lease part alone)
+# ONLY=lease runs the Lease part alone, ONLY=recover the recoveries)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/deps.sh ip jq containerd runc conntrack cni
@@ -28,7 +30,7 @@ drill() { # name, then vigil-lab drill arguments
   local name=$1
   shift
   $lab drill "$@" --json > "$out/$name.json" || status=1
-  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after the fault \(.vipGoneMillis // 0 | round)ms, kubelet says \(.terminated // "-"), join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), Lease holder \(.leaseHolder // "-") (order \((.order // []) | join(","))), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
+  jq -r '.results[] | "\(.drill) #\(.run): VIP \(.before) -> \(.after), client outage \(.outageMillis | round)ms, split brain \(.splitBrain)\n    phases: \([.phases[]? | "\(.name) \(.millis | round)ms"] | join(", "))\n    \(.kubeadm | "victim \(.victim), new node \(.newNode // "-"), VIP gone after the fault \(.vipGoneMillis // 0 | round)ms, kubelet says \(.terminated // "-"), join failed \(.joinFailed), dead member at join \(.etcdUnhealthyAtJoin), dead member left \(.deadMemberLeft), members after join \(.membersAfterJoin // "-"), Lease holder \(.leaseHolder // "-") (order \((.order // []) | join(","))), requests \(.requests), failed \(.failed) (\(.failedOutside) outside the \(.failoverMillis | round)ms failover window)\(.recovery | if . then "\n    recovery on \(.survivor) after losing \(.lost | join(",")): keys back \(.keysBack)/\(.keys), API through the VIP \(.backMillis | round)ms after recover (bound \(.boundMillis | round)ms)" else "" end)")\n    \(.error // "ok")"' "$out/$name.json" | tee "$out/$name.txt"
 }
 up() { # extra vigil-lab up arguments
   $lab down >/dev/null 2>&1 || true
@@ -53,11 +55,16 @@ all)
   drill replace-without-pruning kubeadm-replace --count "$COUNT"
   up --prune-after "$PRUNE_AFTER"
   drill replace-with-pruning kubeadm-replace --count "$COUNT"
+  drill recover kubeadm-recover --count "$COUNT"
   lease_runs
   ;;
 lease) lease_runs ;;
+recover)
+  up --prune-after "$PRUNE_AFTER"
+  drill recover kubeadm-recover --count "$COUNT"
+  ;;
 *)
-  echo "ONLY must be all or lease, not $ONLY" >&2
+  echo "ONLY must be all, lease or recover, not $ONLY" >&2
   exit 2
   ;;
 esac

@@ -5,7 +5,8 @@
 # (3 -> 5 -> 3; each on a fresh lab, as each run uses two new node
 # indexes), and COUNT of each prune drill on a lab with --prune-after
 # PRUNE_AFTER (prune-one-sided, prune-cold-start, prune-real-death,
-# prune-client-port). Every
+# prune-client-port), and COUNT recover drills (lose 2 of 3 nodes for
+# good, vigil members recover on the survivor, 2 new members join). Every
 # run is kept as JSON in results/<timestamp>/, with summary.md.
 # Usage, as root: bash bench/membership/run.sh   (COUNT=5 by default)
 #   e.g. COUNT=10 DRILLS="prune-one-sided prune-cold-start prune-real-death" bash bench/membership/run.sh
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/../.."
 source hack/deps.sh ip nft jq
 hack/build.sh
 COUNT=${COUNT:-5}
-DRILLS=${DRILLS:-"replace-node replace-healthy scale prune-one-sided prune-cold-start prune-real-death prune-client-port"}
+DRILLS=${DRILLS:-"replace-node replace-healthy scale prune-one-sided prune-cold-start prune-real-death prune-client-port recover"}
 PRUNE_AFTER=${PRUNE_AFTER:-10s}
 out=bench/membership/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
@@ -55,6 +56,14 @@ echo "COUNT=$COUNT DRILLS=\"$DRILLS\" PRUNE_AFTER=$PRUNE_AFTER bash bench/member
       jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.prune.victim) | \(.prune.pruned) | \(if .prune.boundMillis then "\(.prune.prunedAfterMillis | round) (\(.prune.boundMillis | round))" else "-" end) | \(.prune.etcdAnsweredAfterMillis // "-" | if type == "number" then round else . end) | \(.outageMillis | round) | \(.prune.holderSawDownMillis // "-") | \(.prune.members | join(",")) | \(.prune.witnesses // "") |"' "$out/$d.json"
       continue
     esac
+    if [ "$d" = recover ]; then
+      echo "VIP back: from the start of \`vigil members recover\` to the VIP answering steadily (bound in brackets). Client outage: after that, while 2 members joined."
+      echo
+      echo "| run | result | survivor | lost | keys back | VIP dark before recover ms | VIP back ms (bound) | client outage ms | split brain | phases (ms) |"
+      echo "|---|---|---|---|---|---|---|---|---|---|"
+      jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.recovery.survivor) | \(.recovery.lost | join(",")) | \(.recovery.keysBack)/\(.recovery.keys) | \(.recovery.darkMillis | round) | \(.recovery.backMillis | round) (\(.recovery.boundMillis | round)) | \(.outageMillis | round) | \(.splitBrain) | \([.phases[]? | "\(.name) \(.millis | round)"] | join("; ")) |"' "$out/$d.json"
+      continue
+    fi
     echo "| run | result | client outage ms | holder before -> after | split brain | phases (ms) |"
     echo "|---|---|---|---|---|---|"
     jq -r '.results[] | "| \(.run) | \(.error // "ok") | \(.outageMillis | round) | \(.before) -> \(.after) | \(.splitBrain) | \([.phases[]? | "\(.name) \(.millis | round)"] | join("; ")) |"' "$out/$d.json"

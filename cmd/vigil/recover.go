@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -54,9 +55,12 @@ data directory is copied beside itself first (DATA_DIR.vigil-backup-TIME).
 Other members that still answer, without making a quorum, are named: stop
 them and wipe their data directories before they come back.
 
---kubeadm stops etcd by moving its static pod manifest out of
-/etc/kubernetes/manifests, waits for the kubelet to stop it, recovers, and
-moves the manifest back; its defaults are kubeadm's paths and certificates.`,
+--kubeadm stops etcd and this node's API server by moving their static pod
+manifests out of /etc/kubernetes/manifests, waits for the kubelet to stop
+etcd, recovers, and moves the manifests back; its defaults are kubeadm's
+paths and certificates. (The API server serves nothing without etcd, and
+while it runs the kubelet waits about 35 s for it before starting etcd
+again.)`,
 		Example: `  # kubeadm, on the surviving control-plane node:
   vigil members recover --kubeadm --name cp1 --dry-run
   vigil members recover --kubeadm --name cp1
@@ -99,6 +103,9 @@ moves the manifest back; its defaults are kubeadm's paths and certificates.`,
 			}
 			say := sayTo{cmd.OutOrStdout()}
 			rcfg := recovery.Config{DataDir: dataDir, Name: name, PeerURL: peerURL, TLS: tc, DryRun: dryRun, Timeout: timeout}
+			if kubeadm && dryRun {
+				say.line("would move the static pod manifests of the API server and etcd out of %s, and wait for the kubelet to stop etcd", filepath.Dir(manifest))
+			}
 			if !kubeadm || dryRun {
 				_, err := recovery.Recover(cmd.Context(), rcfg, say.line)
 				return err
@@ -117,11 +124,18 @@ moves the manifest back; its defaults are kubeadm's paths and certificates.`,
 	return cmd
 }
 
-// recoverKubeadm moves etcd's static pod manifest out of the kubelet's
-// manifest directory, waits until etcd has let go of its data directory,
-// recovers, and puts the manifest back whatever happened: a refusal or a
-// failure leaves etcd as it was (with the backup beside the data
-// directory after a failure).
+// recoverKubeadm moves the static pod manifests of the API server (when
+// there is one beside etcd's) and of etcd out of the kubelet's manifest
+// directory, waits until etcd has let go of its data directory, recovers,
+// and puts the manifests back whatever happened: a refusal or a failure
+// leaves the node as it was (with the backup beside the data directory
+// after a failure).
+//
+// Why the API server too: without etcd it serves nothing, and while it
+// runs the kubelet's last step for the stopped etcd pod (deleting its
+// mirror pod through that API server) waits for the server's request
+// timeout, about 35 s in the kubeadm lab, before the kubelet starts etcd
+// again. With the API server stopped, the request fails at once.
 func recoverKubeadm(cmd *cobra.Command, cfg recovery.Config, manifest string, timeout time.Duration, say sayTo) error {
 	if _, err := os.Stat(manifest); err != nil {
 		return fmt.Errorf("--kubeadm: etcd's static pod manifest: %w", err)
@@ -130,21 +144,37 @@ func recoverKubeadm(cmd *cobra.Command, cfg recovery.Config, manifest string, ti
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, "member", "snap", "db")); err != nil {
 		return fmt.Errorf("%w: %s is not an etcd data directory (no member/snap/db in it)", recovery.ErrRefused, cfg.DataDir)
 	}
-	parked := filepath.Join(filepath.Dir(filepath.Dir(manifest)), filepath.Base(manifest)+".vigil-recover")
-	if _, err := os.Stat(parked); err == nil {
-		return fmt.Errorf("%s exists: an earlier recover was interrupted; put it back in %s, or remove it, first", parked, filepath.Dir(manifest))
+	type pod struct{ manifest, parked, what string }
+	var pods []pod
+	apiserver := filepath.Join(filepath.Dir(manifest), "kube-apiserver.yaml")
+	if _, err := os.Stat(apiserver); err == nil {
+		pods = append(pods, pod{manifest: apiserver, what: "the API server"})
 	}
-	if err := os.Rename(manifest, parked); err != nil {
-		return fmt.Errorf("--kubeadm: stop etcd: %w", err)
-	}
-	say.line("moved %s to %s: the kubelet stops etcd", manifest, parked)
-	defer func() {
-		if err := os.Rename(parked, manifest); err != nil {
-			say.line("could not put %s back (%v): move it to %s by hand to start etcd", parked, err, manifest)
-			return
+	pods = append(pods, pod{manifest: manifest, what: "etcd"})
+	for i := range pods {
+		pods[i].parked = filepath.Join(filepath.Dir(filepath.Dir(pods[i].manifest)), filepath.Base(pods[i].manifest)+".vigil-recover")
+		if _, err := os.Stat(pods[i].parked); err == nil {
+			return fmt.Errorf("%s exists: an earlier recover was interrupted; put it back in %s, or remove it, first", pods[i].parked, filepath.Dir(pods[i].manifest))
 		}
-		say.line("moved %s back: the kubelet starts etcd", manifest)
+	}
+	var moved []pod
+	// Back in the reverse order: etcd first, then the API server.
+	defer func() {
+		for _, p := range slices.Backward(moved) {
+			if err := os.Rename(p.parked, p.manifest); err != nil {
+				say.line("could not put %s back (%v): move it to %s by hand to start %s", p.parked, err, p.manifest, p.what)
+				continue
+			}
+			say.line("moved %s back: the kubelet starts %s", p.manifest, p.what)
+		}
 	}()
+	for _, p := range pods {
+		if err := os.Rename(p.manifest, p.parked); err != nil {
+			return fmt.Errorf("--kubeadm: stop %s: %w", p.what, err)
+		}
+		moved = append(moved, p)
+		say.line("moved %s to %s: the kubelet stops %s", p.manifest, p.parked, p.what)
+	}
 	if err := recovery.WaitStopped(cmd.Context(), cfg.DataDir, timeout); err != nil {
 		return err
 	}

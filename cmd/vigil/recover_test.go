@@ -55,17 +55,31 @@ func TestMembersRecoverCLI(t *testing.T) {
 	if err := os.Mkdir(manifests, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	manifest := filepath.Join(manifests, "etcd.yaml")
-	if err := os.WriteFile(manifest, []byte("kind: Pod\n"), 0o600); err != nil {
-		t.Fatal(err)
+	manifest, apiserver := filepath.Join(manifests, "etcd.yaml"), filepath.Join(manifests, "kube-apiserver.yaml")
+	for _, m := range []string{manifest, apiserver} {
+		if err := os.WriteFile(m, []byte("kind: Pod\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out, stderr, code = run("--kubeadm", "--manifest", manifest, "--data-dir", dir, "--name", "m1", "--peer-url", c.PeerURL(0),
 		"--etcd-cacert", "", "--etcd-cert", "", "--etcd-key", "")
-	if code != 0 || !strings.Contains(out, "now a one-member cluster") || !strings.Contains(out, "moved "+manifest+" back") {
+	// Both stopped (the API server first) and started again (etcd first).
+	order := []string{"moved " + apiserver + " to", "moved " + manifest + " to", "now a one-member cluster", "moved " + manifest + " back", "moved " + apiserver + " back"}
+	at := 0
+	for _, o := range order {
+		i := strings.Index(out[at:], o)
+		if i < 0 {
+			t.Fatalf("recover --kubeadm: exit %d, %q missing or out of order\n%s%s", code, o, out, stderr)
+		}
+		at += i
+	}
+	if code != 0 {
 		t.Fatalf("recover --kubeadm: exit %d\n%s%s", code, out, stderr)
 	}
-	if b, err := os.ReadFile(manifest); err != nil || string(b) != "kind: Pod\n" {
-		t.Fatalf("manifest after recover: %q, %v", b, err)
+	for _, m := range []string{manifest, apiserver} {
+		if b, err := os.ReadFile(m); err != nil || string(b) != "kind: Pod\n" {
+			t.Fatalf("manifest %s after recover: %q, %v", m, b, err)
+		}
 	}
 	backups, _ := filepath.Glob(dir + ".vigil-backup-*")
 	if len(backups) != 1 {

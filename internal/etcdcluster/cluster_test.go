@@ -234,6 +234,28 @@ func TestMoveAndShedLeadership(t *testing.T) {
 	}
 }
 
+// With two voters, ShedLeadership leaves leadership where it is: either
+// member's loss loses the quorum, and a move only pauses writes.
+func TestShedLeadershipLeavesTwoVoters(t *testing.T) {
+	e := etcdtest.Start(t, 2)
+	c := newCluster(t, Config{Endpoints: e.Endpoints})
+	lead := e.WaitLeader(10 * time.Second)
+	var err error
+	etcdtest.Retry(t, 10*time.Second, "an answer from both members", func() error {
+		_, err = c.ShedLeadership(ctx(t), e.Names[lead])
+		if err != nil && strings.Contains(err.Error(), "does not answer") {
+			return err
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrShedDeferred) || !strings.Contains(err.Error(), "2 voters") {
+		t.Fatalf("ShedLeadership with 2 voters = %v, want deferred", err)
+	}
+	if got := e.WaitLeader(5 * time.Second); got != lead {
+		t.Fatalf("leadership moved from %d to %d", lead, got)
+	}
+}
+
 // Unaware names the answering members that do not list an ID: every one
 // for an ID nobody added, none once an addition is applied everywhere, and
 // never a dead member.

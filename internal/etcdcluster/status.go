@@ -148,9 +148,9 @@ var ErrShedDeferred = errors.New("etcd raft leadership stays on this member for 
 // ShedLeadership moves etcd raft leadership away from the member called
 // name, if it leads, to the most caught-up other voter. It reports the
 // member leadership moved to, or "" when name does not lead. It moves
-// nothing, and returns an error wrapping ErrShedDeferred, unless every voter
-// answers and follows the leader, and one of them is within shedMaxLag
-// entries of it.
+// nothing, and returns an error wrapping ErrShedDeferred, unless there are
+// three voters or more, every voter answers and follows the leader, and one
+// of them is within shedMaxLag entries of it.
 func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, error) {
 	if _, err := c.MemberList(ctx); err != nil {
 		return "", err
@@ -169,6 +169,15 @@ func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, erro
 	}
 	if leader == nil || voters[leader.ID] != name {
 		return "", nil
+	}
+	if len(voters) == 2 {
+		// Two voters lose their quorum with either member: moving
+		// leadership off the VIP holder buys no faster failover, and the
+		// transfer pauses writes, the holder's renewals among them. After
+		// a quorum recovery the second voter is a machine that has just
+		// joined and is starting its control plane; in the kubeadm lab a
+		// move to it cost the holder the VIP.
+		return "", fmt.Errorf("%w: with 2 voters, losing either member loses the quorum; a move would only pause writes", ErrShedDeferred)
 	}
 	var cands []Status
 	for id, vname := range voters {

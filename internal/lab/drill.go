@@ -33,7 +33,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -46,7 +46,7 @@ func MembershipDrills(s Settings) []string {
 	if s.PruneAfter > 0 {
 		out = append(out, PruneDrills...)
 	}
-	return out
+	return append(out, DrillRecover)
 }
 
 // failoverDrills are the drills every implementation can run.
@@ -106,6 +106,8 @@ type Result struct {
 	Workers []WorkerResult `json:"workers,omitempty"`
 	// Prune is set by the prune drills.
 	Prune *PruneResult `json:"prune,omitempty"`
+	// Recovery is set by the recover drill.
+	Recovery *RecoveryResult `json:"recovery,omitempty"`
 	// Kubeadm is set by the kubeadm lab's drills.
 	Kubeadm *KubeadmResult `json:"kubeadm,omitempty"`
 	// Handoff is set by the handoff drill.
@@ -169,6 +171,9 @@ func (r Result) String() string {
 	}
 	if r.Prune != nil {
 		s += "\n    " + r.Prune.String()
+	}
+	if r.Recovery != nil {
+		s += "\n    " + r.Recovery.String()
 	}
 	if r.Kubeadm != nil {
 		s += "\n    " + r.Kubeadm.String()
@@ -266,6 +271,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if slices.Contains(PruneDrills, kind) {
 		return l.pruneDrill(ctx, kind, r)
+	}
+	if kind == DrillRecover {
+		return l.recoverDrill(ctx, r)
 	}
 	if slices.Contains(KubeadmDrills, kind) {
 		return l.kubeadmDrill(ctx, kind, r)
@@ -594,7 +602,12 @@ func (l *Lab) waitStable(ctx context.Context, d time.Duration) (string, error) {
 // VIP for `settle` without a gap over 100 ms, and returns when that run of
 // answers began.
 func waitAnswering(ctx context.Context, p *prober, avoid string, since time.Time) (time.Time, error) {
-	deadline := since.Add(recoverTimeout)
+	return waitAnsweringWithin(ctx, p, avoid, since, recoverTimeout)
+}
+
+// waitAnsweringWithin is waitAnswering with the bound d.
+func waitAnsweringWithin(ctx context.Context, p *prober, avoid string, since time.Time, d time.Duration) (time.Time, error) {
+	deadline := since.Add(d)
 	for time.Now().Before(deadline) {
 		if !sleepCtx(ctx, 50*time.Millisecond) {
 			return time.Time{}, ctx.Err()
@@ -618,5 +631,5 @@ func waitAnswering(ctx context.Context, p *prober, avoid string, since time.Time
 			return start, nil
 		}
 	}
-	return time.Time{}, fmt.Errorf("no node answered on the VIP steadily within %v", recoverTimeout)
+	return time.Time{}, fmt.Errorf("no node answered on the VIP steadily within %v", d)
 }

@@ -65,11 +65,20 @@ const (
 	// election must be retired. It is one-way: a lab that has moved is
 	// refused, and the other drills run on in it with the Lease election.
 	DrillKubeadmLease = "kubeadm-lease"
+	// DrillKubeadmRecover is the runbook's disaster: keys are written,
+	// two of the three control-plane nodes (the VIP holder among them)
+	// are powered off for good, and on the third `vigil members recover
+	// --kubeadm` stops etcd's static pod through the kubelet, makes the
+	// member a one-member cluster and starts it again. The VIP must
+	// answer the Kubernetes API (a Node list) within 120 s of the
+	// command, every key must be back, and two new machines must join
+	// with kubeadm join --control-plane.
+	DrillKubeadmRecover = "kubeadm-recover"
 )
 
 // KubeadmDrills are the drills of a kubeadm lab. DrillKubeadmLease comes
 // last: the drills before it run with the etcd election.
-var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmLease}
+var KubeadmDrills = []string{DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease}
 
 // kubeadmRequestTimeout bounds each request through the VIP in the kubeadm
 // drills. The lab runs four machines' control planes on two cores. In one
@@ -128,6 +137,11 @@ type KubeadmResult struct {
 	// move (the node with the VIP), and Order the order the nodes moved in.
 	LeaseHolder string   `json:"leaseHolder,omitempty"`
 	Order       []string `json:"order,omitempty"`
+	// Recovery is, for kubeadm-recover, what the recovery measured
+	// (BackMillis: from vigil members recover to a Node list through the
+	// VIP), and NewNodes the machines that joined after it.
+	Recovery *RecoveryResult `json:"recovery,omitempty"`
+	NewNodes []string        `json:"newNodes,omitempty"`
 
 	movedAt time.Time // when another node was seen holding the VIP
 	// faultAt, when set, is when the fault that moved the VIP began, if not
@@ -167,6 +181,9 @@ func (k *KubeadmResult) String() string {
 	}
 	for _, p := range k.Preflights {
 		s += fmt.Sprintf("\n      vigil members preflight %s: %s", p.When, preflightLine(p))
+	}
+	if k.Recovery != nil {
+		s += fmt.Sprintf("\n      %s; then kubeadm join of %s: %d members", k.Recovery, strings.Join(k.NewNodes, ", "), k.MembersAfterJoin)
 	}
 	return s
 }
@@ -253,6 +270,8 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 		err = l.replaceMachine(ctx, victim, w, k, phase)
 	case DrillKubeadmLease:
 		err = l.moveToLease(ctx, victim, w, k, phase)
+	case DrillKubeadmRecover:
+		err = l.recoverMachines(ctx, victim, d, k, phase)
 	}
 	if !k.faultAt.IsZero() {
 		fault = k.faultAt
@@ -950,9 +969,14 @@ func (l *Lab) waitBackendUp(ctx context.Context, n *Node, d time.Duration) error
 // kubeadmEtcdClient is a client of the kubeadm cluster's etcd with
 // kubeadm's apiserver-etcd-client certificate, from the client namespace.
 func (l *Lab) kubeadmEtcdClient() (*clientv3.Client, error) {
+	return l.kubeadmEtcdClientOf(l.st.Nodes)
+}
+
+// kubeadmEtcdClientOf is kubeadmEtcdClient with the members of nodes only.
+func (l *Lab) kubeadmEtcdClientOf(nodes []*Node) (*clientv3.Client, error) {
 	var pki string
 	var eps []string
-	for _, n := range l.st.Nodes {
+	for _, n := range nodes {
 		p := filepath.Join(l.machineDir(n), "etc-kubernetes", "pki")
 		if _, err := os.Stat(filepath.Join(p, "apiserver-etcd-client.crt")); err != nil {
 			continue

@@ -146,6 +146,13 @@ func TestDrills(t *testing.T) {
 				if r.Prune == nil || r.Prune.Pruned != (kind == DrillPruneRealDeath) || len(r.Prune.Members) < 2 {
 					t.Fatalf("prune result: %+v", r.Prune)
 				}
+			case DrillRecover:
+				// The drill failed on a late VIP or a lost key; here: it
+				// lost what it meant to and judged the keys.
+				x := r.Recovery
+				if x == nil || len(x.Lost) != 2 || x.Keys == 0 || x.KeysBack != x.Keys || x.BackMillis <= 0 || x.BackMillis > x.BoundMillis {
+					t.Fatalf("recovery result: %+v", x)
+				}
 			case DrillKillEtcdLeader:
 				if r.After != r.Before {
 					t.Fatalf("the VIP moved from %s to %s when only an etcd member died", r.Before, r.After)
@@ -309,6 +316,15 @@ func TestKubeadmLab(t *testing.T) {
 				if len(k.Preflights) != 2 || k.Preflights[0].Join || len(k.Preflights[0].Fixes) == 0 || !k.Preflights[1].Join {
 					t.Fatalf("preflights: %+v", k.Preflights)
 				}
+			case DrillKubeadmRecover:
+				// The drill failed on a late API, a lost key or a failed
+				// join; here: it recovered what it meant to.
+				x := k.Recovery
+				if x == nil || len(x.Lost) != 2 || x.Keys == 0 || x.KeysBack != x.Keys || x.BackMillis <= 0 || x.BackMillis > x.BoundMillis ||
+					len(k.NewNodes) != 2 || k.MembersAfterJoin != 3 || r.After != x.Survivor {
+					t.Fatalf("recovery: %+v, new nodes %v, %d members, VIP on %s", x, k.NewNodes, k.MembersAfterJoin, r.After)
+				}
+				return // the VIP was dark by design until the recovery
 			case DrillKubeadmLease:
 				if k.LeaseHolder == "" || len(k.Order) != 3 || k.Order[2] != r.Target {
 					t.Fatalf("move to the Lease election: %+v", k)

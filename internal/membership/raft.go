@@ -125,38 +125,45 @@ func (c *Cluster) CheckRaft(ctx context.Context, v *View) {
 		if m.Name == "" {
 			continue // never started: no transport has heard from it
 		}
-		r := &RaftLinks{}
-		var unread []string
-		for _, a := range asked {
-			if a.ID == m.ID {
-				continue // its own counts say nothing of itself
-			}
-			b, okB := before[a.ID]
-			n, okN := now[a.ID]
-			// A count that went down is a member that restarted in
-			// between: its two reads compare nothing.
-			if !okB || !okN || n.bytes[m.ID] < b.bytes[m.ID] {
-				unread = append(unread, a.Name)
-				continue
-			}
-			r.Asked++
-			if v.RaftLeader != 0 && (a.ID == v.RaftLeader || m.ID == v.RaftLeader) {
-				r.leaderRead = true
-			}
-			if n.bytes[m.ID] > b.bytes[m.ID] {
-				r.LinkedFrom = append(r.LinkedFrom, a.Name)
-			}
-		}
-		switch {
-		case len(unread) > 0:
-			r.Error = "no counts from " + strings.Join(unread, ", ")
-		case r.Asked == 0:
-			r.Error = "no other member answered"
-		case !r.leaderRead:
-			r.Error = "the raft leader's counts were not read"
-		}
-		m.Raft = r
+		m.Raft = raftLinksOf(*m, asked, before, now, v.RaftLeader)
 	}
+}
+
+// raftLinksOf judges m from two reads of the counts of the members in
+// asked: linked from every member whose count of bytes received from m
+// grew between before and now.
+func raftLinksOf(m Member, asked []Member, before, now map[uint64]traffic, leader uint64) *RaftLinks {
+	r := &RaftLinks{}
+	var unread []string
+	for _, a := range asked {
+		if a.ID == m.ID {
+			continue // its own counts say nothing of itself
+		}
+		b, okB := before[a.ID]
+		n, okN := now[a.ID]
+		// A count that went down is a member that restarted in
+		// between: its two reads compare nothing.
+		if !okB || !okN || n.bytes[m.ID] < b.bytes[m.ID] {
+			unread = append(unread, a.Name)
+			continue
+		}
+		r.Asked++
+		if leader != 0 && (a.ID == leader || m.ID == leader) {
+			r.leaderRead = true
+		}
+		if n.bytes[m.ID] > b.bytes[m.ID] {
+			r.LinkedFrom = append(r.LinkedFrom, a.Name)
+		}
+	}
+	switch {
+	case len(unread) > 0:
+		r.Error = "no counts from " + strings.Join(unread, ", ")
+	case r.Asked == 0:
+		r.Error = "no other member answered"
+	case !r.leaderRead:
+		r.Error = "the raft leader's counts were not read"
+	}
+	return r
 }
 
 // readTraffic reads the counts of every member in ms, at once; a member

@@ -126,7 +126,14 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 	if _, err := os.Stat(db); err != nil {
 		return nil, fmt.Errorf("%w: %s is not an etcd data directory (no member/snap/db in it)", ErrRefused, cfg.DataDir)
 	}
+	running := false
 	members, err := readMembers(db)
+	if errors.Is(err, errRunning) && cfg.DryRun {
+		// A dry run may look while etcd runs (a kubeadm node's kubelet
+		// keeps it running without quorum): from a copy of its database.
+		running = true
+		members, err = readMembersOfCopy(db)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +164,11 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 		}
 	}
 	r.Removed = others
-	say("%s is member %s of %d (%d voters); its etcd is stopped", cfg.DataDir, r.Self.label(), len(members), voters)
+	if running {
+		say("%s is member %s of %d (%d voters); its etcd is running: read from a copy of its database (the real run needs it stopped; --kubeadm stops it)", cfg.DataDir, r.Self.label(), len(members), voters)
+	} else {
+		say("%s is member %s of %d (%d voters); its etcd is stopped", cfg.DataDir, r.Self.label(), len(members), voters)
+	}
 	answering := answers(ctx, others, cfg.TLS)
 	votersAnswering := 0
 	for _, m := range answering {
@@ -243,12 +254,15 @@ func WaitStopped(ctx context.Context, dataDir string, timeout time.Duration) err
 	}
 }
 
+// errRunning marks the refusal of a database that a running etcd holds.
+var errRunning = errors.New("etcd is running")
+
 // readMembers reads the member list from etcd's database, read-only. A
 // running etcd holds the database's lock: that is how one is told apart.
 func readMembers(path string) ([]Member, error) {
 	db, err := bbolt.Open(path, 0o400, &bbolt.Options{ReadOnly: true, Timeout: lockWait})
 	if errors.Is(err, bbolt.ErrTimeout) {
-		return nil, fmt.Errorf("%w: etcd is running on %s (its database is locked); stop it first (kubeadm: --kubeadm does, by moving its static pod manifest away)", ErrRefused, filepath.Dir(filepath.Dir(filepath.Dir(path))))
+		return nil, fmt.Errorf("%w: %w on %s (its database is locked); stop it first (kubeadm: --kubeadm does, by moving its static pod manifest away)", ErrRefused, errRunning, filepath.Dir(filepath.Dir(filepath.Dir(path))))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: cannot read %s as etcd's database: %w", ErrRefused, path, err)
@@ -277,6 +291,25 @@ func readMembers(path string) ([]Member, error) {
 	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// readMembersOfCopy reads the member list from a copy of a database that a
+// running etcd holds, for a dry run. bbolt reads the copy from its last
+// valid meta page. etcd without quorum commits nothing, so the copy is
+// whole; one taken while etcd commits may be torn, and then either fails
+// to read or, rarely, shows a member list that is not current, which only
+// a dry run ever sees.
+func readMembersOfCopy(path string) ([]Member, error) {
+	dir, err := os.MkdirTemp("", "vigil-recover-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	cp := filepath.Join(dir, "db")
+	if err := copyFile(path, cp, 0o600); err != nil {
+		return nil, fmt.Errorf("copy %s to read it: %w", path, err)
+	}
+	return readMembers(cp)
 }
 
 // answers returns the members whose client URLs answer Status.

@@ -106,6 +106,13 @@ func TestRecoverKeepsWhatTheSurvivorCommitted(t *testing.T) {
 	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "etcd is running") {
 		t.Fatalf("Recover on a running member = %v", err)
 	}
+	// A dry run may look while it runs (from a copy of the database), and
+	// tells the truth: the cluster has its quorum.
+	dryRunning := cfg
+	dryRunning.DryRun = true
+	if _, err := Recover(ctx(t), dryRunning, t.Logf); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "has not lost its quorum") {
+		t.Fatalf("a dry run on a running member of a healthy cluster = %v", err)
+	}
 	// Stopped, but the two others still make a quorum.
 	c.Kill(0)
 	refused("quorum reachable", cfg, "has not lost its quorum")
