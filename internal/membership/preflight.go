@@ -35,7 +35,7 @@ func (v View) Preflight(joining, fixFlags string) []Finding {
 		Detail: fmt.Sprintf("%d of %d voters healthy (quorum %d)", healthy, voters, quorum(voters))}
 	if !q.OK {
 		q.Detail += ": no membership change can commit"
-		q.Fix = []string{"bring members back, or restore etcd from a snapshot (etcdutl snapshot restore): docs/operations.md, disaster recovery"}
+		q.Fix = []string{"bring members back, or if they are lost for good: vigil members recover --kubeadm --name <survivor> on a surviving node (docs/operations.md, disaster recovery)"}
 	}
 	out = append(out, q)
 

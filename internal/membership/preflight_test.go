@@ -21,7 +21,7 @@ func TestPreflightRules(t *testing.T) {
 	// No quorum: the removal fixes are not offered (they cannot commit).
 	v := View{Members: []Member{up(1, "a"), down(2, "b"), down(3, "c")}}
 	fs := v.Preflight("", "")
-	if q := find(fs, "etcd quorum"); q.OK || !strings.Contains(q.Fix[0], "snapshot restore") {
+	if q := find(fs, "etcd quorum"); q.OK || !strings.Contains(q.Fix[0], "vigil members recover") {
 		t.Fatalf("quorum: %+v", q)
 	}
 	if h := find(fs, "every member healthy"); h.OK || len(h.Fix) != 0 {

@@ -97,8 +97,8 @@ func (v View) Find(nameOrID string) (Member, error) {
 // CheckRemove tells whether removing m is safe.
 //
 //   - The cluster must have quorum now, or the removal cannot commit: etcd
-//     with a dead majority needs disaster recovery (etcdutl snapshot
-//     restore), not a membership change.
+//     with a dead majority needs disaster recovery (vigil members recover),
+//     not a membership change.
 //   - After the removal, the healthy voters must still form a quorum of the
 //     remaining voters. Removing a dead voter never lowers the healthy count,
 //     only the quorum; removing a healthy one lowers both.
@@ -106,7 +106,7 @@ func (v View) Find(nameOrID string) (Member, error) {
 func (v View) CheckRemove(m Member, force bool) error {
 	voters, healthy := v.counts()
 	if healthy < quorum(voters) {
-		return fmt.Errorf("%w: the cluster has no quorum (%d of %d voters reachable, %d needed), so no membership change can commit; bring members back, or restore from a snapshot (etcdutl snapshot restore)",
+		return fmt.Errorf("%w: the cluster has no quorum (%d of %d voters reachable, %d needed), so no membership change can commit; bring members back, or if they are lost for good run vigil members recover on a survivor (docs/operations.md, disaster recovery)",
 			ErrRefused, healthy, voters, quorum(voters))
 	}
 	if m.Reachable && !force {
