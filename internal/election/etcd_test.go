@@ -254,6 +254,17 @@ func TestAcquireRenewRelease(t *testing.T) {
 		}
 		time.Sleep(tRetry)
 	}
+	// OnRenew runs once the renew loop has the answer, a moment after the
+	// write is visible: a stop in between would leave it unreported (a
+	// warm hack/test.sh run failed so).
+	etcdtest.Retry(t, 5*time.Second, "OnRenew to report a renewal", func() error {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		if len(tr.renews["a"]) == 0 {
+			return errors.New("no renewal reported yet")
+		}
+		return nil
+	})
 	a.stop()
 	if r := readRecord(t, c.Endpoints); r.Holder != "" {
 		t.Fatalf("after a clean stop the holder is %q, want the lock released", r.Holder)
