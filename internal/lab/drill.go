@@ -232,6 +232,23 @@ func (d *drillRun) setDead(name string, dead bool) {
 	d.mu.Unlock()
 }
 
+// watchJoined restarts the drill's VIP watch and its monitor over the
+// lab's nodes now, after a node joined. It returns the new monitor and the
+// double holds the old one saw. On an error the watch left is empty (its
+// close does nothing) and the monitor returned is the old, closed one, so
+// the drill's deferred closes stay safe.
+func (d *drillRun) watchJoined(mon *monitor) (*monitor, []doubleHold, error) {
+	doubles := mon.close()
+	d.w.close()
+	w, err := newVIPWatch(d.l.st.Nodes)
+	if err != nil {
+		d.w = &vipWatch{}
+		return mon, doubles, err
+	}
+	d.w = w
+	return startMonitor(w, d.live, probeInterval), doubles, nil
+}
+
 // Drill runs one drill of the given kind and heals the lab afterwards.
 func (l *Lab) Drill(ctx context.Context, kind string, run int) Result {
 	r := Result{Drill: kind, Impl: l.st.Settings.Impl, Run: run}

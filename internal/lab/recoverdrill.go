@@ -92,8 +92,8 @@ func (l *Lab) recoverDrill(ctx context.Context, r *Result) error {
 	if err != nil {
 		return err
 	}
-	defer func() { w.close() }()
 	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	defer func() { d.w.close() }()
 	pr, err := startProber(probeInterval, l.st.Settings.vipAddr())
 	if err != nil {
 		return err
@@ -194,13 +194,12 @@ func (l *Lab) recoverDrill(ctx context.Context, r *Result) error {
 			return err
 		}
 		// Watch the new node too.
-		doubles = append(doubles, mon.close()...)
-		w.close()
-		if w, err = newVIPWatch(l.st.Nodes); err != nil {
+		var seen []doubleHold
+		mon, seen, err = d.watchJoined(mon)
+		doubles = append(doubles, seen...)
+		if err != nil {
 			return err
 		}
-		d.w = w
-		mon = startMonitor(w, d.live, probeInterval)
 		phase(fmt.Sprintf("join %s (%d voters)", n.Name, len(l.st.Nodes)), "")
 	}
 	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})

@@ -184,8 +184,8 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	if err != nil {
 		return err
 	}
-	defer func() { w.close() }()
 	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	defer func() { d.w.close() }()
 	if d.target, err = l.node(holder); err != nil {
 		return err
 	}
@@ -280,13 +280,12 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 		return err
 	}
 	// Watch the new node too.
-	doubles = append(doubles, mon.close()...)
-	w.close()
-	if w, err = newVIPWatch(l.st.Nodes); err != nil {
+	var seen []doubleHold
+	mon, seen, err = d.watchJoined(mon)
+	doubles = append(doubles, seen...)
+	if err != nil {
 		return err
 	}
-	d.w = w
-	mon = startMonitor(w, d.live, probeInterval)
 	// 5. Converged: three healthy voters, and the holder balances over the
 	// new node's API server and no longer over the dead one's.
 	newBackend := netip.AddrPortFrom(n.IP, APIServerPort).String()
