@@ -500,6 +500,12 @@ func (l *Lab) waitCandidates(ctx context.Context, d time.Duration) error {
 // connection for every request, as a client reconnecting would. Each step
 // is bounded by 5 s.
 func (l *Lab) vipTransport() (*http.Transport, error) {
+	return l.apiTransport(VIP.Addr().String())
+}
+
+// apiTransport is vipTransport for a server that presents serverName (an
+// address in its certificate).
+func (l *Lab) apiTransport(serverName string) (*http.Transport, error) {
 	var pool *x509.CertPool
 	if l.st.Settings.Kubeadm {
 		var err error
@@ -517,7 +523,7 @@ func (l *Lab) vipTransport() (*http.Transport, error) {
 	dial := netns.Dialer(clientNS)
 	return &http.Transport{
 		DisableKeepAlives:     true,
-		TLSClientConfig:       &tls.Config{RootCAs: pool, ServerName: VIP.Addr().String()},
+		TLSClientConfig:       &tls.Config{RootCAs: pool, ServerName: serverName},
 		TLSHandshakeTimeout:   5 * time.Second,
 		ResponseHeaderTimeout: 5 * time.Second,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {

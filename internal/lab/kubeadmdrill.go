@@ -133,6 +133,21 @@ type KubeadmResult struct {
 	// the first of them.
 	LateAnswers      int      `json:"lateAnswers,omitempty"`
 	LateAnswerErrors []string `json:"lateAnswerErrors,omitempty"`
+	// NoServer are requests outside the failover window that failed while
+	// no API server answered the lab's direct requests (not through the
+	// VIP) within 1 s around their start: the control plane, not the path
+	// to it, was down (serverwatch.go). Not counted in FailedOutside;
+	// NoServerErrors are the first of them.
+	NoServer       int      `json:"noServer,omitempty"`
+	NoServerErrors []string `json:"noServerErrors,omitempty"`
+	// SlowStore are requests outside the failover window that failed
+	// while the VIP was briefly gone (its holder stepped down), the lab's
+	// own writes through etcd having taken over 400 ms just before: vigil
+	// promises no move only while etcd answers within 400 ms
+	// (serverwatch.go). Not counted in FailedOutside; SlowStoreErrors are
+	// the first of them.
+	SlowStore       int      `json:"slowStore,omitempty"`
+	SlowStoreErrors []string `json:"slowStoreErrors,omitempty"`
 	// LeaseHolder is, for kubeadm-lease, the holder of the Lease after the
 	// move (the node with the VIP), and Order the order the nodes moved in.
 	LeaseHolder string   `json:"leaseHolder,omitempty"`
@@ -177,6 +192,18 @@ func (k *KubeadmResult) String() string {
 		s += fmt.Sprintf("\n      delivered to a live API server that answered late (not counted as failed): %d", k.LateAnswers)
 		for _, e := range k.LateAnswerErrors {
 			s += "\n      late: " + e
+		}
+	}
+	if k.NoServer > 0 {
+		s += fmt.Sprintf("\n      failed while no API server answered the lab directly (not counted as failed): %d", k.NoServer)
+		for _, e := range k.NoServerErrors {
+			s += "\n      no server: " + e
+		}
+	}
+	if k.SlowStore > 0 {
+		s += fmt.Sprintf("\n      failed while the VIP was briefly gone on a slow etcd (not counted as failed): %d", k.SlowStore)
+		for _, e := range k.SlowStoreErrors {
+			s += "\n      slow etcd: " + e
 		}
 	}
 	for _, p := range k.Preflights {
@@ -244,6 +271,21 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 		return err
 	}
 	defer udp.close()
+	sw, err := l.startServerWatch(l.watchedServers(2), APIServerPort, kubeadmRequestTimeout)
+	if err != nil {
+		return err
+	}
+	defer sw.close()
+	ec, err := l.kubeadmEtcdClient()
+	if err != nil {
+		return err
+	}
+	defer ec.Close()
+	stw := startStoreWatch(func(ctx context.Context) error {
+		_, err := ec.Put(ctx, "/vigil-lab/store-watch", time.Now().UTC().Format(time.RFC3339Nano))
+		return err
+	})
+	defer stw.close()
 	// The monitor samples the nodes there were at the start; a replacement
 	// is checked once it is up, below.
 	watched := slices.Clone(l.st.Nodes)
@@ -301,8 +343,13 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 		k.Failed++
 	}
 	k.FailoverMs = millis(recovered.Sub(fault))
+	direct := sw.close()
+	writes := stw.close()
+	dark := darkSpans(replies)
 	for _, q := range reqs {
 		if q.err != "" && (q.end.Before(fault) || q.start.After(recovered.Add(time.Second))) {
+			// When, from the fault, and in which phase.
+			at := fmt.Sprintf("+%v (%s)", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(phaseStart, q.start))
 			if q.reached != "" {
 				// vigil delivered it: the TLS handshake with a live API
 				// server completed through the VIP (a dead or frozen
@@ -313,14 +360,31 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 				// here). Reported, but not vigil's failure.
 				k.LateAnswers++
 				if len(k.LateAnswerErrors) < 5 {
-					k.LateAnswerErrors = append(k.LateAnswerErrors, fmt.Sprintf("+%v (%s): %s", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(phaseStart, q.start), q.err))
+					k.LateAnswerErrors = append(k.LateAnswerErrors, at+": "+q.err)
+				}
+				continue
+			}
+			if d, slowest, ok := slowStoreDark(dark, writes, q.start, q.end); ok {
+				k.SlowStore++
+				if len(k.SlowStoreErrors) < 5 {
+					k.SlowStoreErrors = append(k.SlowStoreErrors, fmt.Sprintf("%s: %s; the VIP was silent %v from +%v, a write through etcd having taken %v",
+						at, q.err, d.to.Sub(d.from).Round(time.Millisecond), d.from.Sub(fault).Round(time.Millisecond), slowest.Round(time.Millisecond)))
+				}
+				continue
+			}
+			prompt := promptServers(direct, q.start)
+			if len(prompt) == 0 {
+				// No server answered anyone promptly: no load balancer
+				// could have delivered this request.
+				k.NoServer++
+				if len(k.NoServerErrors) < 5 {
+					k.NoServerErrors = append(k.NoServerErrors, at+": "+q.err)
 				}
 				continue
 			}
 			k.FailedOutside++
 			if len(k.OutsideErrors) < 5 {
-				// When, from the fault, and in which phase.
-				k.OutsideErrors = append(k.OutsideErrors, fmt.Sprintf("+%v (%s): %s", q.start.Sub(fault).Round(time.Millisecond), r.phaseAt(phaseStart, q.start), q.err))
+				k.OutsideErrors = append(k.OutsideErrors, fmt.Sprintf("%s: %s; answering directly then: %s", at, q.err, serverNames(prompt, pr.servers)))
 			}
 		}
 	}
@@ -350,6 +414,14 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	// one at a time): more than 1% late is no longer load, whoever is slow.
 	if k.LateAnswers*100 > k.Requests && kind != DrillKubeadmCertsRenew {
 		return fmt.Errorf("%d of %d requests through the VIP were answered late by the API server they reached (more than 1%%)", k.LateAnswers, k.Requests)
+	}
+	// Likewise for a control plane that stalls as a whole, and for a slow
+	// etcd.
+	if k.NoServer*100 > k.Requests && kind != DrillKubeadmCertsRenew {
+		return fmt.Errorf("%d of %d requests through the VIP failed while no API server answered directly (more than 1%%)", k.NoServer, k.Requests)
+	}
+	if k.SlowStore*100 > k.Requests && kind != DrillKubeadmCertsRenew {
+		return fmt.Errorf("%d of %d requests through the VIP failed while etcd was slower than 400 ms and the VIP briefly gone (more than 1%%)", k.SlowStore, k.Requests)
 	}
 	return nil
 }

@@ -1,0 +1,300 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// A request through the VIP can fail because vigil sent it nowhere or to a
+// dead server, or because no API server could have answered it: on two
+// cores, while a member joins, all of a kubeadm cluster's API servers can
+// stall for seconds together (their health checks and their TLS handshakes
+// time out). The server watch tells the two apart. It asks every API server
+// directly, from the same client namespace and not through the VIP, and a
+// failed request through the VIP counts against vigil only if some server
+// answered such a direct request promptly around the time it started:
+// then a load balancer could have delivered it.
+
+const (
+	// serverWatchInterval paces each server's direct requests (one at a
+	// time per server, so a stalled server holds its next one back).
+	serverWatchInterval = 200 * time.Millisecond
+	// promptAnswer is the longest a direct request may take to show its
+	// server was there to be used.
+	promptAnswer = time.Second
+	// aroundStart is how far from a failed request's start a prompt
+	// direct answer must have begun to count.
+	aroundStart = time.Second
+)
+
+// serverProbe is one direct request to an API server.
+type serverProbe struct {
+	server netip.Addr
+	start  time.Time
+	took   time.Duration
+	ok     bool // answered GET /version with 200
+}
+
+// serverWatch asks a fixed set of API server addresses GET /version
+// directly until closed.
+type serverWatch struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex // guards probes
+	probes []serverProbe
+}
+
+// startServerWatch starts asking addrs:port, each every
+// serverWatchInterval, each request bounded by timeout. Addresses with no
+// server yet (a machine that joins later) simply fail until one starts.
+func (l *Lab) startServerWatch(addrs []netip.Addr, port int, timeout time.Duration) (*serverWatch, error) {
+	w := &serverWatch{stop: make(chan struct{})}
+	for _, a := range addrs {
+		tr, err := l.apiTransport(a.String())
+		if err != nil {
+			w.close()
+			return nil, err
+		}
+		c := &http.Client{Timeout: timeout, Transport: tr}
+		url := fmt.Sprintf("https://%s/version", netip.AddrPortFrom(a, uint16(port)))
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			defer tr.CloseIdleConnections()
+			t := time.NewTicker(serverWatchInterval)
+			defer t.Stop()
+			for {
+				w.ask(c, a, url)
+				select {
+				case <-w.stop:
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	return w, nil
+}
+
+func (w *serverWatch) ask(c *http.Client, a netip.Addr, url string) {
+	p := serverProbe{server: a, start: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { // a close does not wait for a stalled server
+		select {
+		case <-w.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		panic(err) // a constant URL
+	}
+	if resp, err := c.Do(req); err == nil {
+		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		p.ok = err == nil && resp.StatusCode == http.StatusOK
+	}
+	p.took = time.Since(p.start)
+	w.mu.Lock()
+	w.probes = append(w.probes, p)
+	w.mu.Unlock()
+}
+
+// close stops the watch and returns every direct request. Safe to call
+// twice.
+func (w *serverWatch) close() []serverProbe {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.probes)
+}
+
+// promptServers are the servers that answered a direct request within
+// promptAnswer, the request having begun within aroundStart of t: the
+// servers a load balancer could have used for a request starting at t.
+func promptServers(probes []serverProbe, t time.Time) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range probes {
+		if !p.ok || p.took > promptAnswer || slices.Contains(out, p.server) {
+			continue
+		}
+		if d := p.start.Sub(t); d >= -aroundStart && d <= aroundStart {
+			out = append(out, p.server)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// serverNames names addrs by the lab's nodes where it can.
+func serverNames(addrs []netip.Addr, names map[netip.Addr]string) string {
+	if len(addrs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		if n, ok := names[a]; ok {
+			s[i] = n
+		} else {
+			s[i] = a.String()
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// watchedServers are the addresses of the lab's nodes, and of the next
+// extra ones a drill may add (machines that join get the next indexes).
+func (l *Lab) watchedServers(extra int) []netip.Addr {
+	top := 0
+	var out []netip.Addr
+	for _, n := range l.st.Nodes {
+		top = max(top, n.Index)
+		out = append(out, n.IP)
+	}
+	for _, i := range l.st.Retired {
+		top = max(top, i)
+	}
+	for i := top + 1; i <= min(top+extra, maxNodeIndex); i++ {
+		out = append(out, nodeIP(i))
+	}
+	return out
+}
+
+// The third excuse: the holder gave up the VIP because its lock store was
+// slow. vigil promises no VIP move while etcd answers within 400 ms; when
+// a write takes longer, the holder steps down (safety before speed) and
+// takes the VIP again a moment later, and requests in flight then fail. The
+// store watch writes one key through the cluster's etcd from the client
+// namespace, as the holder's renewals do, and a failed request is excused
+// when it overlaps a gap in the VIP's answers that began while such a
+// write was slower than that.
+
+const (
+	storeWatchInterval = 200 * time.Millisecond
+	// storePromise is how fast etcd must answer for vigil to promise the
+	// VIP stays put.
+	storePromise = 400 * time.Millisecond
+	// darkGap is the shortest silence of the VIP's UDP responder (probed
+	// every 10 ms) that counts as the VIP gone.
+	darkGap = 100 * time.Millisecond
+	// beforeDark is how long before a gap a slow write may have begun to
+	// explain it: the renew deadline (500 ms by default) and some.
+	beforeDark = time.Second
+)
+
+// storeProbe is one write through etcd.
+type storeProbe struct {
+	start time.Time
+	took  time.Duration
+	ok    bool
+}
+
+// slow reports whether the write broke vigil's latency promise.
+func (p storeProbe) slow() bool { return !p.ok || p.took > storePromise }
+
+// storeWatch writes a key through etcd every storeWatchInterval.
+type storeWatch struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	probes []storeProbe
+}
+
+// startStoreWatch writes with put, each write bounded by 2 s.
+func startStoreWatch(put func(ctx context.Context) error) *storeWatch {
+	w := &storeWatch{stop: make(chan struct{})}
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		t := time.NewTicker(storeWatchInterval)
+		defer t.Stop()
+		for {
+			p := storeProbe{start: time.Now()}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			p.ok = put(ctx) == nil
+			cancel()
+			p.took = time.Since(p.start)
+			w.mu.Lock()
+			w.probes = append(w.probes, p)
+			w.mu.Unlock()
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+// close stops the watch and returns every write. Safe to call twice.
+func (w *storeWatch) close() []storeProbe {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.probes)
+}
+
+// span is a time interval.
+type span struct{ from, to time.Time }
+
+// darkSpans are the silences of at least darkGap between the VIP's
+// answers (sorted by time).
+func darkSpans(rs []reply) []span {
+	var out []span
+	for i := 1; i < len(rs); i++ {
+		if rs[i].at.Sub(rs[i-1].at) >= darkGap {
+			out = append(out, span{rs[i-1].at, rs[i].at})
+		}
+	}
+	return out
+}
+
+// slowStoreDark is the VIP's silence that a request from start to end
+// overlapped (or that ended at most a second before it began, as the
+// failover window does), which began while a write through etcd was slower
+// than vigil's promise; ok is false when there is none.
+func slowStoreDark(dark []span, probes []storeProbe, start, end time.Time) (s span, slowest time.Duration, ok bool) {
+	for _, d := range dark {
+		if d.from.After(end) || d.to.Add(time.Second).Before(start) {
+			continue
+		}
+		for _, p := range probes {
+			if !p.slow() {
+				continue
+			}
+			// The write was under way at some point in the second
+			// before the VIP fell silent.
+			if p.start.After(d.from) || p.start.Add(p.took).Before(d.from.Add(-beforeDark)) {
+				continue
+			}
+			ok, s = true, d
+			slowest = max(slowest, p.took)
+		}
+		if ok {
+			return s, slowest, true
+		}
+	}
+	return span{}, 0, false
+}

@@ -1,0 +1,101 @@
+package lab
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestPromptServers(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
+	a, b, c := netip.MustParseAddr("10.250.0.11"), netip.MustParseAddr("10.250.0.12"), netip.MustParseAddr("10.250.0.13")
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	probes := []serverProbe{
+		// a answers promptly until +2 s, then stalls.
+		{server: a, start: at(0), took: 20 * time.Millisecond, ok: true},
+		{server: a, start: at(1800), took: 30 * time.Millisecond, ok: true},
+		{server: a, start: at(2100), took: 5 * time.Second},
+		// b answers, but too late to count, around +3 s.
+		{server: b, start: at(2900), took: 1500 * time.Millisecond, ok: true},
+		// c refuses (no server there yet), then answers with an error.
+		{server: c, start: at(0), took: time.Millisecond},
+		{server: c, start: at(3000), took: 10 * time.Millisecond},
+		// a is back at +8 s.
+		{server: a, start: at(8000), took: 10 * time.Millisecond, ok: true},
+	}
+	for _, tc := range []struct {
+		at   int
+		want []netip.Addr
+	}{
+		{0, []netip.Addr{a}},
+		{2500, []netip.Addr{a}}, // a's answer at +1.8 s is within 1 s
+		{2900, nil},             // a's last prompt answer began 1.1 s earlier
+		{5000, nil},             // every server stalled or failed
+		{7000, []netip.Addr{a}}, // a's answer at +8 s began within 1 s
+		{9001, nil},
+	} {
+		if got := promptServers(probes, at(tc.at)); !slices.Equal(got, tc.want) {
+			t.Errorf("at +%d ms: prompt servers %v, want %v", tc.at, got, tc.want)
+		}
+	}
+	names := map[netip.Addr]string{a: "n1"}
+	if got := serverNames([]netip.Addr{a, b}, names); got != "n1 10.250.0.12" {
+		t.Errorf("serverNames = %q", got)
+	}
+	if got := serverNames(nil, names); got != "none" {
+		t.Errorf("serverNames(nil) = %q", got)
+	}
+}
+
+func TestWatchedServers(t *testing.T) {
+	l := &Lab{st: state{Nodes: []*Node{{Index: 1, IP: nodeIP(1)}, {Index: 3, IP: nodeIP(3)}}, Retired: []int{4}}}
+	want := []netip.Addr{nodeIP(1), nodeIP(3), nodeIP(5), nodeIP(6)}
+	if got := l.watchedServers(2); !slices.Equal(got, want) {
+		t.Errorf("watchedServers(2) = %v, want %v", got, want)
+	}
+}
+
+func TestSlowStoreDark(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 9, 40, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// The VIP answers every 10 ms, but for 400 ms from +5 s and 300 ms
+	// from +20 s.
+	var rs []reply
+	for ms := 0; ms <= 30000; ms += 10 {
+		if (ms > 5000 && ms < 5400) || (ms > 20000 && ms < 20300) {
+			continue
+		}
+		rs = append(rs, reply{at: at(ms), node: "n2"})
+	}
+	dark := darkSpans(rs)
+	if len(dark) != 2 || !dark[0].from.Equal(at(5000)) || !dark[0].to.Equal(at(5400)) || !dark[1].from.Equal(at(20000)) {
+		t.Fatalf("dark spans %v", dark)
+	}
+	writes := []storeProbe{
+		{start: at(4400), took: 450 * time.Millisecond, ok: true}, // slow, just before the first silence
+		{start: at(4900), took: 80 * time.Millisecond, ok: true},
+		{start: at(18000), took: 600 * time.Millisecond, ok: true}, // slow, but ended 1.4 s before the second
+		{start: at(19500), took: 150 * time.Millisecond, ok: true},
+		{start: at(25000), took: 2 * time.Second}, // failed, no silence near it
+	}
+	for _, tc := range []struct {
+		start, end int
+		want       bool
+	}{
+		{4800, 9800, true},    // in flight across the first silence
+		{5900, 6000, true},    // within a second after it
+		{6500, 6600, false},   // more than a second after it
+		{1000, 4900, false},   // before it
+		{19900, 24900, false}, // across the second silence, etcd answered in time then
+		{25000, 26000, false}, // etcd failed, but the VIP stayed
+	} {
+		_, _, got := slowStoreDark(dark, writes, at(tc.start), at(tc.end))
+		if got != tc.want {
+			t.Errorf("request +%d..+%d ms: excused %v, want %v", tc.start, tc.end, got, tc.want)
+		}
+	}
+	if _, slowest, _ := slowStoreDark(dark, writes, at(4800), at(9800)); slowest != 450*time.Millisecond {
+		t.Errorf("slowest write %v, want 450ms", slowest)
+	}
+}
