@@ -26,7 +26,7 @@ const (
 func newMembersRecoverCmd(ef *etcdFlags) *cobra.Command {
 	var (
 		dataDir, name, peerURL, manifest string
-		dryRun, kubeadm                  bool
+		dryRun, kubeadm, force           bool
 		timeout                          time.Duration
 	)
 	cmd := &cobra.Command{
@@ -51,6 +51,11 @@ member named is not in it, or advertises another peer URL than --peer-url;
 the cluster has not lost its quorum (the other members are asked at the
 client URLs the data directory lists, with the --etcd-* certificates). The
 data directory is copied beside itself first (DATA_DIR.vigil-backup-TIME).
+
+Of several survivors, recover the one that knows the most committed: run on
+another, recover refuses and names it (the raft index each has committed:
+this member's from its write-ahead log, the others' from etcd's Status).
+--force overrides that, and the quorum check, saying what it overrides.
 
 Other members that still answer, without making a quorum, are named: stop
 them and wipe their data directories before they come back.
@@ -102,7 +107,7 @@ again.)`,
 				return err
 			}
 			say := sayTo{cmd.OutOrStdout()}
-			rcfg := recovery.Config{DataDir: dataDir, Name: name, PeerURL: peerURL, TLS: tc, DryRun: dryRun, Timeout: timeout}
+			rcfg := recovery.Config{DataDir: dataDir, Name: name, PeerURL: peerURL, TLS: tc, DryRun: dryRun, Force: force, Timeout: timeout}
 			if kubeadm && dryRun {
 				say.line("would move the static pod manifests of the API server and etcd out of %s, and wait for the kubelet to stop etcd", filepath.Dir(manifest))
 			}
@@ -118,6 +123,7 @@ again.)`,
 	f.StringVar(&name, "name", "", "the member's name, etcd's --name (default: the host name, as kubeadm names members)")
 	f.StringVar(&peerURL, "peer-url", "", "if set, must be the member's peer URL: a check that this is the node meant")
 	f.BoolVar(&dryRun, "dry-run", false, "check and say what would be done; change nothing")
+	f.BoolVar(&force, "force", false, "recover although the members that answer could still make a quorum with this one, or one of them has committed more (it loses what only they have, and they must be stopped and wiped); the other refusals stand")
 	f.BoolVar(&kubeadm, "kubeadm", false, "stop and start etcd's static pod around the recovery, with kubeadm's paths and certificates as defaults")
 	f.StringVar(&manifest, "manifest", kubeadmEtcdManifest, "with --kubeadm: etcd's static pod manifest")
 	f.DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for etcd to stop (--kubeadm) and for the one-member start")

@@ -34,6 +34,7 @@ func TestMembersRecoverCLI(t *testing.T) {
 		{"no data dir", []string{"--name", "m1"}, "--data-dir is required"},
 		{"manifest without kubeadm", []string{"--data-dir", dir, "--name", "m1", "--manifest", "/tmp/x.yaml"}, "only used with --kubeadm"},
 		{"wrong name", []string{"--data-dir", dir, "--name", "m7"}, `no member named "m7"`},
+		{"wrong name, forced", []string{"--data-dir", dir, "--name", "m7", "--force"}, `no member named "m7"`},
 		{"not etcd's", []string{"--data-dir", t.TempDir(), "--name", "m1"}, "not an etcd data directory"},
 		{"kubeadm without manifest", []string{"--kubeadm", "--data-dir", dir, "--name", "m1", "--manifest", filepath.Join(t.TempDir(), "etcd.yaml"), "--etcd-cacert", "", "--etcd-cert", "", "--etcd-key", ""}, "static pod manifest"},
 	} {
@@ -46,7 +47,7 @@ func TestMembersRecoverCLI(t *testing.T) {
 		})
 	}
 	out, stderr, code := run("--data-dir", dir, "--name", "m1", "--dry-run")
-	if code != 0 || !strings.Contains(out, "dry run: nothing changed") {
+	if code != 0 || !strings.Contains(out, "dry run: nothing changed") || !strings.Contains(out, "raft index") {
 		t.Fatalf("dry run: exit %d\n%s%s", code, out, stderr)
 	}
 	// --kubeadm, with a manifest of its own: moved away during the

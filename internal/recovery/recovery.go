@@ -16,6 +16,10 @@
 // new ID that every client following this one (vigil's identity check
 // among them) would have to be told about.
 //
+// Of several survivors without a quorum, the one to recover is the one that
+// knows the most committed (its write-ahead log's last hard state; the
+// others' Status): Recover refuses on another, naming it, unless forced.
+//
 // Every check runs before anything is written, and a refusal leaves the
 // data directory byte for byte as it was. Before the one change, the data
 // directory is copied beside itself.
@@ -24,6 +28,7 @@ package recovery
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +45,8 @@ import (
 	"go.etcd.io/bbolt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/storage/wal"
+	"go.etcd.io/etcd/server/v3/storage/wal/walpb"
 	"go.uber.org/zap"
 )
 
@@ -62,6 +69,11 @@ type Config struct {
 	TLS *tls.Config
 	// DryRun checks and says what would be done, and changes nothing.
 	DryRun bool
+	// Force recovers although the other members that answer could still
+	// make a quorum with this one, or one of them has applied more than
+	// this member: each is said, and then overridden. The other refusals
+	// stand.
+	Force bool
 	// Timeout bounds the one-member start (60 s when 0).
 	Timeout time.Duration
 	// Now names the backup (time.Now when nil).
@@ -75,6 +87,10 @@ type Member struct {
 	PeerURLs   []string `json:"peerURLs"`
 	ClientURLs []string `json:"clientURLs"`
 	IsLearner  bool     `json:"isLearner"`
+	// Committed is the last raft index the member knows committed: from
+	// its write-ahead log for this member (its database can be behind
+	// after a power loss), from its Status for one that answers.
+	Committed uint64 `json:"-"`
 }
 
 func (m Member) label() string {
@@ -127,12 +143,12 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 		return nil, fmt.Errorf("%w: %s is not an etcd data directory (no member/snap/db in it)", ErrRefused, cfg.DataDir)
 	}
 	running := false
-	members, err := readMembers(db)
+	members, applied, err := readMembers(db)
 	if errors.Is(err, errRunning) && cfg.DryRun {
 		// A dry run may look while etcd runs (a kubeadm node's kubelet
 		// keeps it running without quorum): from a copy of its database.
 		running = true
-		members, err = readMembersOfCopy(db)
+		members, applied, err = readMembersOfCopy(db)
 	}
 	if err != nil {
 		return nil, err
@@ -147,6 +163,12 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 		return nil, fmt.Errorf("%w: no member named %q in %s; its members: %s", ErrRefused, cfg.Name, cfg.DataDir, strings.Join(names, ", "))
 	}
 	r.Self = members[i]
+	r.Self.Committed = applied
+	if c, err := walCommit(cfg.DataDir); err == nil {
+		r.Self.Committed = max(c, applied)
+	} else {
+		say("cannot read the commit index from %s's write-ahead log (%v); comparing by what its database applied", cfg.DataDir, err)
+	}
 	if r.Self.IsLearner {
 		return nil, fmt.Errorf("%w: %s is a learner: it may lack committed entries; recover from a voter's data directory", ErrRefused, r.Self.label())
 	}
@@ -181,12 +203,25 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 		for _, m := range answering {
 			names = append(names, m.label())
 		}
-		return nil, fmt.Errorf("%w: the cluster has not lost its quorum: %s answer, and with this member's etcd started again %d of %d voters would (%d needed); start it again, and change membership with vigil members remove or replace instead",
-			ErrRefused, strings.Join(names, ", "), votersAnswering+1, voters, quorum)
+		if !cfg.Force {
+			return nil, fmt.Errorf("%w: the cluster has not lost its quorum: %s answer, and with this member's etcd started again %d of %d voters would (%d needed); start it again, and change membership with vigil members remove or replace instead",
+				ErrRefused, strings.Join(names, ", "), votersAnswering+1, voters, quorum)
+		}
+		say("warning (--force): %s answer, and with this member %d of %d voters could make a quorum; recovering anyway: stop and wipe them now, or two clusters will share one ID", strings.Join(names, ", "), votersAnswering+1, voters)
+	}
+	// Of several survivors, recover the one that knows the most committed:
+	// the others' extra entries would be lost with them.
+	if best := mostAdvanced(answering); best != nil && best.Committed > r.Self.Committed {
+		if !cfg.Force {
+			return nil, fmt.Errorf("%w: %s is further ahead than %s (raft index %d committed, this member %d): recover on it instead (stop its etcd first), and wipe this member; --force recovers here and loses what only it has",
+				ErrRefused, best.label(), r.Self.label(), best.Committed, r.Self.Committed)
+		}
+		say("warning (--force): %s is further ahead (raft index %d committed, this member %d); recovering here anyway loses what only it has", best.label(), best.Committed, r.Self.Committed)
 	}
 	r.Answering = answering
+	say("%s has raft index %d committed", r.Self.label(), r.Self.Committed)
 	for _, m := range answering {
-		say("warning: %s answers, but is not enough for a quorum: stop it and wipe its data directory before it comes back, or it will try to rejoin a cluster that removed it", m.label())
+		say("warning: %s answers (raft index %d committed), but is not enough for a quorum: stop it and wipe its data directory before it comes back, or it will try to rejoin a cluster that removed it", m.label(), m.Committed)
 	}
 	backup := fmt.Sprintf("%s.vigil-backup-%s", strings.TrimSuffix(cfg.DataDir, string(filepath.Separator)), cfg.Now().UTC().Format("20060102T150405Z"))
 	if cfg.DryRun {
@@ -208,7 +243,7 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 	if err := forceNewCluster(ctx, cfg, r.Self); err != nil {
 		return r, fmt.Errorf("%w (the data directory as it was is in %s)", err, backup)
 	}
-	after, err := readMembers(db)
+	after, _, err := readMembers(db)
 	if err != nil {
 		return r, err
 	}
@@ -217,6 +252,17 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 	}
 	say("%s is now a one-member cluster (same cluster ID, member ID and peer URL %s); start its etcd", cfg.DataDir, strings.Join(r.Self.PeerURLs, ","))
 	return r, nil
+}
+
+// mostAdvanced is the member of ms that knows the most committed, or nil.
+func mostAdvanced(ms []Member) *Member {
+	var best *Member
+	for i := range ms {
+		if best == nil || ms[i].Committed > best.Committed {
+			best = &ms[i]
+		}
+	}
+	return best
 }
 
 func labels(ms []Member) string {
@@ -257,22 +303,31 @@ func WaitStopped(ctx context.Context, dataDir string, timeout time.Duration) err
 // errRunning marks the refusal of a database that a running etcd holds.
 var errRunning = errors.New("etcd is running")
 
-// readMembers reads the member list from etcd's database, read-only. A
-// running etcd holds the database's lock: that is how one is told apart.
-func readMembers(path string) ([]Member, error) {
+// readMembers reads the member list from etcd's database, read-only, and
+// the last raft index the member applied to it (etcd's consistent index).
+// A running etcd holds the database's lock: that is how one is told apart.
+func readMembers(path string) ([]Member, uint64, error) {
 	db, err := bbolt.Open(path, 0o400, &bbolt.Options{ReadOnly: true, Timeout: lockWait})
 	if errors.Is(err, bbolt.ErrTimeout) {
-		return nil, fmt.Errorf("%w: %w on %s (its database is locked); stop it first (kubeadm: --kubeadm does, by moving its static pod manifest away)", ErrRefused, errRunning, filepath.Dir(filepath.Dir(filepath.Dir(path))))
+		return nil, 0, fmt.Errorf("%w: %w on %s (its database is locked); stop it first (kubeadm: --kubeadm does, by moving its static pod manifest away)", ErrRefused, errRunning, filepath.Dir(filepath.Dir(filepath.Dir(path))))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: cannot read %s as etcd's database: %w", ErrRefused, path, err)
+		return nil, 0, fmt.Errorf("%w: cannot read %s as etcd's database: %w", ErrRefused, path, err)
 	}
 	defer db.Close()
 	var out []Member
+	var applied uint64
 	err = db.View(func(tx *bbolt.Tx) error {
 		b := tx.Bucket([]byte("members"))
 		if b == nil {
 			return fmt.Errorf("%w: %s has no member list: not etcd's database", ErrRefused, path)
+		}
+		// etcd's schema: bucket "meta", key "consistent_index", 8 bytes
+		// big-endian.
+		if m := tx.Bucket([]byte("meta")); m != nil {
+			if v := m.Get([]byte("consistent_index")); len(v) == 8 {
+				applied = binary.BigEndian.Uint64(v)
+			}
 		}
 		return b.ForEach(func(_, v []byte) error {
 			var m Member
@@ -284,13 +339,39 @@ func readMembers(path string) ([]Member, error) {
 		})
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: %s lists no members", ErrRefused, path)
+		return nil, 0, fmt.Errorf("%w: %s lists no members", ErrRefused, path)
 	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	return out, applied, nil
+}
+
+// walCommit is the commit index in the last hard state of the member's
+// write-ahead log, read without locking or changing it (a torn last record
+// is ignored, as etcd does in read mode).
+func walCommit(dataDir string) (uint64, error) {
+	lg := zap.NewNop()
+	dir := filepath.Join(dataDir, "member", "wal")
+	snaps, err := wal.ValidSnapshotEntries(lg, dir)
+	if err != nil {
+		return 0, err
+	}
+	var from walpb.Snapshot
+	if len(snaps) > 0 {
+		from = snaps[len(snaps)-1]
+	}
+	w, err := wal.OpenForRead(lg, dir, from)
+	if err != nil {
+		return 0, err
+	}
+	defer w.Close()
+	_, st, _, err := w.ReadAll()
+	if err != nil {
+		return 0, err
+	}
+	return st.Commit, nil
 }
 
 // readMembersOfCopy reads the member list from a copy of a database that a
@@ -299,20 +380,21 @@ func readMembers(path string) ([]Member, error) {
 // whole; one taken while etcd commits may be torn, and then either fails
 // to read or, rarely, shows a member list that is not current, which only
 // a dry run ever sees.
-func readMembersOfCopy(path string) ([]Member, error) {
+func readMembersOfCopy(path string) ([]Member, uint64, error) {
 	dir, err := os.MkdirTemp("", "vigil-recover-")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer os.RemoveAll(dir)
 	cp := filepath.Join(dir, "db")
 	if err := copyFile(path, cp, 0o600); err != nil {
-		return nil, fmt.Errorf("copy %s to read it: %w", path, err)
+		return nil, 0, fmt.Errorf("copy %s to read it: %w", path, err)
 	}
 	return readMembers(cp)
 }
 
-// answers returns the members whose client URLs answer Status.
+// answers returns the members whose client URLs answer Status, each with
+// the raft index it knows committed.
 func answers(ctx context.Context, ms []Member, tc *tls.Config) []Member {
 	var mu sync.Mutex
 	var out []Member
@@ -329,9 +411,10 @@ func answers(ctx context.Context, ms []Member, tc *tls.Config) []Member {
 			defer cli.Close()
 			for _, ep := range m.ClientURLs {
 				sctx, cancel := context.WithTimeout(ctx, statusTimeout)
-				_, err := cli.Status(sctx, ep)
+				st, err := cli.Status(sctx, ep)
 				cancel()
 				if err == nil {
+					m.Committed = st.RaftIndex // etcd: "the current raft committed index"
 					mu.Lock()
 					out = append(out, m)
 					mu.Unlock()

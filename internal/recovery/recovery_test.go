@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +117,16 @@ func TestRecoverKeepsWhatTheSurvivorCommitted(t *testing.T) {
 	// Stopped, but the two others still make a quorum.
 	c.Kill(0)
 	refused("quorum reachable", cfg, "has not lost its quorum")
+	// --force overrides that check alone (a dry run here: the real one
+	// would split the cluster).
+	forced := cfg
+	forced.DryRun, forced.Force = true, true
+	if r, err := Recover(ctx(t), forced, t.Logf); err != nil || len(r.Answering) != 2 {
+		t.Fatalf("a forced dry run with the quorum reachable = %+v, %v; want it to go on, naming the 2 that answer", r, err)
+	}
+	forcedWrongName := forced
+	forcedWrongName.Name = "m9"
+	refused("wrong name, forced", forcedWrongName, `no member named "m9"`)
 	// The two others are lost for good.
 	c.Kill(1)
 	c.Kill(2)
@@ -160,5 +171,57 @@ func TestRecoverKeepsWhatTheSurvivorCommitted(t *testing.T) {
 	}
 	if _, err := cli0.Put(ctx(t), "/after", "recovery"); err != nil {
 		t.Fatalf("a write after recovery: %v", err)
+	}
+}
+
+// Of several survivors without a quorum, recover runs only on the one that
+// knows the most committed, unless forced.
+func TestRecoverRefusesALaggingSurvivor(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 5)
+	c.WaitLeader(10 * time.Second)
+	cli := client(t, c.Endpoints...)
+	if _, err := cli.Put(ctx(t), "/before", "all five"); err != nil {
+		t.Fatal(err)
+	}
+	// m0 stops first; the other four go on committing without it.
+	c.Kill(0)
+	for i := range 50 {
+		if _, err := cli.Put(ctx(t), fmt.Sprintf("/k/%02d", i), "without m0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Then three of them are lost: m1 alone runs, without a quorum.
+	c.Kill(2)
+	c.Kill(3)
+	c.Kill(4)
+	dir := c.DataDir(0)
+	before := treeHash(t, dir)
+	cfg := Config{DataDir: dir, Name: c.Names[0]}
+	_, err := Recover(ctx(t), cfg, t.Logf)
+	want := c.Names[1] + " "
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "is further ahead") || !strings.HasPrefix(strings.TrimPrefix(err.Error(), ErrRefused.Error()+": "), want) {
+		t.Fatalf("Recover on the lagging survivor = %v; want a refusal naming %s as further ahead", err, c.Names[1])
+	}
+	t.Log(err)
+	if treeHash(t, dir) != before {
+		t.Fatal("the refusal changed the data directory")
+	}
+	// Forced, a dry run goes on (and says what it overrides).
+	var said []string
+	forced := cfg
+	forced.DryRun, forced.Force = true, true
+	r, err := Recover(ctx(t), forced, func(f string, a ...any) { said = append(said, fmt.Sprintf(f, a...)) })
+	if err != nil || len(r.Answering) != 1 || r.Answering[0].Name != c.Names[1] || r.Answering[0].Committed <= r.Self.Committed {
+		t.Fatalf("forced dry run = %+v, %v", r, err)
+	}
+	if !slices.ContainsFunc(said, func(s string) bool {
+		return strings.Contains(s, "warning (--force)") && strings.Contains(s, "further ahead")
+	}) {
+		t.Fatalf("the forced dry run did not say what it overrode: %q", said)
+	}
+	// On the survivor that is ahead (a dry run, while its etcd runs), no
+	// refusal: nobody that answers knows more.
+	if r, err := Recover(ctx(t), Config{DataDir: c.DataDir(1), Name: c.Names[1], DryRun: true}, t.Logf); err != nil || len(r.Answering) != 0 {
+		t.Fatalf("dry run on the survivor ahead = %+v, %v", r, err)
 	}
 }
