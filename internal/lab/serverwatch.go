@@ -42,49 +42,78 @@ type serverProbe struct {
 	ok     bool // answered GET /version with 200
 }
 
-// serverWatch asks a fixed set of API server addresses GET /version
-// directly until closed.
-type serverWatch struct {
+// recorder runs probe loops and keeps what they record, until closed.
+type recorder[T any] struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	mu     sync.Mutex // guards probes
-	probes []serverProbe
+	mu    sync.Mutex // guards items
+	items []T
 }
+
+func newRecorder[T any]() *recorder[T] { return &recorder[T]{stop: make(chan struct{})} }
+
+// every calls once, then again every interval, until the recorder closes.
+func (r *recorder[T]) every(interval time.Duration, once func()) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			once()
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+func (r *recorder[T]) add(v T) {
+	r.mu.Lock()
+	r.items = append(r.items, v)
+	r.mu.Unlock()
+}
+
+// close stops the loops and returns everything recorded. Safe to call
+// twice.
+func (r *recorder[T]) close() []T {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	r.wg.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.items)
+}
+
+// serverWatch asks a fixed set of API server addresses GET /version
+// directly until closed.
+type serverWatch = recorder[serverProbe]
 
 // startServerWatch starts asking addrs:port, each every
 // serverWatchInterval, each request bounded by timeout. Addresses with no
 // server yet (a machine that joins later) simply fail until one starts.
 func (l *Lab) startServerWatch(addrs []netip.Addr, port int, timeout time.Duration) (*serverWatch, error) {
-	w := &serverWatch{stop: make(chan struct{})}
+	w := newRecorder[serverProbe]()
 	for _, a := range addrs {
-		tr, err := l.apiTransport(a.String())
+		tr, err := l.apiTransport(a.String()) // a new connection for every request
 		if err != nil {
 			w.close()
 			return nil, err
 		}
 		c := &http.Client{Timeout: timeout, Transport: tr}
 		url := fmt.Sprintf("https://%s/version", netip.AddrPortFrom(a, uint16(port)))
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			defer tr.CloseIdleConnections()
-			t := time.NewTicker(serverWatchInterval)
-			defer t.Stop()
-			for {
-				w.ask(c, a, url)
-				select {
-				case <-w.stop:
-					return
-				case <-t.C:
-				}
-			}
-		}()
+		w.every(serverWatchInterval, func() { askServer(w, c, a, url) })
 	}
 	return w, nil
 }
 
-func (w *serverWatch) ask(c *http.Client, a netip.Addr, url string) {
+func askServer(w *serverWatch, c *http.Client, a netip.Addr, url string) {
 	p := serverProbe{server: a, start: time.Now()}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { // a close does not wait for a stalled server
@@ -105,23 +134,7 @@ func (w *serverWatch) ask(c *http.Client, a netip.Addr, url string) {
 		p.ok = err == nil && resp.StatusCode == http.StatusOK
 	}
 	p.took = time.Since(p.start)
-	w.mu.Lock()
-	w.probes = append(w.probes, p)
-	w.mu.Unlock()
-}
-
-// close stops the watch and returns every direct request. Safe to call
-// twice.
-func (w *serverWatch) close() []serverProbe {
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
-	w.wg.Wait()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Clone(w.probes)
+	w.add(p)
 }
 
 // promptServers are the servers that answered a direct request within
@@ -207,53 +220,19 @@ type storeProbe struct {
 // slow reports whether the write broke vigil's latency promise.
 func (p storeProbe) slow() bool { return !p.ok || p.took > storePromise }
 
-// storeWatch writes a key through etcd every storeWatchInterval.
-type storeWatch struct {
-	stop chan struct{}
-	wg   sync.WaitGroup
-
-	mu     sync.Mutex
-	probes []storeProbe
-}
-
-// startStoreWatch writes with put, each write bounded by 2 s.
-func startStoreWatch(put func(ctx context.Context) error) *storeWatch {
-	w := &storeWatch{stop: make(chan struct{})}
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		t := time.NewTicker(storeWatchInterval)
-		defer t.Stop()
-		for {
-			p := storeProbe{start: time.Now()}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			p.ok = put(ctx) == nil
-			cancel()
-			p.took = time.Since(p.start)
-			w.mu.Lock()
-			w.probes = append(w.probes, p)
-			w.mu.Unlock()
-			select {
-			case <-w.stop:
-				return
-			case <-t.C:
-			}
-		}
-	}()
+// startStoreWatch writes with put every storeWatchInterval, each write
+// bounded by 2 s, until closed.
+func startStoreWatch(put func(ctx context.Context) error) *recorder[storeProbe] {
+	w := newRecorder[storeProbe]()
+	w.every(storeWatchInterval, func() {
+		p := storeProbe{start: time.Now()}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		p.ok = put(ctx) == nil
+		cancel()
+		p.took = time.Since(p.start)
+		w.add(p)
+	})
 	return w
-}
-
-// close stops the watch and returns every write. Safe to call twice.
-func (w *storeWatch) close() []storeProbe {
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
-	w.wg.Wait()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Clone(w.probes)
 }
 
 // span is a time interval.

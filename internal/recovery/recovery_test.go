@@ -183,12 +183,15 @@ func TestRecoverRefusesALaggingSurvivor(t *testing.T) {
 	if _, err := cli.Put(ctx(t), "/before", "all five"); err != nil {
 		t.Fatal(err)
 	}
-	// m0 stops first; the other four go on committing without it.
+	// m0 stops first; the other four go on committing without it (once
+	// they have a leader again, if m0 led: retried until then).
 	c.Kill(0)
 	for i := range 50 {
-		if _, err := cli.Put(ctx(t), fmt.Sprintf("/k/%02d", i), "without m0"); err != nil {
-			t.Fatal(err)
-		}
+		key := fmt.Sprintf("/k/%02d", i)
+		etcdtest.Retry(t, 30*time.Second, "put "+key, func() error {
+			_, err := cli.Put(ctx(t), key, "without m0")
+			return err
+		})
 	}
 	// Then three of them are lost: m1 alone runs, without a quorum.
 	c.Kill(2)
