@@ -70,8 +70,8 @@ type Config struct {
 	// DryRun checks and says what would be done, and changes nothing.
 	DryRun bool
 	// Force recovers although the other members that answer could still
-	// make a quorum with this one, or one of them has applied more than
-	// this member: each is said, and then overridden. The other refusals
+	// make a quorum with this one, or a voter among them has committed
+	// more than this member: each is said, and then overridden. The other refusals
 	// stand.
 	Force bool
 	// Timeout bounds the one-member start (60 s when 0).
@@ -254,10 +254,14 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 	return r, nil
 }
 
-// mostAdvanced is the member of ms that knows the most committed, or nil.
+// mostAdvanced is the voter of ms that knows the most committed, or nil.
+// Learners are left out: recovery refuses to start from one.
 func mostAdvanced(ms []Member) *Member {
 	var best *Member
 	for i := range ms {
+		if ms[i].IsLearner {
+			continue
+		}
 		if best == nil || ms[i].Committed > best.Committed {
 			best = &ms[i]
 		}

@@ -228,3 +228,20 @@ func TestRecoverRefusesALaggingSurvivor(t *testing.T) {
 		t.Fatalf("dry run on the survivor ahead = %+v, %v", r, err)
 	}
 }
+
+func TestMostAdvancedSkipsLearners(t *testing.T) {
+	ms := []Member{
+		{Name: "m2", Committed: 40},
+		{Name: "m3", Committed: 90, IsLearner: true}, // recovery refuses learners
+		{Name: "m4", Committed: 55},
+	}
+	if got := mostAdvanced(ms); got == nil || got.Name != "m4" {
+		t.Fatalf("mostAdvanced = %+v, want m4", got)
+	}
+	if got := mostAdvanced([]Member{{Name: "m3", IsLearner: true, Committed: 9}}); got != nil {
+		t.Fatalf("mostAdvanced of learners only = %+v, want nil", got)
+	}
+	if got := mostAdvanced(nil); got != nil {
+		t.Fatalf("mostAdvanced(nil) = %+v", got)
+	}
+}
