@@ -113,7 +113,7 @@ type claimHolder struct {
 func (l *EtcdLock) tryClaim(ctx context.Context, key, instance string) (*Claim, claimHolder, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimOpTimeout)
 	defer cancel()
-	grant, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseGrantResponse, error) {
+	grant, err := etcdcluster.Via(ctx, l.cl, &l.claims, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseGrantResponse, error) {
 		return m.Client.Grant(ctx, claimTTL)
 	})
 	if err != nil {
@@ -178,7 +178,7 @@ func (l *EtcdLock) watchClaim(ctx context.Context, key string, h claimHolder) (b
 func (l *EtcdLock) takeOver(ctx context.Context, key, instance string, h claimHolder) (*Claim, error) {
 	ctx, cancel := context.WithTimeout(ctx, claimOpTimeout)
 	defer cancel()
-	grant, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseGrantResponse, error) {
+	grant, err := etcdcluster.Via(ctx, l.cl, &l.claims, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseGrantResponse, error) {
 		return m.Client.Grant(ctx, claimTTL)
 	})
 	if err != nil {
@@ -215,13 +215,15 @@ func (c *Claim) start(log *slog.Logger) {
 			case <-t.C:
 			}
 			kctx, cancelOnce := context.WithTimeout(ctx, claimKeepAlive)
-			_, err := etcdcluster.Do(kctx, c.l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseKeepAliveResponse, error) {
+			// Both through one member while it answers (etcdcluster.Path):
+			// every few seconds, for as long as vigil runs.
+			_, err := etcdcluster.Via(kctx, c.l.cl, &c.l.claims, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseKeepAliveResponse, error) {
 				return m.Client.KeepAliveOnce(ctx, c.lease)
 			})
 			if err == nil {
 				// The proof of life a newcomer looks for; only while the
 				// key is still ours.
-				_, err = etcdcluster.Do(kctx, c.l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
+				_, err = etcdcluster.Via(kctx, c.l.cl, &c.l.claims, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
 					return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(c.key), "=", c.instance)).
 						Then(clientv3.OpPut(c.key, c.instance, clientv3.WithLease(c.lease))).Commit()
 				})

@@ -435,7 +435,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			}
 		}
 		if !ok {
-			alive, held, twin := waitForChange(ctx, min(wait, e.cfg.RetryPeriod), changes, &w, obs, e.cfg.Identity, e.cfg.Instance)
+			alive, held, twin := waitForChange(ctx, min(wait, e.standbyPoll(changes != nil)), changes, &w, obs, e.cfg.Identity, e.cfg.Instance)
 			if twin != nil {
 				return lease{}, Observation{}, e.duplicate(*twin)
 			}
@@ -477,6 +477,23 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			}
 		}
 	}
+}
+
+// standbyPoll is how long a stand-by waits between reads of a lock held by
+// a peer, unless the lease runs out sooner (then it reads at the expiry) or
+// a watched change ends the wait. Without a watch it reads every retry
+// period. With one, the watch delivers every renewal as it commits (each
+// restarts the lease window at its arrival) and a release at once, so the
+// reads are only the net under a watch that has silently stalled: they go
+// out every quarter lease (200 ms at the defaults, twice fewer reads). A
+// stalled watch can then start the window up to that much later, which
+// delays a takeover and never hastens one; and the takeover itself is a
+// compare-and-swap on the revision read.
+func (e *Elector) standbyPoll(watching bool) time.Duration {
+	if !watching {
+		return e.cfg.RetryPeriod
+	}
+	return max(e.cfg.RetryPeriod, e.cfg.LeaseDuration/4)
 }
 
 // watchLock streams changes of the record, when the lock supports it. stop

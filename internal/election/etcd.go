@@ -42,10 +42,16 @@ type EtcdLock struct {
 	own bool // cl was made by NewEtcdLock; Close closes it
 	log *slog.Logger
 
+	// Renewals and stand-by reads each go through the member that
+	// answered the last one (etcdcluster.Path): one raft proposal per
+	// renewal, one read per stand-by poll, not one per member.
+	renewals, reads etcdcluster.Path
+	// claims carries the name claim's keep-alive and rewrite.
+	claims etcdcluster.Path
+
 	// The member list is refreshed beside the operations, never in their
 	// way: on a slow store a refresh is a round trip, and the renewals
 	// answered meanwhile must reach the elector at once.
-	via        atomic.Pointer[renewPath] // see Renew
 	refreshing atomic.Bool
 	refreshWG  sync.WaitGroup
 	stop       context.Context
@@ -102,9 +108,13 @@ func (l *EtcdLock) Endpoints() []string { return l.cl.Endpoints() }
 // Describe implements Lock.
 func (l *EtcdLock) Describe() string { return "etcd:" + l.key }
 
-// Get implements Lock.
+// Get implements Lock. A stand-by polls it every retry period, so it goes
+// through one member while that member answers in time (etcdcluster.Path).
+// Which member answers does not matter for safety: a read only starts the
+// lease window, and the takeover is a compare-and-swap on the revision
+// read.
 func (l *EtcdLock) Get(ctx context.Context) (Observation, error) {
-	obs, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (Observation, error) {
+	obs, err := etcdcluster.Via(ctx, l.cl, &l.reads, func(ctx context.Context, m *etcdcluster.Member) (Observation, error) {
 		resp, err := m.Client.Get(ctx, l.key)
 		if err != nil {
 			return Observation{}, fmt.Errorf("get %s via %s: %w", l.key, m.Endpoint, err)
@@ -192,50 +202,11 @@ func (l *EtcdLock) Renew(ctx context.Context, rec Record) (Observation, error) {
 		clientv3.Compare(clientv3.Value(l.key), "<", p+"\xff"),
 		clientv3.Compare(clientv3.Value(l.key), "!=", string(val)),
 	}
-	start := time.Now()
-	obs, m, err := etcdcluster.Hedged(ctx, l.cl, l.renewVia(), l.hedgeAfter(), l.txnOp(rec, val, cmps), isConflict)
-	l.renewedVia(m, time.Since(start), err)
+	obs, err := etcdcluster.ViaUntil(ctx, l.cl, &l.renewals, l.txnOp(rec, val, cmps), isConflict)
 	if err == nil {
 		l.refreshMembers()
 	}
 	return obs, err
-}
-
-// Renewals go through one member, the one that answered the last renewal,
-// and through the others as well only when it fails or is late: a healthy
-// holder adds one raft proposal per renewal to etcd, not one per member.
-// "Late" is twice that member's last round trip, and at least
-// minHedgeAfter: on a store that is slow everywhere, asking the others too
-// would only add load.
-const minHedgeAfter = 50 * time.Millisecond
-
-func (l *EtcdLock) renewVia() string {
-	if p := l.via.Load(); p != nil {
-		return p.endpoint
-	}
-	return ""
-}
-
-func (l *EtcdLock) hedgeAfter() time.Duration {
-	if p := l.via.Load(); p != nil {
-		return max(minHedgeAfter, 2*p.took)
-	}
-	return minHedgeAfter
-}
-
-// renewPath is the member that answered the last renewal, and how fast.
-type renewPath struct {
-	endpoint string
-	took     time.Duration
-}
-
-// renewedVia remembers who answered a renewal (nobody: ask everyone next).
-func (l *EtcdLock) renewedVia(m *etcdcluster.Member, took time.Duration, err error) {
-	if m == nil || (err != nil && !isConflict(err)) {
-		l.via.Store(nil)
-		return
-	}
-	l.via.Store(&renewPath{endpoint: m.Endpoint, took: took})
 }
 
 // tenurePrefix is how every encoded record of tenure t begins.

@@ -1,8 +1,9 @@
 // Package etcdcluster is a process's one connection to etcd: one gRPC
-// connection per member, operations sent through every member at once (the
-// first answer wins), the member list read at most once per interval and
-// shared by everyone in the process, the voter list, member status and raft
-// leadership transfer.
+// connection per member; operations sent through every member at once (the
+// first answer wins) or, when they recur, through the member that answered
+// the last one, the others asked only when it fails or is late (Path); the
+// member list read at most once per interval and shared by everyone in the
+// process; the voter list, member status and raft leadership transfer.
 //
 // The election's lock, membership observation and changes, API server
 // discovery and the worker agent all use one Cluster, each through the few
@@ -108,8 +109,9 @@ type Cluster struct {
 	closed  bool
 	http    *http.Client // for PeerLinks, made on first use
 
-	readMu sync.Mutex   // one member list read at a time; the others wait for it
-	reads  atomic.Int64 // member list reads sent (each through every member)
+	readMu   sync.Mutex   // one member list read at a time; the others wait for it
+	reads    atomic.Int64 // member list reads sent
+	listPath Path         // the member list reads go through
 
 	ident identity // the cluster ID followed (identity.go)
 }
@@ -202,8 +204,9 @@ func (c *Cluster) Endpoints() []string {
 	return slices.Sorted(slices.Values(c.wanted))
 }
 
-// MemberList returns the member list, read (linearizably, through every
-// member at once) no longer than ListInterval ago. Everyone in the process
+// MemberList returns the member list, read (linearizably, through the
+// member that answered the last read: Path) no longer than ListInterval
+// ago. Everyone in the process
 // shares the read: a caller that finds the list too old reads it, the ones
 // that ask meanwhile wait for that read.
 func (c *Cluster) MemberList(ctx context.Context) ([]*pb.Member, error) {
@@ -241,7 +244,7 @@ func (c *Cluster) memberList(ctx context.Context, maxAge time.Duration) ([]*pb.M
 	list := func(ctx context.Context, m *Member) (*clientv3.MemberListResponse, error) {
 		return m.Client.MemberList(ctx)
 	}
-	resp, err := Do(ctx, c, list)
+	resp, err := Via(ctx, c, &c.listPath, list)
 	if err != nil {
 		return nil, fmt.Errorf("etcd member list: %w", err)
 	}
@@ -267,8 +270,8 @@ func (c *Cluster) cachedSince(asked time.Time, maxAge time.Duration) ([]*pb.Memb
 	return nil, false
 }
 
-// ListReads counts the member list reads sent so far (each through every
-// member at once), cached answers not included.
+// ListReads counts the member list reads sent so far, cached answers not
+// included.
 func (c *Cluster) ListReads() int64 { return c.reads.Load() }
 
 // LocalMemberList reads the member list as any one member knows it

@@ -89,3 +89,108 @@ func TestHedged(t *testing.T) {
 		t.Fatalf("no preference: asked %v, want every member", reset())
 	}
 }
+
+// A Path goes through the member that answered last, alone; after a
+// failure or a late answer, through the member that answered instead.
+func TestPath(t *testing.T) {
+	eps := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"}
+	c, err := New(Config{Endpoints: eps}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var mu sync.Mutex
+	asked := map[string]int{}
+	down := map[string]string{} // endpoint -> "fail" or "hang"
+	op := func(ctx context.Context, m *Member) (string, error) {
+		mu.Lock()
+		asked[m.Endpoint]++
+		how := down[m.Endpoint]
+		mu.Unlock()
+		switch how {
+		case "fail":
+			return "", errors.New("refused")
+		case "hang":
+			<-ctx.Done()
+			return "", ctx.Err()
+		}
+		return m.Endpoint, nil
+	}
+	set := func(ep, how string) {
+		mu.Lock()
+		defer mu.Unlock()
+		down[ep] = how
+	}
+	// counts waits until n members were asked in all (the goroutines of
+	// members that lost the race count themselves a moment later), then
+	// returns and clears the counts.
+	counts := func(n int) map[string]int {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			mu.Lock()
+			got := len(asked)
+			mu.Unlock()
+			if got >= n || time.Now().After(deadline) {
+				break
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		got := asked
+		asked = map[string]int{}
+		return got
+	}
+	ctx := context.Background()
+	var p Path
+	if p.First() != "" {
+		t.Fatalf("a new path goes through %q, want every member", p.First())
+	}
+	first, err := Via(ctx, c, &p, op)
+	if err != nil || p.First() != first {
+		t.Fatalf("Via = %q, %v; the path then goes through %q", first, err, p.First())
+	}
+	if got := counts(3); len(got) != 3 {
+		t.Fatalf("a new path asked %v, want every member", got)
+	}
+	for range 5 {
+		if v, err := Via(ctx, c, &p, op); err != nil || v != first {
+			t.Fatalf("Via = %q, %v, want %q", v, err, first)
+		}
+	}
+	if got := counts(1); len(got) != 1 || got[first] != 5 {
+		t.Fatalf("a healthy path: asked %v, want %s alone, 5 times", got, first)
+	}
+	// The member fails: the others answer, and the path moves to one of them.
+	set(first, "fail")
+	second, err := Via(ctx, c, &p, op)
+	if err != nil || second == first || p.First() != second {
+		t.Fatalf("after %s failed: Via = %q, %v; path through %q", first, second, err, p.First())
+	}
+	counts(3)
+	if v, err := Via(ctx, c, &p, op); err != nil || v != second {
+		t.Fatalf("Via = %q, %v, want %q", v, err, second)
+	}
+	if got := counts(1); len(got) != 1 {
+		t.Fatalf("after the move: asked %v, want %s alone", got, second)
+	}
+	// The new member hangs: after a hedge delay the third answers.
+	set(second, "hang")
+	start := time.Now()
+	third, err := Via(ctx, c, &p, op)
+	if err != nil || third == first || third == second || p.First() != third {
+		t.Fatalf("after %s hung: Via = %q, %v; path through %q", second, third, err, p.First())
+	}
+	if took := time.Since(start); took < MinHedge {
+		t.Fatalf("a late member was passed over after %v, before the hedge delay %v", took, MinHedge)
+	}
+	// Every member fails: an error, and the next operation asks everyone.
+	for _, ep := range eps {
+		set(ep, "fail")
+	}
+	counts(3)
+	if _, err := Via(ctx, c, &p, op); err == nil {
+		t.Fatal("Via succeeded with every member down")
+	}
+	if p.First() != "" {
+		t.Fatalf("after a failure everywhere the path goes through %q, want every member", p.First())
+	}
+}

@@ -129,6 +129,7 @@ func (s State) Eligible(self string, now time.Time) error {
 type Store struct {
 	cl     *etcdcluster.Cluster
 	prefix string
+	reads  etcdcluster.Path // Read's
 }
 
 // NewStore keeps the records under prefix (DefaultPrefix when empty).
@@ -147,9 +148,11 @@ func (s *Store) isHold(key string) bool     { return strings.HasPrefix(key, s.pr
 // leaseFor is an etcd lease TTL (whole seconds, at least 1) covering d.
 func leaseFor(d time.Duration) int64 { return max(int64((d+time.Second-1)/time.Second), 1) }
 
-// Read returns the request and the holds.
+// Read returns the request and the holds. Every vigil reads them a few
+// times a second, so the read goes through one member while it answers
+// (etcdcluster.Path).
 func (s *Store) Read(ctx context.Context) (State, error) {
-	resp, err := etcdcluster.Do(ctx, s.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
+	resp, err := etcdcluster.Via(ctx, s.cl, &s.reads, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
 		return m.Client.Get(ctx, s.prefix, clientv3.WithPrefix())
 	})
 	if err != nil {

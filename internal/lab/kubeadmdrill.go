@@ -900,6 +900,14 @@ func (l *Lab) replaceMachine(ctx context.Context, victim *Node, w *vipWatch, k *
 	if pf.Join || !slices.ContainsFunc(pf.Failed, func(f string) bool { return strings.Contains(f, victim.Name) }) || len(pf.Fixes) == 0 {
 		return fmt.Errorf("preflight after %s was powered off said %+v; want no, naming it, with a fix", victim.Name, pf)
 	}
+	// The replacement machine is made while vigil waits out --prune-after
+	// (it is not joined until the preflight below).
+	n, err := l.newMachineNode(ctx)
+	if err != nil {
+		return err
+	}
+	k.NewNode = n.Name
+	phase("new machine "+n.Name, "containerd, images, kubelet")
 	if k.Pruning {
 		bound := l.st.Settings.PruneAfter + 90*time.Second
 		if err := l.waitMemberGone(ctx, victim.Name, bound); err != nil {
@@ -907,12 +915,6 @@ func (l *Lab) replaceMachine(ctx context.Context, victim *Node, w *vipWatch, k *
 		}
 		phase("vigil pruned "+victim.Name, "")
 	}
-	n, err := l.newMachineNode(ctx)
-	if err != nil {
-		return err
-	}
-	k.NewNode = n.Name
-	phase("new machine "+n.Name, "containerd, images, kubelet")
 	// Pruned: the join will pass, and preflight must say so. Not pruned:
 	// the dead member is still there, and preflight must say no.
 	pf, err = l.preflight(ctx, "before kubeadm join", n.Name)

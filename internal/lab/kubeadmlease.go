@@ -70,15 +70,24 @@ func (l *Lab) moveToLease(ctx context.Context, holder *Node, w *vipWatch, k *Kub
 	for _, n := range order {
 		k.Order = append(k.Order, n.Name)
 	}
-	for _, n := range order[:len(order)-1] {
+	// Their manifests are rewritten together, as a rollout to the
+	// stand-bys would: kubelet takes about 15 s to replace a static pod.
+	standbys := order[:len(order)-1]
+	olds := map[*Node]int{}
+	for _, n := range standbys {
 		old, err := vigilProcess(ctx, n, "run")
 		if err != nil {
 			return err
 		}
+		olds[n] = old
+	}
+	for _, n := range standbys {
 		if err := l.writeVigilManifest(ctx, n, "--election", "kubernetes", "--kubeconfig", leaseKubeconfig); err != nil {
 			return err
 		}
-		if err := waitLeaseVigil(ctx, n, old); err != nil {
+	}
+	for _, n := range standbys {
+		if err := waitLeaseVigil(ctx, n, olds[n]); err != nil {
 			return err
 		}
 		if on, err := w.has(holder.Name); err != nil || !on {

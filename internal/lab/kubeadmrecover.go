@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -92,6 +93,29 @@ func (l *Lab) recoverMachines(ctx context.Context, holder *Node, d *drillRun, k 
 	}
 	phase("vigil members recover --kubeadm", lastLine(out))
 
+	// The two machines that join later are made while the survivor's
+	// control plane comes back (about 10 s each: containerd, images,
+	// kubelet); the wait below touches nothing else of the lab.
+	machines := make(chan newMachines, 1)
+	go func() {
+		var m newMachines
+		for range 2 {
+			n, err := l.newMachineNode(ctx)
+			if err != nil {
+				m.err = err
+				break
+			}
+			m.nodes = append(m.nodes, n)
+		}
+		machines <- m
+	}()
+	made := func() (newMachines, error) {
+		m := <-machines
+		machines <- newMachines{err: errors.New("lab: new machines taken twice")}
+		return m, m.err
+	}
+	defer func() { _, _ = made() }()
+
 	// The API through the VIP: a Node list, as kubectl get nodes.
 	c, err := l.kubeClient()
 	if err != nil {
@@ -114,6 +138,11 @@ func (l *Lab) recoverMachines(ctx context.Context, holder *Node, d *drillRun, k 
 	k.movedAt = time.Now()
 	x.BackMillis = millis(k.movedAt.Sub(start))
 	phase("Node list through the VIP", "")
+	m, err := made()
+	if err != nil {
+		return err
+	}
+	phase("new machines "+m.nodes[0].Name+", "+m.nodes[1].Name, "containerd, images, kubelet; made while the API came back")
 
 	// Every key is back (a new client: the first one's connection to the
 	// restarted member may be waiting out gRPC's reconnect backoff).
@@ -149,12 +178,7 @@ func (l *Lab) recoverMachines(ctx context.Context, holder *Node, d *drillRun, k 
 			return fmt.Errorf("lab: kubectl delete node %s: %w", name, err)
 		}
 	}
-	for range 2 {
-		n, err := l.newMachineNode(ctx)
-		if err != nil {
-			return err
-		}
-		phase("new machine "+n.Name, "containerd, images, kubelet")
+	for _, n := range m.nodes {
 		if _, err := l.kubeadmJoinOutput(ctx, n, true); err != nil {
 			k.JoinFailed, k.JoinError = true, joinFailure(err)
 			return fmt.Errorf("kubeadm join --control-plane of %s after the recovery: %w", n.Name, err)
@@ -186,6 +210,12 @@ func (l *Lab) recoverMachines(ctx context.Context, holder *Node, d *drillRun, k 
 	}
 	phase("3 voters, Nodes Ready", "")
 	return nil
+}
+
+// newMachines is what the goroutine that makes new machines returns.
+type newMachines struct {
+	nodes []*Node
+	err   error
 }
 
 // writeKeysApplied writes the recover drills' keys through all, then waits

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 )
@@ -184,7 +185,16 @@ func labNamespaces(ctx context.Context) ([]string, error) {
 	return ns, nil
 }
 
-// nsPIDs lists the processes inside a namespace.
+// nsPIDs lists the processes inside a namespace, this one excepted.
+//
+// `ip netns pids` goes by each process's main thread, and this process
+// switches threads into the lab's namespaces for moments (internal/netns:
+// every dial into the client namespace, a gRPC reconnect to an etcd member
+// that is being killed included). When the main thread was the one, this
+// process was listed, and killing the namespace's processes killed the
+// caller. (A kubeadm lab test ended "signal: killed" in its clean-up, with
+// no OOM kill logged: this is the one way the lab kills what it did not
+// start.)
 func nsPIDs(ctx context.Context, ns string) ([]int, error) {
 	out, err := ipOut(ctx, "netns", "pids", ns)
 	if err != nil {
@@ -193,7 +203,7 @@ func nsPIDs(ctx context.Context, ns string) ([]int, error) {
 	var pids []int
 	for _, f := range strings.Fields(out) {
 		var p int
-		if _, err := fmt.Sscanf(f, "%d", &p); err == nil {
+		if _, err := fmt.Sscanf(f, "%d", &p); err == nil && p != os.Getpid() {
 			pids = append(pids, p)
 		}
 	}

@@ -84,6 +84,9 @@ type Cluster struct {
 	// traffic is the last read of each answering member's raft counts
 	// (raft.go), by member ID.
 	traffic map[uint64]traffic
+	// publish and reports carry the observer's rounds (Publish, Reports)
+	// through one member while it answers: see etcdcluster.Path.
+	publish, reports etcdcluster.Path
 }
 
 // New connects (lazily) to the endpoints, or uses cfg.Etcd.
@@ -236,7 +239,7 @@ func (c *Cluster) status(ctx context.Context, m *Member) {
 
 // Reports reads every published report.
 func (c *Cluster) Reports(ctx context.Context) ([]Report, error) {
-	resp, err := etcdcluster.Do(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
+	resp, err := etcdcluster.Via(ctx, c.cl, &c.reports, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
 		return m.Client.Get(ctx, c.cfg.ReportPrefix, clientv3.WithPrefix())
 	})
 	if err != nil {
@@ -268,7 +271,7 @@ func (c *Cluster) Publish(ctx context.Context, r Report) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.lease != 0 {
-		if _, err := etcdcluster.DoUntil(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseKeepAliveResponse, error) {
+		if _, err := etcdcluster.ViaUntil(ctx, c.cl, &c.publish, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.LeaseKeepAliveResponse, error) {
 			return m.Client.KeepAliveOnce(ctx, c.lease)
 		}, leaseNotFound); err != nil {
 			if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -287,7 +290,9 @@ func (c *Cluster) Publish(ctx context.Context, r Report) error {
 		}
 		c.lease = g.ID
 	}
-	if _, err := etcdcluster.Do(ctx, c.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.PutResponse, error) {
+	// Through one member while it answers (etcdcluster.Path): one raft
+	// proposal per report, every observer round.
+	if _, err := etcdcluster.Via(ctx, c.cl, &c.publish, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.PutResponse, error) {
 		return m.Client.Put(ctx, c.cfg.ReportPrefix+r.Observer, string(b), clientv3.WithLease(c.lease))
 	}); err != nil {
 		return fmt.Errorf("publish the member report: %w", err)
