@@ -5,9 +5,12 @@
 // member list read at most once per interval and shared by everyone in the
 // process; the voter list, member status and raft leadership transfer.
 //
-// The election's lock, membership observation and changes, API server
-// discovery and the worker agent all use one Cluster, each through the few
-// methods it needs. Before this package a `vigil run` held three etcd client
+// In a `vigil run` the election's lock and name claims, the handoff
+// records, membership observation and changes and API server discovery all
+// use one Cluster, each through the few methods it needs; `vigil members`
+// and `vigil handoff` use one of their own. The worker agent does not: it
+// reads the member list through etcd's JSON gateway (internal/agent,
+// discover.go, says why). Before this package a `vigil run` held three etcd client
 // stacks, read the member list three times every few seconds, and dialled a
 // new connection for every member status it asked.
 //
