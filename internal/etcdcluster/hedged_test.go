@@ -9,16 +9,23 @@ import (
 	"time"
 )
 
-// Hedged asks the preferred member alone while it answers in time, and the
-// others only once it is late or fails. The operation here never touches
-// the connections (they are dialled lazily, to nothing).
-func TestHedged(t *testing.T) {
+// threeMembers is a Cluster of three members whose connections are dialled
+// lazily, to nothing: the operations of these tests never touch them.
+func threeMembers(t *testing.T) (*Cluster, []string) {
 	eps := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"}
 	c, err := New(Config{Endpoints: eps}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close)
+	return c, eps
+}
+
+// Hedged asks the preferred member alone while it answers in time, and the
+// others only once it is late or fails. The operation here never touches
+// the connections (they are dialled lazily, to nothing).
+func TestHedged(t *testing.T) {
+	c, eps := threeMembers(t)
 	var mu sync.Mutex
 	asked := map[string]int{}
 	op := func(slow string, fail bool) func(context.Context, *Member) (string, error) {
@@ -93,12 +100,7 @@ func TestHedged(t *testing.T) {
 // A Path goes through the member that answered last, alone; after a
 // failure or a late answer, through the member that answered instead.
 func TestPath(t *testing.T) {
-	eps := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"}
-	c, err := New(Config{Endpoints: eps}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, eps := threeMembers(t)
 	var mu sync.Mutex
 	asked := map[string]int{}
 	down := map[string]string{} // endpoint -> "fail" or "hang"
