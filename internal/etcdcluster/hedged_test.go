@@ -26,13 +26,10 @@ func threeMembers(t *testing.T) (*Cluster, []string) {
 // the connections (they are dialled lazily, to nothing).
 func TestHedged(t *testing.T) {
 	c, eps := threeMembers(t)
-	var mu sync.Mutex
-	asked := map[string]int{}
+	var asked tally
 	op := func(slow string, fail bool) func(context.Context, *Member) (string, error) {
 		return func(ctx context.Context, m *Member) (string, error) {
-			mu.Lock()
-			asked[m.Endpoint]++
-			mu.Unlock()
+			asked.add(m.Endpoint)
 			if m.Endpoint == slow {
 				if fail {
 					return "", errors.New("refused")
@@ -43,26 +40,8 @@ func TestHedged(t *testing.T) {
 			return m.Endpoint, nil
 		}
 	}
-	// askedAll waits until every member was asked (the goroutines of the
-	// members that lost the race count themselves a moment later).
-	askedAll := func() bool {
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			mu.Lock()
-			n := len(asked)
-			mu.Unlock()
-			if n == len(eps) {
-				return true
-			}
-		}
-		return false
-	}
-	reset := func() map[string]int {
-		mu.Lock()
-		defer mu.Unlock()
-		got := asked
-		asked = map[string]int{}
-		return got
-	}
+	askedAll := func() bool { return len(asked.wait(len(eps))) == len(eps) }
+	reset := func() map[string]int { return asked.wait(0) }
 	ctx := context.Background()
 	// Healthy preferred member: asked alone.
 	v, m, err := Hedged(ctx, c, eps[1], time.Second, op("", false), nil)
@@ -101,12 +80,12 @@ func TestHedged(t *testing.T) {
 // failure or a late answer, through the member that answered instead.
 func TestPath(t *testing.T) {
 	c, eps := threeMembers(t)
+	var asked tally
 	var mu sync.Mutex
-	asked := map[string]int{}
 	down := map[string]string{} // endpoint -> "fail" or "hang"
 	op := func(ctx context.Context, m *Member) (string, error) {
+		asked.add(m.Endpoint)
 		mu.Lock()
-		asked[m.Endpoint]++
 		how := down[m.Endpoint]
 		mu.Unlock()
 		switch how {
@@ -123,24 +102,7 @@ func TestPath(t *testing.T) {
 		defer mu.Unlock()
 		down[ep] = how
 	}
-	// counts waits until n members were asked in all (the goroutines of
-	// members that lost the race count themselves a moment later), then
-	// returns and clears the counts.
-	counts := func(n int) map[string]int {
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			mu.Lock()
-			got := len(asked)
-			mu.Unlock()
-			if got >= n || time.Now().After(deadline) {
-				break
-			}
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		got := asked
-		asked = map[string]int{}
-		return got
-	}
+	counts := asked.wait
 	ctx := context.Background()
 	var p Path
 	if p.First() != "" {
@@ -195,4 +157,38 @@ func TestPath(t *testing.T) {
 	if p.First() != "" {
 		t.Fatalf("after a failure everywhere the path goes through %q, want every member", p.First())
 	}
+}
+
+// tally counts the operations each member was asked.
+type tally struct {
+	mu    sync.Mutex
+	asked map[string]int
+}
+
+func (t *tally) add(ep string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.asked == nil {
+		t.asked = map[string]int{}
+	}
+	t.asked[ep]++
+}
+
+// wait waits up to 5 s until n members were asked in all (the goroutines of
+// members that lost the race count themselves a moment later), then returns
+// the counts and clears them.
+func (t *tally) wait(n int) map[string]int {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		t.mu.Lock()
+		got := len(t.asked)
+		t.mu.Unlock()
+		if got >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	got := t.asked
+	t.asked = nil
+	return got
 }
