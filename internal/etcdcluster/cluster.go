@@ -396,18 +396,26 @@ func DoUntil[T any](ctx context.Context, c *Cluster, op func(context.Context, *M
 // when it is not. With first empty it asks every member at once. It also
 // returns the member that answered (nil when none did).
 func Hedged[T any](ctx context.Context, c *Cluster, first string, delay time.Duration, op func(context.Context, *Member) (T, error), final func(error) bool) (T, *Member, error) {
+	v, m, _, err := hedged(ctx, c, first, delay, op, final)
+	return v, m, err
+}
+
+// hedged is Hedged that also returns the answering member's own round trip
+// (from when it was asked, not from when the operation began).
+func hedged[T any](ctx context.Context, c *Cluster, first string, delay time.Duration, op func(context.Context, *Member) (T, error), final func(error) bool) (T, *Member, time.Duration, error) {
 	c.identify(ctx)
 	members := c.Members()
 	var zero T
 	if len(members) == 0 {
-		return zero, nil, errors.New("etcdcluster: closed")
+		return zero, nil, 0, errors.New("etcdcluster: closed")
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // stops the slower members; their goroutines then finish
 	type result struct {
-		v   T
-		m   *Member
-		err error
+		v    T
+		m    *Member
+		took time.Duration
+		err  error
 	}
 	ch := make(chan result, len(members))
 	started := map[*Member]bool{}
@@ -417,8 +425,9 @@ func Hedged[T any](ctx context.Context, c *Cluster, first string, delay time.Dur
 		}
 		started[m] = true
 		go func() {
+			asked := time.Now()
 			v, err := op(ctx, m)
-			ch <- result{v, m, err}
+			ch <- result{v, m, time.Since(asked), err}
 		}()
 	}
 	startAll := func() {
@@ -441,12 +450,12 @@ func Hedged[T any](ctx context.Context, c *Cluster, first string, delay time.Dur
 		select {
 		case r := <-ch:
 			if r.err == nil || (final != nil && final(r.err)) {
-				return r.v, r.m, r.err
+				return r.v, r.m, r.took, r.err
 			}
 			errs = append(errs, r.err)
 			startAll()
 			if len(errs) == len(started) {
-				return zero, nil, fmt.Errorf("no etcd member answered: %w", memberErrors(errs))
+				return zero, nil, 0, fmt.Errorf("no etcd member answered: %w", memberErrors(errs))
 			}
 		case <-t.C:
 			startAll()

@@ -79,6 +79,7 @@ func TestHedged(t *testing.T) {
 // A Path goes through the member that answered last, alone; after a
 // failure or a late answer, through the member that answered instead.
 func TestPath(t *testing.T) {
+	const slow = 400 * time.Millisecond
 	c, eps := threeMembers(t)
 	var asked tally
 	var mu sync.Mutex
@@ -94,6 +95,8 @@ func TestPath(t *testing.T) {
 		case "hang":
 			<-ctx.Done()
 			return "", ctx.Err()
+		case "slow":
+			time.Sleep(slow)
 		}
 		return m.Endpoint, nil
 	}
@@ -145,6 +148,22 @@ func TestPath(t *testing.T) {
 	}
 	if took := time.Since(start); took < MinHedge {
 		t.Fatalf("a late member was passed over after %v, before the hedge delay %v", took, MinHedge)
+	}
+	// The hedge delay is not the new member's round trip: it answered at
+	// once, so the next delay is the least.
+	if _, d := p.next(); d != MinHedge {
+		t.Fatalf("after a hedged answer the next hedge delay is %v, want %v (the answering member's own round trip, not the hedge's)", d, MinHedge)
+	}
+	// One slow answer everywhere (a lost packet, resent): the delay moves
+	// an eighth of the way, not to twice that answer.
+	for _, ep := range eps {
+		set(ep, "slow")
+	}
+	if v, err := Via(ctx, c, &p, op); err != nil || v != third {
+		t.Fatalf("Via = %q, %v, want %q", v, err, third)
+	}
+	if _, d := p.next(); d >= slow/2 {
+		t.Fatalf("after one answer in %v the hedge delay is %v, want it barely moved (an eighth of the way: %v)", slow, d, 2*slow/8)
 	}
 	// Every member fails: an error, and the next operation asks everyone.
 	for _, ep := range eps {

@@ -190,6 +190,15 @@ func (cfg ChaosConfig) Validate(s Settings) error {
 			return fmt.Errorf("lab: fault %s needs a lab built with --vip-link", f)
 		}
 	}
+	faults := cfg.Faults
+	if len(faults) == 0 {
+		faults = DefaultFaults(s)
+	}
+	for _, f := range faults {
+		if f == FaultLoss || f == FaultOneWay {
+			return needNft("the " + f + " fault")
+		}
+	}
 	return nil
 }
 

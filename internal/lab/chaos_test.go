@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -36,6 +38,25 @@ func TestChaosConfigValidate(t *testing.T) {
 	if got := DefaultFaults(Settings{Announce: AnnounceBGP}); slices.Contains(got, FaultFlap) || slices.Contains(got, FaultVIPLinkDown) || slices.Contains(got, FaultStrayLo) || len(got) != len(ChaosFaults)-3 {
 		t.Fatalf("DefaultFaults without a VIP link = %v (want every kind but flap, vip-link-down and stray-lo: the VIP is on lo)", got)
 	}
+	// The loss and one-way faults need the nft command: Validate looks for
+	// it on PATH, here one that holds an nft and one that does not.
+	withNft := t.TempDir()
+	if err := os.WriteFile(filepath.Join(withNft, "nft"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", withNft)
+	t.Run("no nft", func(t *testing.T) {
+		t.Setenv("PATH", t.TempDir())
+		for _, faults := range [][]string{nil, {FaultLoss}, {FaultPause, FaultOneWay}} {
+			err := ChaosConfig{Duration: time.Minute, Faults: faults}.Validate(ok)
+			if err == nil || !strings.Contains(err.Error(), "apt-get install nftables") {
+				t.Errorf("faults %v without nft: err = %v, want one that says to install nftables", faults, err)
+			}
+		}
+		if err := (ChaosConfig{Duration: time.Minute, Faults: []string{FaultPause}}).Validate(ok); err != nil {
+			t.Errorf("pause alone needs no nft, refused: %v", err)
+		}
+	})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate(tc.s)

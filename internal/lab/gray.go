@@ -268,8 +268,20 @@ func (l *Lab) SetOneWay(ctx context.Context, node, dir string, peers []string) e
 	return l.setGray(ctx, node, grayRules(dir, addrs, "drop"))
 }
 
+// needNft says what to install when the nft command, which the loss and
+// one-way faults and the firewall drills use, is missing.
+func needNft(what string) error {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return fmt.Errorf("lab: %s needs the nft command (apt-get install nftables)", what)
+	}
+	return nil
+}
+
 // setGray replaces the gray table of a node with script.
 func (l *Lab) setGray(ctx context.Context, node, script string) error {
+	if err := needNft("a loss or one-way fault"); err != nil {
+		return err
+	}
 	n, err := l.node(node)
 	if err != nil {
 		return err

@@ -466,6 +466,9 @@ const labTable = "vigil_lab"
 // block drops packets matching match at hook (input or output) in n's
 // namespace.
 func (l *Lab) block(ctx context.Context, n *Node, hook, match string) error {
+	if err := needNft("this drill's firewall rule"); err != nil {
+		return err
+	}
 	script := fmt.Sprintf("table inet %s {\n\tchain drill_%s {\n\t\ttype filter hook %s priority 0; policy accept;\n\t\t%s drop\n\t}\n}\n", labTable, hook, hook, match)
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", nodeNS(n.Name), "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
