@@ -51,6 +51,24 @@ import (
 // anyone reads them. Such a vigil does not campaign, and a holder steps
 // down and removes the VIP itself (guardProc.Eligible).
 
+// writeWord writes one word of the guard's protocol (a deadline, the
+// hello's slack, an answer's count): 8 bytes, big-endian, in one write.
+func writeWord(w io.Writer, v uint64) error {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	_, err := w.Write(b[:])
+	return err
+}
+
+// readWord reads one word of the guard's protocol (see writeWord).
+func readWord(r io.Reader) (uint64, error) {
+	var b [8]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return 0, err
+	}
+	return binary.BigEndian.Uint64(b[:]), nil
+}
+
 // GuardConfig is what the guard needs to know.
 type GuardConfig struct {
 	// VIPs are the addresses to remove: one, or two in dual-stack.
@@ -99,10 +117,8 @@ func guardStream(m *vip.Manager, r io.Reader, ack io.Writer, slack time.Duration
 	acks := make(chan uint64, 1)
 	defer close(acks)
 	go func() {
-		var b [8]byte
 		for n := range acks {
-			binary.BigEndian.PutUint64(b[:], n)
-			if _, err := ack.Write(b[:]); err != nil {
+			if err := writeWord(ack, n); err != nil {
 				for range acks { // vigil is gone; EOF on r follows
 				}
 				return
@@ -113,12 +129,12 @@ func guardStream(m *vip.Manager, r io.Reader, ack io.Writer, slack time.Duration
 	deadlines := make(chan time.Duration)
 	go func() {
 		defer close(deadlines)
-		var b [8]byte
 		for {
-			if _, err := io.ReadFull(r, b[:]); err != nil {
+			d, err := readWord(r)
+			if err != nil {
 				return // EOF: vigil run is gone
 			}
-			deadlines <- time.Duration(binary.BigEndian.Uint64(b[:]))
+			deadlines <- time.Duration(d)
 		}
 	}()
 	timer := time.NewTimer(time.Hour)
@@ -183,11 +199,11 @@ func ServeGuard(ctx context.Context, cfg GuardConfig, ln net.Listener, log *slog
 		go func() {
 			defer conns.Done()
 			defer c.Close()
-			var b [8]byte
-			if _, err := io.ReadFull(c, b[:]); err != nil {
+			hello, err := readWord(c)
+			if err != nil {
 				return // it never said hello: it held nothing through us
 			}
-			slack := time.Duration(binary.BigEndian.Uint64(b[:]))
+			slack := time.Duration(hello)
 			log.Info("vigil run connected to the guard", "slack", slack)
 			if err := guardStream(m, c, c, slack, log); err != nil {
 				log.Error("guard cannot remove the VIP", "err", err)
@@ -313,12 +329,11 @@ func (g *guardProc) attach(w io.WriteCloser) uint64 {
 // readAcks reads the guard's answers from r until it fails (the guard is
 // gone), and records them for the guard of generation gen.
 func (g *guardProc) readAcks(r io.Reader, gen uint64) {
-	var b [8]byte
 	for {
-		if _, err := io.ReadFull(r, b[:]); err != nil {
+		n, err := readWord(r)
+		if err != nil {
 			return
 		}
-		n := binary.BigEndian.Uint64(b[:])
 		g.mu.Lock()
 		if g.gen == gen && n > g.acked && n <= g.words {
 			g.acked = n
@@ -356,9 +371,7 @@ func (g *guardProc) stayConnected(ctx context.Context) {
 	for ctx.Err() == nil {
 		c, err := (&net.Dialer{}).DialContext(ctx, "unix", g.socket)
 		if err == nil {
-			var b [8]byte
-			binary.BigEndian.PutUint64(b[:], uint64(g.slack))
-			if _, err = c.Write(b[:]); err != nil {
+			if err = writeWord(c, uint64(g.slack)); err != nil {
 				c.Close()
 			}
 		}
@@ -500,10 +513,8 @@ func (g *guardProc) write(ctx context.Context) {
 		if w == nil {
 			continue
 		}
-		var b [8]byte
-		binary.BigEndian.PutUint64(b[:], uint64(d))
 		sent := time.Now()
-		if _, err := w.Write(b[:]); err != nil {
+		if err := writeWord(w, uint64(d)); err != nil {
 			continue // a dead guard is restarted (or reconnected), which kicks again
 		}
 		g.mu.Lock()
