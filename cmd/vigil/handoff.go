@@ -220,7 +220,7 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 
 	// 4. Follow it.
 	var (
-		phase    string
+		phase    handoff.Phase
 		newOwner string
 		firstRev int64
 	)
@@ -253,7 +253,7 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 			took := time.Since(start)
 			// The old holder reports how it let go on its next poll of
 			// the records (every 250 ms): wait for that line a moment.
-			for end := time.Now().Add(time.Second); phase != "released" && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			for end := time.Now().Add(time.Second); phase != handoff.Released && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 				phase = h.sayStatus(ctx, id, holder, phase)
 			}
 			h.say.line("%s renews the lock: done in %v", newOwner, took.Round(time.Millisecond))
@@ -269,13 +269,13 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 
 // sayStatus prints the old holder's report on request id when its phase
 // differs from the last printed, and returns the phase.
-func (h *handoffRun) sayStatus(ctx context.Context, id, holder, last string) string {
+func (h *handoffRun) sayStatus(ctx context.Context, id, holder string, last handoff.Phase) handoff.Phase {
 	s, err := h.store.StatusOf(ctx, id)
 	if err != nil || s == nil || s.Phase == last {
 		return last
 	}
 	switch {
-	case s.Phase == "draining":
+	case s.Phase == handoff.Draining:
 		h.say.line("%s waits for a quiet moment: %d of its %d proxied connections are in an exchange", holder, s.Busy, s.Total)
 	case s.ForcedAfter > 0:
 		h.say.line("%s gave the VIP up after %v without a quiet moment (%d of %d connections busy) at %s", holder, s.ForcedAfter.Round(time.Millisecond), s.Busy, s.Total, s.At.Format("15:04:05.000000"))

@@ -31,12 +31,12 @@ type handoffs struct {
 
 	mu       sync.Mutex
 	st       handoff.State
-	read     bool              // st was read at least once
-	draining string            // the request this holder drains for
-	released string            // the request this holder gave the lock up for
-	since    time.Time         // since when
-	status   *handoff.Status   // to report, nil when reported
-	reported map[string]string // request ID -> last phase reported
+	read     bool                     // st was read at least once
+	draining string                   // the request this holder drains for
+	released string                   // the request this holder gave the lock up for
+	since    time.Time                // since when
+	status   *handoff.Status          // to report, nil when reported
+	reported map[string]handoff.Phase // request ID -> last phase reported
 	started  time.Time
 	// live are the vigils whose member reports are fresh, as of liveAt
 	// (membership.ObserverConfig.OnLive); zero liveAt: not known.
@@ -74,7 +74,7 @@ func newHandoffs(store *handoff.Store, self string, bal *lb.Balancer, leading fu
 	if bal != nil {
 		bc = bal // a nil *lb.Balancer in the interface would not be nil
 	}
-	return &handoffs{store: store, self: self, bal: bc, leading: leading, log: log.With("part", "handoff"), reported: map[string]string{}, started: time.Now(), ignored: map[string]bool{}}
+	return &handoffs{store: store, self: self, bal: bc, leading: leading, log: log.With("part", "handoff"), reported: map[string]handoff.Phase{}, started: time.Now(), ignored: map[string]bool{}}
 }
 
 // setLive records the vigils known to run now.
@@ -197,12 +197,12 @@ func (h *handoffs) handOff() (string, bool) {
 	waited := now.Sub(h.since)
 	switch {
 	case busy == 0:
-		st.Phase = "released"
+		st.Phase = handoff.Released
 	case waited >= handoffDrainMax:
-		st.Phase, st.ForcedAfter = "released", waited
+		st.Phase, st.ForcedAfter = handoff.Released, waited
 		h.log.Warn("handing off without a quiet moment", "id", r.ID, "busy", busy, "connections", total, "waited", waited.Round(time.Millisecond))
 	default:
-		st.Phase = "draining"
+		st.Phase = handoff.Draining
 		h.note(st)
 		return "", false
 	}

@@ -114,11 +114,11 @@ func TestHandoffMovesTheLock(t *testing.T) {
 	waitHolder(t, lock, 10*time.Second, func(h string) bool { return h == to }, to)
 	t.Logf("%s -> %s in %v", first, to, time.Since(start).Round(time.Millisecond))
 	st, err := store.StatusOf(ctx, "t1")
-	if err != nil || st == nil || st.Phase != "released" {
+	if err != nil || st == nil || st.Phase != handoff.Released {
 		// The status is written by the old holder's poll loop: give it a
 		// poll period.
 		time.Sleep(2 * handoffPoll)
-		if st, err = store.StatusOf(ctx, "t1"); err != nil || st == nil || st.Phase != "released" {
+		if st, err = store.StatusOf(ctx, "t1"); err != nil || st == nil || st.Phase != handoff.Released {
 			t.Fatalf("status of t1 = %+v, %v; want released", st, err)
 		}
 	}
@@ -165,12 +165,12 @@ func (f *fakeBusy) CloseAll(string)               { f.closed++ }
 func TestHandOffDrains(t *testing.T) {
 	leading := true
 	fb := &fakeBusy{busy: 2, total: 5}
-	h := &handoffs{self: "a", bal: fb, leading: func() bool { return leading }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
+	h := &handoffs{self: "a", bal: fb, leading: func() bool { return leading }, log: slog.New(slog.DiscardHandler), reported: map[string]handoff.Phase{}}
 	h.set(handoff.State{Request: &handoff.Request{ID: "r1", From: "a", To: "b"}})
 	if _, y := h.handOff(); y {
 		t.Fatal("yielded with 2 connections busy")
 	}
-	if h.status == nil || h.status.Phase != "draining" || h.status.Busy != 2 {
+	if h.status == nil || h.status.Phase != handoff.Draining || h.status.Busy != 2 {
 		t.Fatalf("status %+v, want draining with 2 busy", h.status)
 	}
 	h.status = nil
@@ -178,7 +178,7 @@ func TestHandOffDrains(t *testing.T) {
 	if why, y := h.handOff(); !y || why == "" {
 		t.Fatal("did not yield once quiet")
 	}
-	if h.status == nil || h.status.Phase != "released" || h.status.ForcedAfter != 0 {
+	if h.status == nil || h.status.Phase != handoff.Released || h.status.ForcedAfter != 0 {
 		t.Fatalf("status %+v, want released", h.status)
 	}
 	if fb.closed != 1 {
@@ -207,13 +207,13 @@ func TestHandOffDrains(t *testing.T) {
 		t.Fatal("From gave the lock up twice for one request")
 	}
 	// A leader that is not From keeps the lock, even when it is not --to.
-	p := &handoffs{self: "c", leading: func() bool { return true }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
+	p := &handoffs{self: "c", leading: func() bool { return true }, log: slog.New(slog.DiscardHandler), reported: map[string]handoff.Phase{}}
 	p.set(handoff.State{Request: &handoff.Request{ID: "r5", From: "a", To: "b"}})
 	if _, y := p.handOff(); y {
 		t.Fatal("a leader other than From gave the lock up")
 	}
 	// Others: only a named To makes them stand by.
-	o := &handoffs{self: "c", leading: func() bool { return false }, log: slog.New(slog.DiscardHandler), reported: map[string]string{}}
+	o := &handoffs{self: "c", leading: func() bool { return false }, log: slog.New(slog.DiscardHandler), reported: map[string]handoff.Phase{}}
 	o.set(handoff.State{Request: &handoff.Request{ID: "r3", From: "a"}})
 	if _, y := o.handOff(); y {
 		t.Fatal("a peer stands by for a request without --to")

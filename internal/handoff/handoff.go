@@ -51,12 +51,22 @@ type Hold struct {
 	Force bool      `json:"force,omitempty"`
 }
 
+// Phase is where From's vigil is in a request (Status.Phase).
+type Phase string
+
+// The phases of a request, as From's vigil reports them.
+const (
+	// Draining: waiting for a moment with no exchange in flight through
+	// its load balancer.
+	Draining Phase = "draining"
+	// Released: it stepped down.
+	Released Phase = "released"
+)
+
 // Status is what From's vigil reports about a request.
 type Status struct {
-	ID string `json:"id"`
-	// Phase: "draining" (waiting for a moment with no exchange in flight
-	// through its load balancer), "released" (it stepped down).
-	Phase string    `json:"phase"`
+	ID    string    `json:"id"`
+	Phase Phase     `json:"phase"`
 	At    time.Time `json:"at"`
 	// Busy and Total are the load balancer's connections in an exchange,
 	// and in all, when it released; ForcedAfter is set when it released

@@ -70,10 +70,10 @@ func TestStore(t *testing.T) {
 	if st, err := s.Read(ctx); err != nil || st.Request == nil || st.Request.ID != "r1" {
 		t.Fatalf("End of another request removed r1: %+v, %v", st.Request, err)
 	}
-	if err := s.Report(ctx, Status{ID: "r1", Phase: "released"}, time.Minute); err != nil {
+	if err := s.Report(ctx, Status{ID: "r1", Phase: Released}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := s.StatusOf(ctx, "r1"); err != nil || st == nil || st.Phase != "released" {
+	if st, err := s.StatusOf(ctx, "r1"); err != nil || st == nil || st.Phase != Released {
 		t.Fatalf("StatusOf = %+v, %v", st, err)
 	}
 	if err := s.End(ctx, "r1"); err != nil {
