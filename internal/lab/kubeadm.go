@@ -145,6 +145,9 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings, in kubeadmInputs) error
 		return err
 	}
 	l.progress("kubeadm init on %s: %v", first.Name, time.Since(start).Round(time.Second))
+	if err := l.waitClusterInfoSigned(ctx, time.Minute); err != nil {
+		return err
+	}
 	for _, n := range l.st.Nodes[1:] {
 		t := time.Now()
 		if err := l.kubeadmJoin(ctx, n, true); err != nil {
@@ -402,6 +405,38 @@ failSwapOn: false
 		return err
 	}
 	return l.runKubeadm(ctx, n, "init", "--config", p, "--upload-certs")
+}
+
+// waitClusterInfoSigned waits until the controller manager's bootstrap
+// signer has signed kube-public/cluster-info for the lab's token. kubeadm
+// join's discovery needs that signature and, without it, retries only
+// every 5 s: the first join right after init lost up to 10 s to it.
+func (l *Lab) waitClusterInfoSigned(ctx context.Context, d time.Duration) error {
+	key := "jws-kubeconfig-" + strings.SplitN(kubeadmToken, ".", 2)[0]
+	deadline := time.Now().Add(d)
+	var last error
+	for {
+		c, err := l.kubeClient()
+		if err == nil {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			var cm *corev1.ConfigMap
+			cm, err = c.CoreV1().ConfigMaps(metav1.NamespacePublic).Get(rctx, "cluster-info", metav1.GetOptions{})
+			cancel()
+			if err == nil && cm.Data[key] != "" {
+				return nil
+			}
+			if err == nil {
+				err = fmt.Errorf("no %s in it yet", key)
+			}
+		}
+		last = err
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lab: kube-public/cluster-info not signed for the join token within %v: %w", d, last)
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
 }
 
 // kubeadmJoin runs kubeadm join on n through the VIP, as a control-plane

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -146,9 +147,15 @@ func (l *Lab) createMachine(ctx context.Context, n *Node) error {
 	return createCgroupRoot(cgroupRoot(n))
 }
 
+// hostMountMu orders ensureHostMountPoints: each mount point is created,
+// and recorded for down, once.
+var hostMountMu sync.Mutex
+
 // ensureHostMountPoints creates the machine's mount points that the host
 // lacks, and records them so that down removes them again.
 func (l *Lab) ensureHostMountPoints() error {
+	hostMountMu.Lock() // the recovery drill makes machines beside other work
+	defer hostMountMu.Unlock()
 	var created []string
 	for _, b := range machineBinds {
 		if _, err := os.Stat(b.target); err == nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -160,7 +161,13 @@ func (l *Lab) nodeDir(n *Node) string { return filepath.Join(l.dir, n.Name) }
 
 func (l *Lab) statePath() string { return filepath.Join(l.dir, "state.json") }
 
+// saveMu orders the writes of the state file: the recovery drill makes
+// its new machines beside other work, and each records its processes.
+var saveMu sync.Mutex
+
 func (l *Lab) save() error {
+	saveMu.Lock()
+	defer saveMu.Unlock()
 	b, err := json.MarshalIndent(l.st, "", "  ")
 	if err != nil {
 		return err
