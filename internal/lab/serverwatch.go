@@ -203,8 +203,12 @@ const (
 	// VIP stays put.
 	storePromise = 400 * time.Millisecond
 	// darkGap is the shortest silence of the VIP's UDP responder (probed
-	// every 10 ms) that counts as the VIP gone.
-	darkGap = 100 * time.Millisecond
+	// every 10 ms) that counts as the VIP gone. A holder that steps down
+	// and takes the VIP back may leave it for less than 100 ms (the
+	// kubeadm lab saw 65 ms, its requests in flight reset all the same);
+	// a slow write must also have begun just before for the silence to
+	// excuse anything.
+	darkGap = 50 * time.Millisecond
 	// beforeDark is how long before a gap a slow write may have begun to
 	// explain it: the renew deadline (500 ms by default) and some.
 	beforeDark = time.Second

@@ -59,23 +59,26 @@ func TestWatchedServers(t *testing.T) {
 func TestSlowStoreDark(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 9, 40, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	// The VIP answers every 10 ms, but for 400 ms from +5 s and 300 ms
-	// from +20 s.
+	// The VIP answers every 10 ms, but for 400 ms from +5 s, 60 ms from
+	// +12 s (a holder that stepped down and took the VIP back at once) and
+	// 300 ms from +20 s; one late answer (+16 s) leaves a silence of 40 ms.
 	var rs []reply
 	for ms := 0; ms <= 30000; ms += 10 {
-		if (ms > 5000 && ms < 5400) || (ms > 20000 && ms < 20300) {
+		if (ms > 5000 && ms < 5400) || (ms > 12000 && ms < 12060) || (ms > 16000 && ms < 16040) || (ms > 20000 && ms < 20300) {
 			continue
 		}
 		rs = append(rs, reply{at: at(ms), node: "n2"})
 	}
 	dark := darkSpans(rs)
-	if len(dark) != 2 || !dark[0].from.Equal(at(5000)) || !dark[0].to.Equal(at(5400)) || !dark[1].from.Equal(at(20000)) {
+	if len(dark) != 3 || !dark[0].from.Equal(at(5000)) || !dark[0].to.Equal(at(5400)) || !dark[1].from.Equal(at(12000)) || !dark[2].from.Equal(at(20000)) {
 		t.Fatalf("dark spans %v", dark)
 	}
 	writes := []storeProbe{
 		{start: at(4400), took: 450 * time.Millisecond, ok: true}, // slow, just before the first silence
 		{start: at(4900), took: 80 * time.Millisecond, ok: true},
-		{start: at(18000), took: 600 * time.Millisecond, ok: true}, // slow, but ended 1.4 s before the second
+		{start: at(11600), took: 2 * time.Second, ok: true},        // slow, across the short silence
+		{start: at(15800), took: 500 * time.Millisecond, ok: true}, // slow, across the late answer
+		{start: at(18000), took: 600 * time.Millisecond, ok: true}, // slow, but ended 1.4 s before the last
 		{start: at(19500), took: 150 * time.Millisecond, ok: true},
 		{start: at(25000), took: 2 * time.Second}, // failed, no silence near it
 	}
@@ -87,7 +90,9 @@ func TestSlowStoreDark(t *testing.T) {
 		{5900, 6000, true},    // within a second after it
 		{6500, 6600, false},   // more than a second after it
 		{1000, 4900, false},   // before it
-		{19900, 24900, false}, // across the second silence, etcd answered in time then
+		{11900, 12900, true},  // across the short silence
+		{15900, 16900, false}, // across a late answer, which is no silence
+		{19900, 24900, false}, // across the last silence, etcd answered in time then
 		{25000, 26000, false}, // etcd failed, but the VIP stayed
 	} {
 		_, _, got := slowStoreDark(dark, writes, at(tc.start), at(tc.end))

@@ -31,6 +31,18 @@ func listen(addr string, freeBind, reusePort bool) (net.Listener, error) {
 					set(unix.SOL_IPV6, unix.IPV6_FREEBIND, 1)
 				} else {
 					set(unix.SOL_IP, unix.IP_FREEBIND, 1)
+					// The VIP's connections may go on sending from
+					// it after it is gone: a holder that lost its
+					// lease removes the VIP first and resets its
+					// clients after, and IPv4 routes no packet from
+					// an address that is not local, unless the
+					// socket is transparent (accepted sockets
+					// inherit it). Without the reset a client
+					// waiting for an answer waits for its own
+					// timeout. IPv6 sends them as it is. Needs
+					// CAP_NET_ADMIN, which a node that holds the VIP
+					// has; without it the resets are lost as before.
+					_ = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
 				}
 			}
 			if reusePort {
