@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/config"
 	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/election"
@@ -174,6 +175,13 @@ any rights. See docs/kubeadm.md.`,
 	f.IntVar(&cfg.BGPLocalAS, "bgp-local-as", 0, "this node's AS number (--announce bgp; the same on every control-plane node, so routers compare their MEDs)")
 	f.StringVar(&cfg.BGPRouterID, "bgp-router-id", "", "BGP router ID, an IPv4 address unique per node (--announce bgp; default: this node's address towards the first --bgp-peer)")
 	f.StringArrayVar(&cfg.BGPPeers, "bgp-peer", nil, "a BGP neighbour, ADDRESS,AS[,password=SECRET][,port=N]; repeat the flag for each router (--announce bgp)")
+	f.DurationVar(&cfg.BGPHoldTime, "bgp-hold-time", bgp.DefaultHoldTime, "BGP hold time offered to every peer, whole seconds, 3s to 65535s and at least 3 x --bgp-keepalive; a router drops a silent node's route after the smaller of the two sides' (--announce bgp)")
+	f.DurationVar(&cfg.BGPKeepalive, "bgp-keepalive", bgp.DefaultKeepalive, "interval between BGP keepalives, whole seconds (--announce bgp)")
+	f.IntVar(&cfg.BGPMultihop, "bgp-multihop", 0, "TTL of the sessions to eBGP peers that are not on this node's network, 2 to 255 (0: directly connected; --announce bgp)")
+	f.StringVar(&cfg.BGPSourceAddress, "bgp-source-address", "", "local address of every BGP session, one of this node's, such as a loopback address the routers reach; it is also the VIP route's next hop (default: the kernel's choice towards each peer; --announce bgp)")
+	f.StringArrayVar(&cfg.BGPCommunities, "bgp-community", nil, "a standard community on the VIP's route, AS:VALUE or no-export, no-advertise, no-export-subconfed; repeatable (--announce bgp)")
+	f.Int64Var(&cfg.BGPLocalPref, "bgp-local-pref", 0, "LOCAL_PREF on the VIP's route, sent to iBGP peers (those in --bgp-local-as) only (0: none; --announce bgp)")
+	f.BoolVar(&cfg.BGPGracefulRestart, "bgp-graceful-restart", false, "advertise BGP graceful restart: routers keep this node's routes 9 s after its session drops, so a restarted vigil does not flap them; a dead holder's route then lingers as well, and the new holder's lower MED takes over from it (--announce bgp)")
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP (whole seconds), refreshed every 250ms by the holder: if vigil and its guard are stopped or killed together, the kernel drops the VIP after this; 0 disables")
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies (even by SIGKILL) or stops renewing its lease (SIGSTOP, starvation)")
 	f.StringVar(&cfg.GuardSocket, "guard-socket", "", "use the guard listening on this Unix socket (vigil guard --listen, the static pod's guard container) instead of a child: in a container vigil is PID 1 and a child dies with it")

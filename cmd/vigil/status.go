@@ -119,6 +119,25 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 		}
 		fmt.Fprintf(w, "bgp: peer %s %s%s\n", p.Peer, p.State, adv)
 	}
+	if b := r.BGPSettings; b != nil {
+		fmt.Fprintf(w, "bgp: hold time %s, keepalive %s", b.HoldTime, b.Keepalive)
+		if b.Multihop > 0 {
+			fmt.Fprintf(w, ", multihop %d", b.Multihop)
+		}
+		if b.SourceAddress != "" {
+			fmt.Fprintf(w, ", source %s", b.SourceAddress)
+		}
+		if len(b.Communities) > 0 {
+			fmt.Fprintf(w, ", communities %s", strings.Join(b.Communities, " "))
+		}
+		if b.LocalPref > 0 {
+			fmt.Fprintf(w, ", local preference %d", b.LocalPref)
+		}
+		if b.GracefulRestart {
+			fmt.Fprint(w, ", graceful restart")
+		}
+		fmt.Fprintln(w)
+	}
 	for _, d := range r.Discovery {
 		what := fmt.Sprintf("%d backends", len(d.Backends))
 		if !d.Answered {

@@ -566,9 +566,14 @@ func TestReadyz(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	waitFor(t, 5*time.Second, "the metrics server", func() bool { c, _ := get("/livez"); return c == 200 })
-	time.Sleep(500 * time.Millisecond) // several failed checks
-	if c, body := get("/readyz"); c != http.StatusServiceUnavailable || !strings.Contains(body, "no apiserver backend passes its health checks") {
-		t.Fatalf("/readyz with the API server down = %d %q", c, body)
+	var code int
+	var body string
+	waitFor(t, 5*time.Second, "/readyz to say why it is not ready", func() bool {
+		code, body = get("/readyz")
+		return strings.Contains(body, "no apiserver backend passes its health checks")
+	})
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with the API server down = %d %q", code, body)
 	}
 	if err := a.Ready(time.Now()); err == nil {
 		t.Fatal("Ready with the API server down = nil")

@@ -3,7 +3,7 @@
 // withdraws it when it steps down.
 //
 // A hard-killed holder cannot withdraw, and a router keeps its route until
-// the BGP hold timer runs out (3 s at the least, 9 s here). The new
+// the BGP hold timer runs out (3 s at the least, 9 s by default). The new
 // holder does not wait for that: it advertises the VIP with a lower MED
 // than any earlier holder did (MED counts down with the election's holder
 // transitions, see MED), and a router prefers the lower MED among routes
@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,18 +32,62 @@ import (
 // ErrInvalidConfig is wrapped by every configuration error.
 var ErrInvalidConfig = errors.New("bgp: invalid configuration")
 
-// Timers of every session, in seconds. The hold time bounds how long a
-// router keeps the routes of a speaker that went silent (a killed or
-// paused vigil); failover does not wait for it (see the package comment),
-// so it is the common "fast" profile rather than the smallest allowed.
+// Default timers of every session. The hold time bounds how long a router
+// keeps the routes of a speaker that went silent (a killed or paused
+// vigil); failover does not wait for it (see the package comment), so the
+// default is the common "fast" profile rather than the smallest allowed.
 const (
-	holdTime     = 9
-	keepalive    = 3
+	DefaultHoldTime  = 9 * time.Second
+	DefaultKeepalive = 3 * time.Second
+	// MinHoldTime is BGP's smallest hold time other than 0 (RFC 4271,
+	// 4.2); vigil does not offer 0, which turns off the detection of a
+	// silent speaker.
+	MinHoldTime = 3 * time.Second
+	// GracefulRestartTime is the restart time advertised with
+	// --bgp-graceful-restart: how long a router keeps this node's routes
+	// after its session drops, as long as the default hold time.
+	GracefulRestartTime = 9 * time.Second
+)
+
+// Seconds of the timers that are not configurable.
+const (
 	connectRetry = 2
 	// idleHold is how long a session waits after a reset before it
 	// connects again (GoBGP's default is 30 s).
 	idleHold = 2
 )
+
+// Well-known communities (RFC 1997) that --bgp-community takes by name.
+var wellKnownCommunities = map[string]uint32{
+	"no-export":           0xFFFFFF01,
+	"no-advertise":        0xFFFFFF02,
+	"no-export-subconfed": 0xFFFFFF03,
+}
+
+// ParseCommunity parses one --bgp-community: AS:VALUE, each 0 to 65535, or
+// a well-known name (no-export, no-advertise, no-export-subconfed).
+func ParseCommunity(s string) (uint32, error) {
+	if c, ok := wellKnownCommunities[strings.ToLower(strings.TrimSpace(s))]; ok {
+		return c, nil
+	}
+	hi, lo, ok := strings.Cut(strings.TrimSpace(s), ":")
+	a, errA := strconv.ParseUint(hi, 10, 16)
+	b, errB := strconv.ParseUint(lo, 10, 16)
+	if !ok || errA != nil || errB != nil {
+		return 0, fmt.Errorf("%w: --bgp-community %q: give AS:VALUE, each 0 to 65535 (65001:100), or no-export, no-advertise or no-export-subconfed", ErrInvalidConfig, s)
+	}
+	return uint32(a)<<16 | uint32(b), nil
+}
+
+// FormatCommunity is c as --bgp-community takes it.
+func FormatCommunity(c uint32) string {
+	for name, v := range wellKnownCommunities {
+		if v == c {
+			return name
+		}
+	}
+	return fmt.Sprintf("%d:%d", c>>16, c&0xFFFF)
+}
 
 // Peer is one BGP neighbour.
 type Peer struct {
@@ -120,6 +165,38 @@ type Config struct {
 	LocalAS  uint32
 	RouterID netip.Addr // an IPv4 address, by BGP's rules
 	Peers    []Peer
+	// HoldTime and Keepalive are every session's timers, whole seconds
+	// (0: DefaultHoldTime, DefaultKeepalive). The session uses the smaller
+	// of the two sides' hold times.
+	HoldTime, Keepalive time.Duration
+	// Multihop is the TTL of the sessions to eBGP peers that are not on a
+	// directly connected network (0: off, TTL 1).
+	Multihop uint8
+	// SourceAddress is the local address of every session (invalid: the
+	// kernel's choice towards each peer). It is then also the IPv4 or IPv6
+	// next hop of the VIP's route on those sessions.
+	SourceAddress netip.Addr
+	// Communities are standard communities (RFC 1997) on the VIP's route.
+	Communities []uint32
+	// LocalPref is the LOCAL_PREF on the VIP's route (0: none); BGP sends
+	// it to iBGP peers only.
+	LocalPref uint32
+	// GracefulRestart advertises the graceful restart capability (RFC
+	// 4724), with GracefulRestartTime: routers keep this node's routes
+	// that long after its session drops.
+	GracefulRestart bool
+}
+
+// Timers are c's hold time and keepalive, defaults filled in.
+func (c Config) Timers() (hold, keepalive time.Duration) {
+	hold, keepalive = c.HoldTime, c.Keepalive
+	if hold == 0 {
+		hold = DefaultHoldTime
+	}
+	if keepalive == 0 {
+		keepalive = DefaultKeepalive
+	}
+	return hold, keepalive
 }
 
 // Validate checks cfg and says which flag is wrong.
@@ -139,7 +216,66 @@ func (c Config) Validate() error {
 		}
 		seen[p.Address] = true
 	}
+	hold, keepalive := c.Timers()
+	switch {
+	case hold%time.Second != 0 || keepalive%time.Second != 0:
+		return fmt.Errorf("%w: --bgp-hold-time %v and --bgp-keepalive %v: BGP counts its timers in whole seconds", ErrInvalidConfig, hold, keepalive)
+	case hold < MinHoldTime || hold > math.MaxUint16*time.Second:
+		return fmt.Errorf("%w: --bgp-hold-time %v: give 3s to 65535s (BGP's bounds; 0, no hold timer, would leave a dead node's route with the routers)", ErrInvalidConfig, hold)
+	case keepalive < time.Second:
+		return fmt.Errorf("%w: --bgp-keepalive %v: give at least 1s", ErrInvalidConfig, keepalive)
+	case hold < 3*keepalive:
+		return fmt.Errorf("%w: --bgp-hold-time %v is less than 3 x --bgp-keepalive %v: one lost keepalive would end the session; give a hold time of at least %v or a shorter keepalive", ErrInvalidConfig, hold, keepalive, 3*keepalive)
+	}
+	if c.SourceAddress.IsValid() {
+		if c.SourceAddress.IsUnspecified() || c.SourceAddress.IsMulticast() || c.SourceAddress.Zone() != "" {
+			return fmt.Errorf("%w: --bgp-source-address %s: give one of this node's unicast addresses", ErrInvalidConfig, c.SourceAddress)
+		}
+		for _, p := range c.Peers {
+			if p.Address.Is4() != c.SourceAddress.Is4() {
+				return fmt.Errorf("%w: --bgp-source-address %s cannot reach --bgp-peer %s (another address family): a session leaves from one address; give peers of its family only", ErrInvalidConfig, c.SourceAddress, p.Address)
+			}
+		}
+	}
+	if c.Multihop > 0 && !slices.ContainsFunc(c.Peers, func(p Peer) bool { return p.AS != c.LocalAS }) {
+		return fmt.Errorf("%w: --bgp-multihop %d: applies to eBGP peers only, and every --bgp-peer is in --bgp-local-as %d (iBGP sessions are multihop already)", ErrInvalidConfig, c.Multihop, c.LocalAS)
+	}
+	cs := map[uint32]bool{}
+	for _, x := range c.Communities {
+		if cs[x] {
+			return fmt.Errorf("%w: --bgp-community %s is given twice", ErrInvalidConfig, FormatCommunity(x))
+		}
+		cs[x] = true
+	}
+	if c.LocalPref > 0 && !slices.ContainsFunc(c.Peers, func(p Peer) bool { return p.AS == c.LocalAS }) {
+		return fmt.Errorf("%w: --bgp-local-pref %d: BGP sends LOCAL_PREF to iBGP peers only, and no --bgp-peer is in --bgp-local-as %d; to steer eBGP routers use --bgp-community with their policy", ErrInvalidConfig, c.LocalPref, c.LocalAS)
+	}
 	return nil
+}
+
+// Settings is what the speaker runs with, for vigil status.
+type Settings struct {
+	HoldTime        string   `json:"holdTime"`
+	Keepalive       string   `json:"keepalive"`
+	Multihop        uint8    `json:"multihop,omitempty"`
+	SourceAddress   string   `json:"sourceAddress,omitempty"`
+	Communities     []string `json:"communities,omitempty"`
+	LocalPref       uint32   `json:"localPref,omitempty"`
+	GracefulRestart bool     `json:"gracefulRestart,omitempty"`
+}
+
+// Settings reports c's timers and route policy.
+func (c Config) Settings() Settings {
+	hold, keepalive := c.Timers()
+	s := Settings{HoldTime: hold.String(), Keepalive: keepalive.String(), Multihop: c.Multihop,
+		LocalPref: c.LocalPref, GracefulRestart: c.GracefulRestart}
+	if c.SourceAddress.IsValid() {
+		s.SourceAddress = c.SourceAddress.String()
+	}
+	for _, x := range c.Communities {
+		s.Communities = append(s.Communities, FormatCommunity(x))
+	}
+	return s
 }
 
 func routerID(a netip.Addr) string {
@@ -220,25 +356,46 @@ func (sp *Speaker) Start(ctx context.Context) error {
 		return fmt.Errorf("bgp: watch sessions: %w", err)
 	}
 	for _, p := range sp.cfg.Peers {
-		fams := []*api.AfiSafi{
-			{Config: &api.AfiSafiConfig{Family: family(true), Enabled: true}},
-			{Config: &api.AfiSafiConfig{Family: family(false), Enabled: true}},
-		}
-		peer := &api.Peer{
-			Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.AS, AuthPassword: p.Password},
-			Timers: &api.Timers{Config: &api.TimersConfig{
-				HoldTime: holdTime, KeepaliveInterval: keepalive, ConnectRetry: connectRetry, IdleHoldTimeAfterReset: idleHold,
-			}},
-			Transport: &api.Transport{RemotePort: uint32(p.Port)},
-			AfiSafis:  fams,
-		}
-		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
+		if err := s.AddPeer(ctx, &api.AddPeerRequest{Peer: sp.peer(p)}); err != nil {
 			sp.Close()
 			return fmt.Errorf("bgp: peer %s: %w", p, err)
 		}
 	}
-	sp.log.Info("BGP speaker started", "local_as", sp.cfg.LocalAS, "router_id", sp.cfg.RouterID, "peers", len(sp.cfg.Peers))
+	set := sp.cfg.Settings()
+	sp.log.Info("BGP speaker started", "local_as", sp.cfg.LocalAS, "router_id", sp.cfg.RouterID, "peers", len(sp.cfg.Peers),
+		"hold_time", set.HoldTime, "keepalive", set.Keepalive)
 	return nil
+}
+
+// peer is p's session as GoBGP takes it.
+func (sp *Speaker) peer(p Peer) *api.Peer {
+	hold, keepalive := sp.cfg.Timers()
+	fams := []*api.AfiSafi{
+		{Config: &api.AfiSafiConfig{Family: family(true), Enabled: true}},
+		{Config: &api.AfiSafiConfig{Family: family(false), Enabled: true}},
+	}
+	peer := &api.Peer{
+		Conf: &api.PeerConf{NeighborAddress: p.Address.String(), PeerAsn: p.AS, AuthPassword: p.Password},
+		Timers: &api.Timers{Config: &api.TimersConfig{
+			HoldTime: uint64(hold / time.Second), KeepaliveInterval: uint64(keepalive / time.Second),
+			ConnectRetry: connectRetry, IdleHoldTimeAfterReset: idleHold,
+		}},
+		Transport: &api.Transport{RemotePort: uint32(p.Port)},
+		AfiSafis:  fams,
+	}
+	if sp.cfg.SourceAddress.IsValid() {
+		peer.Transport.LocalAddress = sp.cfg.SourceAddress.String()
+	}
+	if sp.cfg.Multihop > 0 && p.AS != sp.cfg.LocalAS {
+		peer.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(sp.cfg.Multihop)}
+	}
+	if sp.cfg.GracefulRestart {
+		peer.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(GracefulRestartTime / time.Second)}
+		for _, f := range fams {
+			f.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+		}
+	}
+	return peer
 }
 
 func family(v4 bool) *api.Family {
@@ -248,9 +405,9 @@ func family(v4 bool) *api.Family {
 	return &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
 }
 
-// hostPath is the host route to addr with med, next hop this speaker's
-// own address on each session.
-func hostPath(addr netip.Addr, med uint32) (*api.Path, error) {
+// hostPath is the host route to addr with med and cfg's communities and
+// local preference, next hop this speaker's own address on each session.
+func hostPath(addr netip.Addr, med uint32, cfg Config) (*api.Path, error) {
 	bits := 32
 	if addr.Is6() {
 		bits = 128
@@ -268,6 +425,20 @@ func hostPath(addr netip.Addr, med uint32) (*api.Path, error) {
 		return nil, err
 	}
 	attrs := []*anypb.Any{origin, m}
+	if len(cfg.Communities) > 0 {
+		c, err := anypb.New(&api.CommunitiesAttribute{Communities: cfg.Communities})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, c)
+	}
+	if cfg.LocalPref > 0 {
+		lp, err := anypb.New(&api.LocalPrefAttribute{LocalPref: cfg.LocalPref})
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, lp)
+	}
 	if addr.Is4() {
 		// Unspecified: each session's own local address (GoBGP's rule
 		// for locally originated routes).
@@ -295,7 +466,7 @@ func (sp *Speaker) Advertise(ctx context.Context, addrs []netip.Addr, med uint32
 	start := time.Now()
 	var paths []*api.Path
 	for _, a := range addrs {
-		p, err := hostPath(a, med)
+		p, err := hostPath(a, med, sp.cfg)
 		if err != nil {
 			return fmt.Errorf("bgp: route to %s: %w", a, err)
 		}
@@ -366,6 +537,9 @@ func (sp *Speaker) peerEvent(r *api.WatchEventResponse) {
 		sp.log.Warn("BGP session down", "peer", addr, "state", strings.ToLower(st.String()))
 	}
 }
+
+// Settings reports the timers and route policy the speaker runs with.
+func (sp *Speaker) Settings() Settings { return sp.cfg.Settings() }
 
 // Peers reports each session's state, in --bgp-peer order.
 func (sp *Speaker) Peers(context.Context) []PeerState {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParsePeer(t *testing.T) {
@@ -62,11 +63,37 @@ func TestConfigValidate(t *testing.T) {
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	ibgp := Peer{Address: netip.MustParseAddr("10.0.0.2"), AS: 65001}
+	good := map[string]func(c *Config){
+		"timers":               func(c *Config) { c.HoldTime, c.Keepalive = 3*time.Second, time.Second },
+		"long hold":            func(c *Config) { c.HoldTime = 65535 * time.Second },
+		"multihop and source":  func(c *Config) { c.Multihop, c.SourceAddress = 2, netip.MustParseAddr("10.1.0.11") },
+		"communities":          func(c *Config) { c.Communities = []uint32{65001<<16 | 100, 0xFFFFFF01} },
+		"local pref with iBGP": func(c *Config) { c.Peers, c.LocalPref = []Peer{peer, ibgp}, 200 },
+		"graceful restart":     func(c *Config) { c.GracefulRestart = true },
+	}
+	for name, mutate := range good {
+		c := ok
+		mutate(&c)
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: Validate() = %v", name, err)
+		}
+	}
 	bad := map[string]func(c *Config){
-		"--bgp-local-as":  func(c *Config) { c.LocalAS = 0 },
-		"--bgp-router-id": func(c *Config) { c.RouterID = netip.MustParseAddr("fd00::1") },
-		"at least one":    func(c *Config) { c.Peers = nil },
-		"given twice":     func(c *Config) { c.Peers = []Peer{peer, peer} },
+		"--bgp-local-as":                           func(c *Config) { c.LocalAS = 0 },
+		"--bgp-router-id":                          func(c *Config) { c.RouterID = netip.MustParseAddr("fd00::1") },
+		"at least one":                             func(c *Config) { c.Peers = nil },
+		"given twice":                              func(c *Config) { c.Peers = []Peer{peer, peer} },
+		"less than 3 x --bgp-keepalive":            func(c *Config) { c.HoldTime, c.Keepalive = 6*time.Second, 3*time.Second },
+		"3s to 65535s":                             func(c *Config) { c.HoldTime, c.Keepalive = 2*time.Second, time.Second },
+		"--bgp-hold-time 18h12m16s":                func(c *Config) { c.HoldTime = 65536 * time.Second },
+		"whole seconds":                            func(c *Config) { c.HoldTime = 4500 * time.Millisecond },
+		"--bgp-keepalive":                          func(c *Config) { c.Keepalive = 500 * time.Millisecond },
+		"another address family":                   func(c *Config) { c.SourceAddress = netip.MustParseAddr("fd00::11") },
+		"unicast":                                  func(c *Config) { c.SourceAddress = netip.IPv4Unspecified() },
+		"eBGP peers only":                          func(c *Config) { c.Peers, c.Multihop = []Peer{ibgp}, 2 },
+		"--bgp-community 65001:100 is given twice": func(c *Config) { c.Communities = []uint32{65001<<16 | 100, 65001<<16 | 100} },
+		"iBGP peers only":                          func(c *Config) { c.LocalPref = 200 },
 	}
 	for want, mutate := range bad {
 		c := ok
@@ -90,5 +117,30 @@ func TestMEDFallsWithEveryTransition(t *testing.T) {
 	}
 	if MED(-1) != MED(0) || MED(math.MaxInt64) != 1 {
 		t.Fatalf("MED(-1) = %d, MED(max) = %d", MED(-1), MED(math.MaxInt64))
+	}
+}
+
+func TestParseCommunity(t *testing.T) {
+	for in, want := range map[string]uint32{
+		"65001:100":     65001<<16 | 100,
+		"0:0":           0,
+		"65535:65535":   0xFFFFFFFF,
+		"no-export":     0xFFFFFF01,
+		" No-Advertise": 0xFFFFFF02,
+	} {
+		got, err := ParseCommunity(in)
+		if err != nil || got != want {
+			t.Errorf("ParseCommunity(%q) = %#x, %v; want %#x", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "65001", "65536:1", "1:65536", "a:b", "65001:100:1", "no-exports"} {
+		if _, err := ParseCommunity(in); err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "AS:VALUE") {
+			t.Errorf("ParseCommunity(%q) = %v, want an error that says what to give", in, err)
+		}
+	}
+	for _, c := range []uint32{65001<<16 | 100, 0xFFFFFF01, 0xFFFFFF03} {
+		if got, err := ParseCommunity(FormatCommunity(c)); err != nil || got != c {
+			t.Errorf("FormatCommunity(%#x) = %q, which parses to %#x, %v", c, FormatCommunity(c), got, err)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -199,4 +200,145 @@ func waitFor(t *testing.T, what string, f func() error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("waiting for %s: %v", what, err)
+}
+
+// policyEnv carries the policy test's mode and BIRD's socket to its
+// speaker half, "MODE SOCKET".
+const policyEnv = "VIGIL_BGP_TEST_POLICY"
+
+// Timers and route policy, as a real router sees them: BIRD 2 in B has an
+// eBGP session to a loopback address of A (multihop, --bgp-source-address)
+// and an iBGP session to A's link address. The eBGP speaker offers a 6 s
+// hold time and a 2 s keepalive, graceful restart and two communities; the
+// iBGP one a local preference.
+func TestSpeakerPolicyAgainstBIRD(t *testing.T) {
+	if v := os.Getenv(policyEnv); v != "" {
+		mode, sock, _ := strings.Cut(v, " ")
+		policyChild(t, mode, sock)
+		return
+	}
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
+	p := nstest.NewPair(t)
+	nstest.IP(t, "-n", p.A, "addr", "add", "203.0.113.1/32", "dev", "lo")
+	nstest.IP(t, "-n", p.B, "route", "add", "203.0.113.1/32", "via", "192.0.2.1")
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "bird.conf")
+	sock := filepath.Join(dir, "bird.ctl")
+	if err := os.WriteFile(conf, []byte(`router id 192.0.2.2;
+protocol device { }
+protocol direct { ipv4; interface "b0"; }
+protocol static { ipv4; route 203.0.113.1/32 via 192.0.2.1; }
+protocol bgp vigil_ebgp {
+	local 192.0.2.2 as 65000;
+	neighbor 203.0.113.1 as 65001;
+	multihop 2;
+	hold time 9;
+	connect retry time 1;
+	ipv4 { import all; export none; };
+}
+protocol bgp vigil_ibgp {
+	local 192.0.2.2 as 65001;
+	neighbor 192.0.2.1 as 65001;
+	hold time 9;
+	connect retry time 1;
+	ipv4 { import all; export none; };
+}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bird := exec.Command("ip", "netns", "exec", p.B, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
+	out, err := os.Create(filepath.Join(dir, "bird.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bird.Stdout, bird.Stderr = out, out
+	if err := bird.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = bird.Process.Kill()
+		_ = bird.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("bird's log:\n%s", b)
+		}
+	})
+	for _, mode := range []string{"ebgp", "ibgp"} {
+		child := exec.Command("ip", "netns", "exec", p.A, os.Args[0], "-test.run=^TestSpeakerPolicyAgainstBIRD$", "-test.v")
+		child.Env = append(os.Environ(), policyEnv+"="+mode+" "+sock)
+		b, err := child.CombinedOutput()
+		t.Logf("%s speaker (in %s):\n%s", mode, p.A, b)
+		if err != nil {
+			t.Fatalf("%s speaker half: %v", mode, err)
+		}
+	}
+}
+
+// policyChild is the policy test's speaker half, run inside namespace A.
+func policyChild(t *testing.T, mode, sock string) {
+	vip := netip.MustParseAddr("198.51.100.10")
+	router := netip.MustParseAddr("192.0.2.2")
+	cfg := Config{LocalAS: 65001, RouterID: netip.MustParseAddr("192.0.2.1")}
+	switch mode {
+	case "ebgp":
+		cfg.Peers = []Peer{{Address: router, AS: 65000}}
+		cfg.HoldTime, cfg.Keepalive = 6*time.Second, 2*time.Second
+		cfg.Multihop, cfg.SourceAddress = 2, netip.MustParseAddr("203.0.113.1")
+		cfg.Communities = []uint32{65001<<16 | 100, 0xFFFFFF01}
+		cfg.GracefulRestart = true
+	case "ibgp":
+		cfg.Peers = []Peer{{Address: router, AS: 65001}}
+		cfg.LocalPref = 200
+	}
+	sp, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := sp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer sp.Close()
+	waitFor(t, "an established session", func() error { return sp.Eligible(ctx) })
+	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(3)); err != nil {
+		t.Fatal(err)
+	}
+	switch mode {
+	case "ebgp":
+		// From the loopback address, so it is the next hop too.
+		waitFor(t, "the route, with its communities", func() error {
+			if err := routeIs(sock, vip, "203.0.113.1", MED(3)); err != nil {
+				return err
+			}
+			r, err := birdRoute(sock, vip)
+			if err == nil && !(strings.Contains(r, "(65001,100)") && strings.Contains(r, "(65535,65281)")) {
+				err = fmt.Errorf("communities 65001:100 and no-export missing: %s", r)
+			}
+			return err
+		})
+		proto, err := exec.Command("birdc", "-s", sock, "show", "protocols", "all", "vigil_ebgp").CombinedOutput()
+		if err != nil {
+			t.Fatalf("birdc: %v: %s", err, proto)
+		}
+		// The session runs on the smaller hold time (ours), and BIRD
+		// keeps alive at a third of it, as we do.
+		for _, re := range []string{`Hold timer:\s+[0-9.]+/6\n`, `Keepalive timer:\s+[0-9.]+/2\n`, `(?s)Neighbor capabilities.*Graceful restart\s+Restart time: 9\n`} {
+			if !regexp.MustCompile(re).Match(proto) {
+				t.Errorf("BIRD's view of the session lacks %s:\n%s", re, proto)
+			}
+		}
+	case "ibgp":
+		waitFor(t, "the route, with its local preference", func() error {
+			r, err := birdRoute(sock, vip)
+			if err == nil && !strings.Contains(r, "BGP.local_pref: 200") {
+				err = fmt.Errorf("local preference 200 missing: %s", r)
+			}
+			return err
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -75,6 +76,17 @@ type Config struct {
 	BGPLocalAS  int
 	BGPRouterID string
 	BGPPeers    []string
+	// BGPHoldTime, BGPKeepalive, BGPMultihop, BGPSourceAddress,
+	// BGPCommunities, BGPLocalPref and BGPGracefulRestart are the
+	// sessions' timers and the VIP route's policy (--bgp-hold-time and the
+	// rest; bgp.Config says what each does). Zero values are the defaults.
+	BGPHoldTime        time.Duration
+	BGPKeepalive       time.Duration
+	BGPMultihop        int
+	BGPSourceAddress   string
+	BGPCommunities     []string
+	BGPLocalPref       int64
+	BGPGracefulRestart bool
 	// BGP is the speaker's configuration, filled in by Validate.
 	BGP bgp.Config
 	// VIPLifetime is the kernel lifetime of the VIP (see vip.DefaultLifetime);
@@ -306,11 +318,16 @@ func (c *Config) Validate() error {
 // c.BGP.
 func (c *Config) validateAnnounce() error {
 	bgpFlags := c.BGPLocalAS != 0 || c.BGPRouterID != "" || len(c.BGPPeers) > 0
+	policy := (c.BGPHoldTime != 0 && c.BGPHoldTime != bgp.DefaultHoldTime) || (c.BGPKeepalive != 0 && c.BGPKeepalive != bgp.DefaultKeepalive) ||
+		c.BGPMultihop != 0 || c.BGPSourceAddress != "" || len(c.BGPCommunities) > 0 || c.BGPLocalPref != 0 || c.BGPGracefulRestart
 	switch c.Announce {
 	case "", AnnounceARP:
 		c.Announce = AnnounceARP
 		if bgpFlags {
 			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", ErrConfig)
+		}
+		if policy {
+			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref and --bgp-graceful-restart need --announce bgp", ErrConfig)
 		}
 		return nil
 	case AnnounceBGP:
@@ -325,7 +342,29 @@ func (c *Config) validateAnnounce() error {
 	if c.BGPLocalAS < 0 || c.BGPLocalAS > 4294967294 {
 		return fmt.Errorf("%w: --bgp-local-as %d: give this node's AS number, 1 to 4294967294", ErrConfig, c.BGPLocalAS)
 	}
-	cfg := bgp.Config{LocalAS: uint32(c.BGPLocalAS)}
+	cfg := bgp.Config{LocalAS: uint32(c.BGPLocalAS), HoldTime: c.BGPHoldTime, Keepalive: c.BGPKeepalive, GracefulRestart: c.BGPGracefulRestart}
+	if c.BGPMultihop < 0 || c.BGPMultihop > 255 {
+		return fmt.Errorf("%w: --bgp-multihop %d: give the TTL, 2 to 255, for routers that are not on this node's network (0: directly connected)", ErrConfig, c.BGPMultihop)
+	}
+	cfg.Multihop = uint8(c.BGPMultihop)
+	if c.BGPLocalPref < 0 || c.BGPLocalPref > math.MaxUint32 {
+		return fmt.Errorf("%w: --bgp-local-pref %d: give 1 to 4294967295 (0: none)", ErrConfig, c.BGPLocalPref)
+	}
+	cfg.LocalPref = uint32(c.BGPLocalPref)
+	for _, s := range c.BGPCommunities {
+		x, err := bgp.ParseCommunity(s)
+		if err != nil {
+			return rewrap(err, bgp.ErrInvalidConfig)
+		}
+		cfg.Communities = append(cfg.Communities, x)
+	}
+	if c.BGPSourceAddress != "" {
+		a, err := netip.ParseAddr(c.BGPSourceAddress)
+		if err != nil || a.Zone() != "" {
+			return fmt.Errorf("%w: --bgp-source-address %q is not an IP address", ErrConfig, c.BGPSourceAddress)
+		}
+		cfg.SourceAddress = a.Unmap()
+	}
 	for _, s := range c.BGPPeers {
 		p, err := bgp.ParsePeer(s)
 		if err != nil {
@@ -350,8 +389,22 @@ func (c *Config) validateAnnounce() error {
 	if err := cfg.Validate(); err != nil {
 		return rewrap(err, bgp.ErrInvalidConfig)
 	}
+	if cfg.SourceAddress.IsValid() && !isLocalAddr(cfg.SourceAddress) {
+		return fmt.Errorf("%w: --bgp-source-address %s is not an address of this node (a session can only leave from one)", ErrConfig, cfg.SourceAddress)
+	}
 	c.BGP = cfg
 	return nil
+}
+
+// isLocalAddr tells whether a is one of this host's addresses: whether a
+// socket can bind it.
+func isLocalAddr(a netip.Addr) bool {
+	l, err := net.ListenPacket("udp", netip.AddrPortFrom(a, 0).String())
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }
 
 // rewrap rewraps a package's own invalid-configuration error (its

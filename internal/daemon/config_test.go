@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
 )
@@ -223,17 +224,46 @@ func TestValidateAnnounce(t *testing.T) {
 	if err := arp.Validate(); err != nil || arp.Announce != AnnounceARP {
 		t.Fatalf("default announce: %q, %v", arp.Announce, err)
 	}
+	// The timers and the policy, the flags' defaults for hold time and
+	// keepalive included (they are not a reason to refuse arp).
+	arp = validConfig()
+	arp.BGPHoldTime, arp.BGPKeepalive = bgp.DefaultHoldTime, bgp.DefaultKeepalive
+	if err := arp.Validate(); err != nil {
+		t.Fatalf("arp with the BGP timers' defaults: %v", err)
+	}
+	c = bgpConfig()
+	c.BGPHoldTime, c.BGPKeepalive, c.BGPMultihop = 6*time.Second, 2*time.Second, 2
+	c.BGPSourceAddress = "127.0.0.1" // an address this host has
+	c.BGPCommunities = []string{"65001:100", "no-export"}
+	c.BGPGracefulRestart = true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if b := c.BGP; b.HoldTime != 6*time.Second || b.Keepalive != 2*time.Second || b.Multihop != 2 || b.SourceAddress != netip.MustParseAddr("127.0.0.1") ||
+		len(b.Communities) != 2 || b.Communities[1] != 0xFFFFFF01 || !b.GracefulRestart {
+		t.Fatalf("BGP config = %+v", b)
+	}
 	bad := map[string]func(c *Config){
-		"need --announce bgp":     func(c *Config) { c.Announce = AnnounceARP },
-		"unknown --announce":      func(c *Config) { c.Announce = "ospf" },
-		"host address":            func(c *Config) { c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")} },
-		"fd00:250::100/64":        func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) },
-		"--bgp-local-as":          func(c *Config) { c.BGPLocalAS = 0 },
-		"--bgp-local-as -1":       func(c *Config) { c.BGPLocalAS = -1 },
-		"not an IPv4 address":     func(c *Config) { c.BGPRouterID = "router1" },
-		"needs at least one":      func(c *Config) { c.BGPPeers = nil },
-		"no AS number":            func(c *Config) { c.BGPPeers = []string{"10.250.0.254"} },
-		"--bgp-peer 10.250.0.254": func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.254,65001"} },
+		"--bgp-hold-time, --bgp-keepalive": func(c *Config) {
+			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPGracefulRestart = AnnounceARP, 0, "", nil, true
+		},
+		"less than 3 x --bgp-keepalive":   func(c *Config) { c.BGPHoldTime, c.BGPKeepalive = 5*time.Second, 2*time.Second },
+		"--bgp-multihop 256":              func(c *Config) { c.BGPMultihop = 256 },
+		"--bgp-local-pref -1":             func(c *Config) { c.BGPLocalPref = -1 },
+		"--bgp-local-pref 100: BGP sends": func(c *Config) { c.BGPLocalPref = 100 },
+		"--bgp-community \"65001\"":       func(c *Config) { c.BGPCommunities = []string{"65001"} },
+		"is not an IP address":            func(c *Config) { c.BGPSourceAddress = "lo" },
+		"not an address of this node":     func(c *Config) { c.BGPSourceAddress = "192.0.2.77" },
+		"need --announce bgp":             func(c *Config) { c.Announce = AnnounceARP },
+		"unknown --announce":              func(c *Config) { c.Announce = "ospf" },
+		"host address":                    func(c *Config) { c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")} },
+		"fd00:250::100/64":                func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) },
+		"--bgp-local-as":                  func(c *Config) { c.BGPLocalAS = 0 },
+		"--bgp-local-as -1":               func(c *Config) { c.BGPLocalAS = -1 },
+		"not an IPv4 address":             func(c *Config) { c.BGPRouterID = "router1" },
+		"needs at least one":              func(c *Config) { c.BGPPeers = nil },
+		"no AS number":                    func(c *Config) { c.BGPPeers = []string{"10.250.0.254"} },
+		"--bgp-peer 10.250.0.254":         func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.254,65001"} },
 	}
 	for want, mutate := range bad {
 		c := bgpConfig()

@@ -55,12 +55,21 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		}
 		return f
 	}
+	// Announced over BGP to a router at B's address.
+	bgp := func(extra ...string) []string {
+		return append(append(with("--vip", testVIP+"/32"), "--announce", "bgp", "--bgp-local-as", "65001", "--bgp-peer", "192.0.2.2,65000"), extra...)
+	}
 	tests := []struct {
 		name string
 		args []string
 		want string
 		env  []string
 	}{
+		{"bgp hold time under three keepalives", bgp("--bgp-hold-time", "5s", "--bgp-keepalive", "2s"), "is less than 3 x --bgp-keepalive 2s", nil},
+		{"bgp timers from --config", bgp("--config", conf("bgp.yaml", "run:\n  bgpHoldTime: 4s\n  bgpKeepalive: 2s\n")), "--bgp-hold-time 4s is less than 3 x", nil},
+		{"bgp policy without bgp", append(good, "--bgp-community", "65001:100"), "need --announce bgp", nil},
+		{"bgp source address not on this node", bgp("--bgp-source-address", "198.51.100.1"), "not an address of this node", nil},
+		{"bgp multihop with iBGP peers only", append(with("--vip", testVIP+"/32"), "--announce", "bgp", "--bgp-local-as", "65001", "--bgp-peer", "192.0.2.2,65001", "--bgp-multihop", "2"), "eBGP peers only", nil},
 		{"unknown key in --config", append(good, "--config", conf("typo.yaml", "run:\n  leaseDurration: 2s\n")), "unknown key run.leaseDurration", nil},
 		{"bad value from --config", append(good, "--config", conf("renew.yaml", "run:\n  renewDeadline: 2s\n")), "must be shorter than the lease duration", nil},
 		{"missing --config file", append(good, "--config", filepath.Join(dir, "nope.yaml")), "nope.yaml", nil},
@@ -222,28 +231,37 @@ func lockHolderOK(ns string) string {
 }
 
 func readLockHolder(ns string) (string, error) {
+	v, err := readKey(ns, "/vigil/leader")
+	if err != nil {
+		return "", fmt.Errorf("read lock: %w", err)
+	}
+	if v == nil {
+		return "", errors.New("read lock: no lock record yet")
+	}
+	var rec struct{ Holder string }
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return "", err
+	}
+	return rec.Holder, nil
+}
+
+// readKey reads key through ns's 127.0.0.1:2379: nil when there is none.
+func readKey(ns, key string) ([]byte, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second,
 		DialOptions: []grpc.DialOption{grpc.WithContextDialer(netns.Dialer(ns))},
 	})
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, "/vigil/leader")
-	if err != nil {
-		return "", fmt.Errorf("read lock: %w", err)
+	resp, err := cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
 	}
-	if len(resp.Kvs) != 1 {
-		return "", errors.New("read lock: no lock record yet")
-	}
-	var rec struct{ Holder string }
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return "", err
-	}
-	return rec.Holder, nil
+	return resp.Kvs[0].Value, nil
 }
 
 // reportRevision is the etcd revision of node's published member view

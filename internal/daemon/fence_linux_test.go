@@ -137,10 +137,15 @@ func TestAddressFollowsRole(t *testing.T) {
 	// B runs vigil too, with its own name; it does not lead.
 	startIn(t, p.B, "vigil-b.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "b0",
 		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
-	time.Sleep(time.Second)
 	for i := 0; i < 3; i++ {
 		nstest.IP(t, "-n", p.B, "addr", "add", testVIP+"/24", "dev", "b0")
-		waitFor(t, time.Second, "the non-holder to remove the stray VIP", func() bool {
+		// The first time, B's vigil may still be starting; after that,
+		// at once.
+		within := time.Second
+		if i == 0 {
+			within = 20 * time.Second
+		}
+		waitFor(t, within, "the non-holder to remove the stray VIP", func() bool {
 			return !strings.Contains(nstest.IP(t, "-n", p.B, "addr", "show", "dev", "b0"), " "+testVIP+"/")
 		})
 	}
@@ -333,7 +338,10 @@ func TestDuplicateNameRefusedAtStart(t *testing.T) {
 	waitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
 	startIn(t, p.B, "vigil-n2.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
 		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
-	time.Sleep(2 * time.Second) // n2 has claimed its name and campaigns
+	waitFor(t, 20*time.Second, "n2 to claim its name", func() bool {
+		v, err := readKey(p.A, "/vigil/leader/names/n2")
+		return err == nil && v != nil
+	})
 	var out bytes.Buffer
 	twin := exec.Command("ip", "netns", "exec", p.B, vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
 		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")

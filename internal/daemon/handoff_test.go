@@ -113,12 +113,14 @@ func TestHandoffMovesTheLock(t *testing.T) {
 	start := time.Now()
 	waitHolder(t, lock, 10*time.Second, func(h string) bool { return h == to }, to)
 	t.Logf("%s -> %s in %v", first, to, time.Since(start).Round(time.Millisecond))
-	st, err := store.StatusOf(ctx, "t1")
-	if err != nil || st == nil || st.Phase != handoff.Released {
-		// The status is written by the old holder's poll loop: give it a
-		// poll period.
-		time.Sleep(2 * handoffPoll)
-		if st, err = store.StatusOf(ctx, "t1"); err != nil || st == nil || st.Phase != handoff.Released {
+	// The status is written by the old holder's poll loop, which may
+	// come round a moment after the new holder took the lock.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err := store.StatusOf(ctx, "t1")
+		if err == nil && st != nil && st.Phase == handoff.Released {
+			break
+		}
+		if time.Now().After(deadline) {
 			t.Fatalf("status of t1 = %+v, %v; want released", st, err)
 		}
 	}

@@ -239,6 +239,8 @@ type Report struct {
 	// whether this node advertises the VIP's route now.
 	BGP        []bgp.PeerState `json:"bgp,omitempty"`
 	Advertised bool            `json:"advertised,omitempty"`
+	// BGPSettings are the sessions' timers and the route's policy.
+	BGPSettings *bgp.Settings `json:"bgpSettings,omitempty"`
 	// Renewal is how the leader's renewals fare (nil when not leading).
 	Renewal *RenewalReport `json:"renewal,omitempty"`
 	// Etcd is the etcd cluster followed (nil without etcd).
@@ -300,6 +302,8 @@ func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.B
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		r.BGP, r.Advertised = sp.Peers(ctx), sp.Advertised()
 		cancel()
+		set := sp.Settings()
+		r.BGPSettings = &set
 	}
 	if disc != nil {
 		r.Discovery = disc.Sources()
