@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/bfd"
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/config"
 	"github.com/vigil-ha/vigil/internal/daemon"
@@ -181,6 +182,9 @@ any rights. See docs/kubeadm.md.`,
 	f.StringVar(&cfg.BGPSourceAddress, "bgp-source-address", "", "local address of every BGP session, one of this node's, such as a loopback address the routers reach; it is also the VIP route's next hop (default: the kernel's choice towards each peer; --announce bgp)")
 	f.StringArrayVar(&cfg.BGPCommunities, "bgp-community", nil, "a standard community on the VIP's route, AS:VALUE or no-export, no-advertise, no-export-subconfed; repeatable (--announce bgp)")
 	f.Int64Var(&cfg.BGPLocalPref, "bgp-local-pref", 0, "LOCAL_PREF on the VIP's route, sent to iBGP peers (those in --bgp-local-as) only (0: none; --announce bgp)")
+	f.BoolVar(&cfg.BGPBFD, "bgp-bfd", false, "run BFD (RFC 5880, single hop) to every --bgp-peer: a router that ties its session to BFD drops a dead or frozen node's route within --bgp-bfd-interval x --bgp-bfd-multiplier instead of the hold time, and a peer whose BFD session is down counts as down here (--announce bgp; docs/bgp.md)")
+	f.DurationVar(&cfg.BGPBFDInterval, "bgp-bfd-interval", bfd.DefaultInterval, "interval between BFD packets, and the slowest accepted from the router, 50ms to 1m (--bgp-bfd)")
+	f.IntVar(&cfg.BGPBFDMultiplier, "bgp-bfd-multiplier", bfd.DefaultMultiplier, "intervals without a BFD packet before a side declares the other down, 1 to 255 (--bgp-bfd)")
 	f.BoolVar(&cfg.BGPGracefulRestart, "bgp-graceful-restart", false, "advertise BGP graceful restart: routers keep this node's routes 9 s after its session drops, so a restarted vigil does not flap them; a dead holder's route then lingers as well, and the new holder's lower MED takes over from it (--announce bgp)")
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP (whole seconds), refreshed every 250ms by the holder: if vigil and its guard are stopped or killed together, the kernel drops the VIP after this; 0 disables")
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies (even by SIGKILL) or stops renewing its lease (SIGSTOP, starvation)")

@@ -117,6 +117,9 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 		if p.Established && r.Advertised {
 			adv = ", advertising the VIP"
 		}
+		if p.BFD != "" {
+			adv = ", BFD " + p.BFD + adv
+		}
 		fmt.Fprintf(w, "bgp: peer %s %s%s\n", p.Peer, p.State, adv)
 	}
 	if b := r.BGPSettings; b != nil {
@@ -135,6 +138,9 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 		}
 		if b.GracefulRestart {
 			fmt.Fprint(w, ", graceful restart")
+		}
+		if b.BFD != "" {
+			fmt.Fprintf(w, ", BFD %s", b.BFD)
 		}
 		fmt.Fprintln(w)
 	}

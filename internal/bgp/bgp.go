@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -27,6 +28,8 @@ import (
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/vigil-ha/vigil/internal/bfd"
 )
 
 // ErrInvalidConfig is wrapped by every configuration error.
@@ -185,6 +188,14 @@ type Config struct {
 	// 4724), with GracefulRestartTime: routers keep this node's routes
 	// that long after its session drops.
 	GracefulRestart bool
+	// BFDInterval, when not 0, runs a BFD session (package bfd) to every
+	// peer, each side sending every BFDInterval and declaring the other
+	// down after BFDMultiplier intervals without a packet. A router that
+	// ties its BGP session to it drops a dead node's routes within that
+	// time rather than the hold time; on this side, a peer whose BFD
+	// session is not up counts as down (Eligible).
+	BFDInterval   time.Duration
+	BFDMultiplier uint8
 }
 
 // Timers are c's hold time and keepalive, defaults filled in.
@@ -247,6 +258,14 @@ func (c Config) Validate() error {
 		}
 		cs[x] = true
 	}
+	if c.BFDInterval != 0 || c.BFDMultiplier != 0 {
+		if err := bfd.ValidateTimers(c.BFDInterval, c.BFDMultiplier); err != nil {
+			return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.TrimPrefix(err.Error(), bfd.ErrInvalidConfig.Error()+": "))
+		}
+		if c.Multihop > 0 {
+			return fmt.Errorf("%w: --bgp-bfd with --bgp-multihop: vigil's BFD is single-hop (RFC 5881), for routers on the node's own network", ErrInvalidConfig)
+		}
+	}
 	if c.LocalPref > 0 && !slices.ContainsFunc(c.Peers, func(p Peer) bool { return p.AS == c.LocalAS }) {
 		return fmt.Errorf("%w: --bgp-local-pref %d: BGP sends LOCAL_PREF to iBGP peers only, and no --bgp-peer is in --bgp-local-as %d; to steer eBGP routers use --bgp-community with their policy", ErrInvalidConfig, c.LocalPref, c.LocalAS)
 	}
@@ -262,6 +281,8 @@ type Settings struct {
 	Communities     []string `json:"communities,omitempty"`
 	LocalPref       uint32   `json:"localPref,omitempty"`
 	GracefulRestart bool     `json:"gracefulRestart,omitempty"`
+	// BFD is "INTERVAL x MULTIPLIER" when BFD runs.
+	BFD string `json:"bfd,omitempty"`
 }
 
 // Settings reports c's timers and route policy.
@@ -274,6 +295,9 @@ func (c Config) Settings() Settings {
 	}
 	for _, x := range c.Communities {
 		s.Communities = append(s.Communities, FormatCommunity(x))
+	}
+	if c.BFDInterval != 0 {
+		s.BFD = fmt.Sprintf("%v x %d", c.BFDInterval, c.BFDMultiplier)
 	}
 	return s
 }
@@ -304,6 +328,9 @@ type PeerState struct {
 	Peer        string `json:"peer"`
 	State       string `json:"state"` // idle, connect, active, opensent, openconfirm, established
 	Established bool   `json:"established"`
+	// BFD is the BFD session's state (up, down, init) when BFD runs;
+	// Established is then false unless it is up.
+	BFD string `json:"bfd,omitempty"`
 }
 
 // Speaker is this node's BGP speaker. It connects to every peer at Start
@@ -320,6 +347,9 @@ type Speaker struct {
 	// peer events: reading it never waits on the BGP server, so the
 	// election's eligibility check cannot block on it.
 	states map[string]api.PeerState_SessionState
+	// bfd runs the BFD sessions (nil without BFD), one per peer.
+	bfd         *bfd.Mux
+	bfdSessions map[netip.Addr]*bfd.Session
 }
 
 // New validates cfg; nothing runs until Start.
@@ -361,10 +391,61 @@ func (sp *Speaker) Start(ctx context.Context) error {
 			return fmt.Errorf("bgp: peer %s: %w", p, err)
 		}
 	}
+	if sp.cfg.BFDInterval != 0 {
+		if err := sp.startBFD(); err != nil {
+			sp.Close()
+			return err
+		}
+	}
 	set := sp.cfg.Settings()
 	sp.log.Info("BGP speaker started", "local_as", sp.cfg.LocalAS, "router_id", sp.cfg.RouterID, "peers", len(sp.cfg.Peers),
 		"hold_time", set.HoldTime, "keepalive", set.Keepalive)
 	return nil
+}
+
+// startBFD starts a BFD session to every peer, from --bgp-source-address
+// or the address the kernel would use towards it.
+func (sp *Speaker) startBFD() error {
+	v4 := slices.ContainsFunc(sp.cfg.Peers, func(p Peer) bool { return p.Address.Is4() })
+	v6 := slices.ContainsFunc(sp.cfg.Peers, func(p Peer) bool { return p.Address.Is6() })
+	m, err := bfd.Listen(v4, v6, sp.log)
+	if err != nil {
+		return err
+	}
+	sessions := map[netip.Addr]*bfd.Session{}
+	for _, p := range sp.cfg.Peers {
+		local := sp.cfg.SourceAddress
+		if !local.IsValid() {
+			if local = SourceAddr(p.Address); !local.IsValid() {
+				m.Close()
+				return fmt.Errorf("bgp: BFD to %s: no route to it", p.Address)
+			}
+		}
+		s, err := m.Add(bfd.Config{Local: local, Peer: p.Address, Interval: sp.cfg.BFDInterval, Multiplier: sp.cfg.BFDMultiplier}, nil)
+		if err != nil {
+			m.Close()
+			return fmt.Errorf("bgp: BFD to %s: %w", p.Address, err)
+		}
+		sessions[p.Address] = s
+	}
+	sp.mu.Lock()
+	sp.bfd, sp.bfdSessions = m, sessions
+	sp.mu.Unlock()
+	return nil
+}
+
+// SourceAddr is the local address the kernel would send from to reach dst
+// (no packet is sent); invalid when there is no route.
+func SourceAddr(dst netip.Addr) netip.Addr {
+	c, err := net.Dial("udp", netip.AddrPortFrom(dst, 179).String())
+	if err != nil {
+		return netip.Addr{}
+	}
+	defer c.Close()
+	if ua, ok := c.LocalAddr().(*net.UDPAddr); ok {
+		return ua.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 // peer is p's session as GoBGP takes it.
@@ -551,11 +632,21 @@ func (sp *Speaker) Peers(context.Context) []PeerState {
 		if !ok {
 			continue // not started
 		}
-		out = append(out, PeerState{
+		ps := PeerState{
 			Peer:        fmt.Sprintf("%s,%d", p.Address, p.AS),
 			State:       strings.ToLower(st.String()),
 			Established: st == api.PeerState_ESTABLISHED,
-		})
+		}
+		if s := sp.bfdSessions[p.Address]; s != nil {
+			b := s.Status()
+			ps.BFD = b.State
+			if !b.Up {
+				// The path to the router is in doubt: a route over
+				// it may reach nobody.
+				ps.Established = false
+			}
+		}
+		out = append(out, ps)
 	}
 	return out
 }
@@ -563,6 +654,13 @@ func (sp *Speaker) Peers(context.Context) []PeerState {
 // Close ends every session with a CEASE notification, so routers drop this
 // node's routes at once, and stops the speaker. Safe to call twice.
 func (sp *Speaker) Close() {
+	sp.mu.Lock()
+	m := sp.bfd
+	sp.bfd = nil
+	sp.mu.Unlock()
+	if m != nil {
+		m.Close()
+	}
 	if sp.s == nil {
 		return
 	}
@@ -614,8 +712,17 @@ func (sp *Speaker) Eligible(ctx context.Context) error {
 		}
 	}
 	var states []string
+	bfdOnly := false
 	for _, p := range ps {
-		states = append(states, p.Peer+" "+p.State)
+		st := p.Peer + " " + p.State
+		if p.BFD != "" {
+			st += ", BFD " + p.BFD
+			bfdOnly = bfdOnly || p.State == "established"
+		}
+		states = append(states, st)
+	}
+	if bfdOnly {
+		return fmt.Errorf("no BGP session is established with its BFD session up (%s): does the router run BFD for this node (BIRD: bfd on; FRR: neighbor ADDRESS bfd)?", strings.Join(states, ", "))
 	}
 	return fmt.Errorf("no BGP session is established (%s)", strings.Join(states, ", "))
 }

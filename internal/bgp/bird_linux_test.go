@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -341,4 +342,153 @@ func policyChild(t *testing.T, mode, sock string) {
 			return err
 		})
 	}
+}
+
+// bfdEnv carries BIRD's socket to the BFD test's speaker half.
+const bfdEnv = "VIGIL_BGP_TEST_BFD"
+
+// BFD with a real router: BIRD 2 ties its BGP session to a BFD session
+// (100 ms x 3) with the speaker. When the speaker's process freezes
+// (SIGSTOP: a hung node, whose kernel still keeps the TCP connection), no
+// CEASE goes out and the BGP session stays, and without BFD the router
+// would keep the route for its 9 s hold time; with it, the route must go
+// within a second. (A killed process is no test of this: its kernel closes
+// the connection, and the router drops the session at once.)
+func TestBFDAgainstBIRD(t *testing.T) {
+	if sock := os.Getenv(bfdEnv); sock != "" {
+		bfdChild(t, sock)
+		return
+	}
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
+	p := nstest.NewPair(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "bird.conf")
+	sock := filepath.Join(dir, "bird.ctl")
+	if err := os.WriteFile(conf, []byte(`router id 192.0.2.2;
+protocol device { }
+protocol bfd {
+	interface "b0" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; };
+}
+protocol bgp vigil {
+	local 192.0.2.2 as 65000;
+	neighbor 192.0.2.1 as 65001;
+	hold time 9;
+	connect retry time 1;
+	bfd on;
+	ipv4 { import all; export none; };
+}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bird := exec.Command("ip", "netns", "exec", p.B, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
+	out, err := os.Create(filepath.Join(dir, "bird.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bird.Stdout, bird.Stderr = out, out
+	if err := bird.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = bird.Process.Kill()
+		_ = bird.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("bird's log:\n%s", b)
+		}
+	})
+	child := exec.Command("ip", "netns", "exec", p.A, os.Args[0], "-test.run=^TestBFDAgainstBIRD$", "-test.v")
+	child.Env = append(os.Environ(), bfdEnv+"="+sock)
+	var childOut strings.Builder
+	pr, pw := io.Pipe()
+	child.Stdout, child.Stderr = pw, pw
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := pr.Read(buf)
+			childOut.Write(buf[:n])
+			if strings.Contains(childOut.String(), "READY\n") {
+				select {
+				case <-ready:
+				default:
+					close(ready)
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer func() {
+		_ = child.Process.Kill()
+		_ = child.Process.Signal(syscall.SIGCONT)
+		_ = child.Wait()
+		pw.Close()
+		if t.Failed() {
+			t.Logf("speaker (in %s):\n%s", p.A, childOut.String())
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the speaker half did not get its BGP and BFD sessions up and its route out within 30 s")
+	}
+	sessions, err := exec.Command("birdc", "-s", sock, "show", "bfd", "sessions").CombinedOutput()
+	if err != nil || !regexp.MustCompile(`192\.0\.2\.1\s+b0\s+Up`).Match(sessions) {
+		t.Fatalf("BIRD's BFD sessions (%v):\n%s", err, sessions)
+	}
+	vip := netip.MustParseAddr("198.51.100.10")
+	// Frozen: no CEASE, no AdminDown, the TCP connection open.
+	frozen := time.Now()
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the route gone after the freeze", func() error { return noRoute(sock, vip) })
+	took := time.Since(frozen)
+	t.Logf("the router dropped the frozen speaker's route %v after the freeze (BFD 100ms x 3; hold time 9 s)", took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		t.Fatalf("the router dropped the route %v after the freeze; BFD should end the session in well under a second", took)
+	}
+	if proto, _ := exec.Command("birdc", "-s", sock, "show", "protocols", "all", "vigil").CombinedOutput(); !strings.Contains(string(proto), "BFD session down") {
+		t.Errorf("BIRD ended the session, but not for BFD:\n%s", proto)
+	}
+}
+
+// bfdChild is the BFD test's speaker half, run inside namespace A: it
+// prints READY once the route is at the router, then waits to be killed.
+func bfdChild(t *testing.T, sock string) {
+	vip := netip.MustParseAddr("198.51.100.10")
+	sp, err := New(Config{
+		LocalAS:     65001,
+		RouterID:    netip.MustParseAddr("192.0.2.1"),
+		Peers:       []Peer{{Address: netip.MustParseAddr("192.0.2.2"), AS: 65000}},
+		BFDInterval: 100 * time.Millisecond, BFDMultiplier: 3,
+	}, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := sp.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Eligible needs the BGP session and the BFD session up.
+	waitFor(t, "established BGP and BFD sessions", func() error { return sp.Eligible(ctx) })
+	if ps := sp.Peers(ctx); len(ps) != 1 || ps[0].BFD != "up" {
+		t.Fatalf("peers %+v, want BFD up", ps)
+	}
+	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(1)) })
+	fmt.Println("READY")
+	time.Sleep(time.Minute)
+	t.Fatal("not killed")
 }

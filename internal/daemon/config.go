@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/bfd"
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
@@ -87,6 +88,11 @@ type Config struct {
 	BGPCommunities     []string
 	BGPLocalPref       int64
 	BGPGracefulRestart bool
+	// BGPBFD runs BFD to every peer, every BGPBFDInterval, a peer down
+	// after BGPBFDMultiplier intervals without a packet.
+	BGPBFD           bool
+	BGPBFDInterval   time.Duration
+	BGPBFDMultiplier int
 	// BGP is the speaker's configuration, filled in by Validate.
 	BGP bgp.Config
 	// VIPLifetime is the kernel lifetime of the VIP (see vip.DefaultLifetime);
@@ -319,7 +325,7 @@ func (c *Config) Validate() error {
 func (c *Config) validateAnnounce() error {
 	bgpFlags := c.BGPLocalAS != 0 || c.BGPRouterID != "" || len(c.BGPPeers) > 0
 	policy := (c.BGPHoldTime != 0 && c.BGPHoldTime != bgp.DefaultHoldTime) || (c.BGPKeepalive != 0 && c.BGPKeepalive != bgp.DefaultKeepalive) ||
-		c.BGPMultihop != 0 || c.BGPSourceAddress != "" || len(c.BGPCommunities) > 0 || c.BGPLocalPref != 0 || c.BGPGracefulRestart
+		c.BGPMultihop != 0 || c.BGPSourceAddress != "" || len(c.BGPCommunities) > 0 || c.BGPLocalPref != 0 || c.BGPGracefulRestart || c.BGPBFD
 	switch c.Announce {
 	case "", AnnounceARP:
 		c.Announce = AnnounceARP
@@ -327,7 +333,7 @@ func (c *Config) validateAnnounce() error {
 			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", ErrConfig)
 		}
 		if policy {
-			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref and --bgp-graceful-restart need --announce bgp", ErrConfig)
+			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref, --bgp-graceful-restart and --bgp-bfd need --announce bgp", ErrConfig)
 		}
 		return nil
 	case AnnounceBGP:
@@ -351,6 +357,18 @@ func (c *Config) validateAnnounce() error {
 		return fmt.Errorf("%w: --bgp-local-pref %d: give 1 to 4294967295 (0: none)", ErrConfig, c.BGPLocalPref)
 	}
 	cfg.LocalPref = uint32(c.BGPLocalPref)
+	bfdTimers := (c.BGPBFDInterval != 0 && c.BGPBFDInterval != bfd.DefaultInterval) || (c.BGPBFDMultiplier != 0 && c.BGPBFDMultiplier != bfd.DefaultMultiplier)
+	switch {
+	case c.BGPBFD:
+		// 0 is refused (bfd.ValidateTimers), not taken for the default:
+		// the flags' defaults are what --bgp-bfd alone gets.
+		if c.BGPBFDMultiplier < 0 || c.BGPBFDMultiplier > 255 {
+			return fmt.Errorf("%w: --bgp-bfd-multiplier %d: give 1 to 255 (3 is usual)", ErrConfig, c.BGPBFDMultiplier)
+		}
+		cfg.BFDInterval, cfg.BFDMultiplier = c.BGPBFDInterval, uint8(c.BGPBFDMultiplier)
+	case bfdTimers:
+		return fmt.Errorf("%w: --bgp-bfd-interval and --bgp-bfd-multiplier need --bgp-bfd", ErrConfig)
+	}
 	for _, s := range c.BGPCommunities {
 		x, err := bgp.ParseCommunity(s)
 		if err != nil {

@@ -243,7 +243,18 @@ func TestValidateAnnounce(t *testing.T) {
 		len(b.Communities) != 2 || b.Communities[1] != 0xFFFFFF01 || !b.GracefulRestart {
 		t.Fatalf("BGP config = %+v", b)
 	}
+	c = bgpConfig()
+	c.BGPBFD, c.BGPBFDInterval, c.BGPBFDMultiplier = true, 100*time.Millisecond, 3
+	if err := c.Validate(); err != nil || c.BGP.BFDInterval != 100*time.Millisecond || c.BGP.BFDMultiplier != 3 {
+		t.Fatalf("BFD: %v, BGP config %+v", err, c.BGP)
+	}
+	bfdOn := func(c *Config) { c.BGPBFD, c.BGPBFDInterval, c.BGPBFDMultiplier = true, 300*time.Millisecond, 3 }
 	bad := map[string]func(c *Config){
+		"--bgp-bfd-multiplier 0":   func(c *Config) { bfdOn(c); c.BGPBFDMultiplier = 0 },
+		"--bgp-bfd-multiplier 256": func(c *Config) { bfdOn(c); c.BGPBFDMultiplier = 256 },
+		"--bgp-bfd-interval 10ms":  func(c *Config) { bfdOn(c); c.BGPBFDInterval = 10 * time.Millisecond },
+		"need --bgp-bfd":           func(c *Config) { c.BGPBFDInterval = 100 * time.Millisecond },
+		"single-hop":               func(c *Config) { bfdOn(c); c.BGPMultihop = 2 },
 		"--bgp-hold-time, --bgp-keepalive": func(c *Config) {
 			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPGracefulRestart = AnnounceARP, 0, "", nil, true
 		},

@@ -67,6 +67,7 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 	}{
 		{"bgp hold time under three keepalives", bgp("--bgp-hold-time", "5s", "--bgp-keepalive", "2s"), "is less than 3 x --bgp-keepalive 2s", nil},
 		{"bgp timers from --config", bgp("--config", conf("bgp.yaml", "run:\n  bgpHoldTime: 4s\n  bgpKeepalive: 2s\n")), "--bgp-hold-time 4s is less than 3 x", nil},
+		{"bgp bfd multiplier 0", bgp("--bgp-bfd", "--bgp-bfd-multiplier", "0"), "--bgp-bfd-multiplier 0", nil},
 		{"bgp policy without bgp", append(good, "--bgp-community", "65001:100"), "need --announce bgp", nil},
 		{"bgp source address not on this node", bgp("--bgp-source-address", "198.51.100.1"), "not an address of this node", nil},
 		{"bgp multihop with iBGP peers only", append(with("--vip", testVIP+"/32"), "--announce", "bgp", "--bgp-local-as", "65001", "--bgp-peer", "192.0.2.2,65001", "--bgp-multihop", "2"), "eBGP peers only", nil},
