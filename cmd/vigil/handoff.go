@@ -152,8 +152,12 @@ func (h *handoffRun) run(ctx context.Context, to, node string, hold bool, holdFo
 		return fmt.Errorf("%w: %s holds the VIP already", errHandoff, to)
 	}
 
-	// 1. The peers: live vigils, other than the holder and held nodes.
-	fresh, err := h.cl.FreshReports(ctx, 3*time.Second)
+	// 1. The peers: live vigils, other than the holder and held nodes. A
+	// vigil is live when its report changed within membership.ReportStale,
+	// as vigil run and vigil members count it (slow rounds on a loaded
+	// node included: a 3 s window here once took a loaded peer for dead).
+	// The wait ends as soon as every report has changed.
+	fresh, err := h.cl.FreshReports(ctx, membership.ReportStale)
 	if err != nil {
 		return fmt.Errorf("%w: read the vigils' reports: %w", errHandoff, err)
 	}

@@ -53,6 +53,7 @@ Lease election").`,
 	f.StringVar(&o.Interface, "interface", "", "interface that carries the VIP (required)")
 	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
 	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")
+	f.IntVar(&o.LBListenPort, "lb-listen-port", 0, "vigil run --lb-listen-port: the balancer listens on VIP:PORT and the holder sends VIP:--lb-port to it, so kube-apiserver keeps kubeadm's default bind address")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
 	f.StringVar(&o.Election, "election", manifest.ElectionEtcd, "vigil run --election: etcd (works before kubeadm init is done) or kubernetes (the Lease election, after init; needs --kubeconfig for this node's own API server, and retires the etcd election safely: see docs/kubeadm.md)")

@@ -122,6 +122,9 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 		}
 		fmt.Fprintf(w, "bgp: peer %s %s%s\n", p.Peer, p.State, adv)
 	}
+	for _, d := range r.DNAT {
+		fmt.Fprintf(w, "lb: %s (nftables, while this node holds the VIP)\n", d)
+	}
 	if b := r.BGPSettings; b != nil {
 		fmt.Fprintf(w, "bgp: hold time %s, keepalive %s", b.HoldTime, b.Keepalive)
 		if b.Multihop > 0 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/bfd"
 	"github.com/vigil-ha/vigil/internal/bgp"
+	"github.com/vigil-ha/vigil/internal/dnat"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
@@ -107,8 +108,12 @@ type Config struct {
 	GuardSocket string
 
 	// LBPort, when not 0, runs the load balancer on VIP:LBPort.
-	LBPort   int
-	LBPolicy string
+	LBPort int
+	// LBListenPort, when not 0, is where the balancer listens instead
+	// (VIP:LBListenPort), nftables on the holder sending VIP:LBPort to it
+	// (package dnat): API servers may then keep 0.0.0.0:LBPort.
+	LBListenPort int
+	LBPolicy     string
 	// LBDrainTimeout bounds how long connections to a draining API server
 	// are left to finish.
 	LBDrainTimeout time.Duration
@@ -320,6 +325,28 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// listenPort is where the balancer listens: --lb-listen-port, or
+// --lb-port itself.
+func (c *Config) listenPort() int {
+	if c.LBListenPort != 0 {
+		return c.LBListenPort
+	}
+	return c.LBPort
+}
+
+// dnatRules are the holder's nftables rules with --lb-listen-port (nil
+// without): VIP:--lb-port to VIP:--lb-listen-port, for every VIP address.
+func (c *Config) dnatRules() []dnat.Rule {
+	if c.LBListenPort == 0 {
+		return nil
+	}
+	var out []dnat.Rule
+	for _, a := range c.VIPAddrs() {
+		out = append(out, dnat.Rule{VIP: a, From: uint16(c.LBPort), To: uint16(c.LBListenPort)})
+	}
+	return out
+}
+
 // validateAnnounce checks --announce and the --bgp-* flags, and fills in
 // c.BGP.
 func (c *Config) validateAnnounce() error {
@@ -526,6 +553,14 @@ func (c *Config) validateLB() error {
 	}
 	if c.BackendPort < 1 || c.BackendPort > 65535 {
 		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", ErrConfig, c.BackendPort)
+	}
+	switch {
+	case c.LBListenPort < 0 || c.LBListenPort > 65535:
+		return fmt.Errorf("%w: --lb-listen-port %d is out of range (1-65535, or 0 to listen on --lb-port itself)", ErrConfig, c.LBListenPort)
+	case c.LBListenPort != 0 && c.LBPort == 0:
+		return fmt.Errorf("%w: --lb-listen-port needs --lb-port (the port clients use, which the holder sends to it)", ErrConfig)
+	case c.LBListenPort != 0 && c.LBListenPort == c.LBPort:
+		return fmt.Errorf("%w: --lb-listen-port %d is --lb-port: give another port, or leave it out to listen on --lb-port itself", ErrConfig, c.LBListenPort)
 	}
 	if c.HealthPort < 0 || c.HealthPort > 65535 {
 		return fmt.Errorf("%w: --health-port %d is out of range (1-65535, or 0 for the backend port)", ErrConfig, c.HealthPort)

@@ -67,6 +67,8 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 	}{
 		{"bgp hold time under three keepalives", bgp("--bgp-hold-time", "5s", "--bgp-keepalive", "2s"), "is less than 3 x --bgp-keepalive 2s", nil},
 		{"bgp timers from --config", bgp("--config", conf("bgp.yaml", "run:\n  bgpHoldTime: 4s\n  bgpKeepalive: 2s\n")), "--bgp-hold-time 4s is less than 3 x", nil},
+		{"lb listen port is the lb port", append(with("--lb-port", "7443"), "--lb-listen-port", "7443"), "--lb-listen-port 7443 is --lb-port", nil},
+		{"lb listen port without lb port", append(good, "--lb-listen-port", "16445"), "--lb-listen-port needs --lb-port", nil},
 		{"bgp bfd multiplier 0", bgp("--bgp-bfd", "--bgp-bfd-multiplier", "0"), "--bgp-bfd-multiplier 0", nil},
 		{"bgp policy without bgp", append(good, "--bgp-community", "65001:100"), "need --announce bgp", nil},
 		{"bgp source address not on this node", bgp("--bgp-source-address", "198.51.100.1"), "not an address of this node", nil},

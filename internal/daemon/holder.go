@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/bgp"
+	"github.com/vigil-ha/vigil/internal/dnat"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/lb"
@@ -32,6 +34,9 @@ type holder struct {
 	speaker *bgp.Speaker
 	term    func() int
 	bal     *lb.Balancer // nil without --lb-port
+	// dnat sends VIP:--lb-port to the balancer's --lb-listen-port while
+	// this node serves (nil without --lb-listen-port).
+	dnat    []dnat.Rule
 	shedder *raftShedder // nil without --shed-raft-leadership or etcd
 	// handoffs holds this node out of the election while vigil handoff
 	// --hold says so; nil without etcd.
@@ -61,6 +66,16 @@ func (h *holder) lease(deadline time.Time) {
 	first := !h.serving
 	if first && h.bal != nil {
 		h.bal.SetServing(true) // before the first packet can arrive
+	}
+	if first && h.dnat != nil {
+		// Before the VIP, too. Without the rules a client still reaches
+		// an API server bound to 0.0.0.0 directly, unbalanced: loud,
+		// not fatal.
+		if err := dnat.Install(h.dnat); err != nil {
+			h.log.Error("cannot send the VIP's port to the load balancer; clients reach this node's API server directly", "err", err)
+		} else {
+			h.log.Info("VIP port sent to the load balancer (nftables)", "rules", fmt.Sprint(h.dnat))
+		}
 	}
 	h.serving = true
 	h.mu.Unlock()
@@ -179,6 +194,12 @@ func (h *holder) stop(sd election.StepDown) {
 		h.log.Error("cannot remove the VIP", "err", err)
 	} else {
 		h.m.vipHeld.Set(0)
+	}
+	if h.dnat != nil && serving {
+		// After the VIP: without it they match nothing.
+		if err := dnat.Remove(); err != nil {
+			h.log.Error("cannot remove the VIP port's nftables rules; they match nothing without the VIP", "err", err)
+		}
 	}
 	h.m.leader.Set(0)
 	if h.events != nil && wasLeading {

@@ -16,6 +16,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/announce"
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/discovery"
+	"github.com/vigil-ha/vigil/internal/dnat"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/handoff"
@@ -142,9 +143,17 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		}
 	}
 	// A VIP left behind by a crash of this node must go before anything
-	// else: this process does not lead yet.
+	// else: this process does not lead yet. So must its nftables rules
+	// (--lb-listen-port), which would send VIP:--lb-port to a port that
+	// may no longer be the balancer's.
 	if err := vm.Remove("stale address from an earlier run; this node does not lead"); err != nil {
 		return nil, err
+	}
+	if err := dnat.Remove(); err != nil {
+		if cfg.LBListenPort != 0 {
+			return nil, fmt.Errorf("--lb-listen-port needs nftables: %w", err)
+		}
+		log.Debug("cannot look for stale VIP port rules (nftables)", "err", err)
 	}
 	if err := n.openListeners(); err != nil {
 		return nil, err
@@ -171,7 +180,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err := n.newDiscovery(); err != nil {
 		return nil, err
 	}
-	n.h = &holder{ann: n.ann, speaker: n.speaker, bal: n.bal, m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
+	n.h = &holder{ann: n.ann, speaker: n.speaker, bal: n.bal, dnat: cfg.dnatRules(), m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
 	if cfg.ShedRaftLeadership && n.etcdLock != nil {
 		n.h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
 	}
@@ -207,7 +216,7 @@ func (n *node) openListeners() error {
 	if cfg.LBPort != 0 {
 		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
 		bal, err := lb.New(lb.Config{
-			Listen:       netip.AddrPortFrom(cfg.VIPs[0].Addr(), uint16(cfg.LBPort)).String(),
+			Listen:       netip.AddrPortFrom(cfg.VIPs[0].Addr(), uint16(cfg.listenPort())).String(),
 			AlsoListen:   alsoListen(cfg),
 			Picker:       policy,
 			FreeBind:     true,
@@ -243,7 +252,7 @@ func (n *node) openListeners() error {
 func alsoListen(cfg Config) []string {
 	var out []string
 	for _, v := range cfg.VIPs[1:] {
-		out = append(out, netip.AddrPortFrom(v.Addr(), uint16(cfg.LBPort)).String())
+		out = append(out, netip.AddrPortFrom(v.Addr(), uint16(cfg.listenPort())).String())
 	}
 	return out
 }

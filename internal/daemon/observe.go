@@ -12,6 +12,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/discovery"
+	"github.com/vigil-ha/vigil/internal/dnat"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/health"
@@ -241,6 +242,9 @@ type Report struct {
 	Advertised bool            `json:"advertised,omitempty"`
 	// BGPSettings are the sessions' timers and the route's policy.
 	BGPSettings *bgp.Settings `json:"bgpSettings,omitempty"`
+	// DNAT are the nftables rules in place on this node that send
+	// VIP:--lb-port to --lb-listen-port (the holder's, with that flag).
+	DNAT []string `json:"dnat,omitempty"`
 	// Renewal is how the leader's renewals fare (nil when not leading).
 	Renewal *RenewalReport `json:"renewal,omitempty"`
 	// Etcd is the etcd cluster followed (nil without etcd).
@@ -307,6 +311,15 @@ func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.B
 	}
 	if disc != nil {
 		r.Discovery = disc.Sources()
+	}
+	if cfg.LBListenPort != 0 {
+		rules, err := dnat.Installed()
+		if err != nil {
+			r.DNAT = []string{"cannot read: " + err.Error()}
+		}
+		for _, x := range rules {
+			r.DNAT = append(r.DNAT, x.String())
+		}
 	}
 	if st.Leader {
 		r.LeaderSince = &st.LeaderSince

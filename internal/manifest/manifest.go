@@ -59,6 +59,10 @@ type PodOptions struct {
 	Image     string
 	// LBPort runs vigil's load balancer on VIP:LBPort (0: none).
 	LBPort int
+	// LBListenPort is vigil run --lb-listen-port (0: none): the balancer
+	// listens there and the holder sends VIP:LBPort to it, so kubeadm's
+	// API servers keep their default bind address.
+	LBListenPort int
 	// EtcdEndpoints are the etcd client URLs; the local member by default.
 	EtcdEndpoints []string
 	// Kubeconfig, when set, is a host file given to vigil run as
@@ -149,6 +153,12 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.LBPort < 0 || o.LBPort > 65535 {
 		return nil, fmt.Errorf("%w: --lb-port %d is out of range", ErrInvalid, o.LBPort)
 	}
+	switch {
+	case o.LBListenPort < 0 || o.LBListenPort > 65535:
+		return nil, fmt.Errorf("%w: --lb-listen-port %d is out of range", ErrInvalid, o.LBListenPort)
+	case o.LBListenPort != 0 && (o.LBPort == 0 || o.LBListenPort == o.LBPort):
+		return nil, fmt.Errorf("%w: --lb-listen-port needs --lb-port, and another port than it", ErrInvalid)
+	}
 	if o.PruneAfter != 0 && o.PruneAfter < minPruneAfter {
 		return nil, fmt.Errorf("%w: --prune-after %v: use 0 (off) or at least %v", ErrInvalid, o.PruneAfter, minPruneAfter)
 	}
@@ -184,6 +194,9 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	)
 	if o.LBPort > 0 {
 		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
+	}
+	if o.LBListenPort > 0 {
+		args = append(args, "--lb-listen-port", strconv.Itoa(o.LBListenPort))
 	}
 	if o.PruneAfter > 0 {
 		args = append(args, "--prune-after", o.PruneAfter.String())

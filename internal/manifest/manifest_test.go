@@ -216,7 +216,7 @@ func TestDualStack(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	for _, o := range []PodOptions{{Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "10.0.0.2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "fd00::1", "fd00::2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.100"}}, {VIPs: []string{"10.0.0.300"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBPort: 70000}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", PruneAfter: 5 * time.Second}} {
+	for _, o := range []PodOptions{{Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "10.0.0.2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "fd00::1", "fd00::2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.100"}}, {VIPs: []string{"10.0.0.300"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBPort: 70000}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", PruneAfter: 5 * time.Second}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBListenPort: 16443}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBPort: 6443, LBListenPort: 6443}} {
 		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
 		}
@@ -288,4 +288,16 @@ func splitYAML(b []byte) [][]byte {
 		out = append(out, []byte(doc))
 	}
 	return out
+}
+
+// --lb-listen-port reaches vigil run, beside --lb-port.
+func TestLBListenPortPassedOn(t *testing.T) {
+	pod, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/24"}, Interface: "eth0", LBPort: 6443, LBListenPort: 16443})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--lb-port 6443") || !strings.Contains(args, "--lb-listen-port 16443") {
+		t.Fatalf("vigil run's arguments: %s", args)
+	}
 }
