@@ -324,11 +324,15 @@ func (l *Lab) kubeadmNodeRegistration(n *Node) string {
 
 // writePatches writes kubeadm patches for control-plane node n: its
 // kube-apiserver binds to the node's address only, so that vigil's load
-// balancer can listen on VIP:6443 on the same node.
+// balancer can listen on VIP:6443 on the same node. With --lb-listen-port
+// there is none: kube-apiserver keeps kubeadm's default flags.
 func (l *Lab) writePatches(n *Node) (string, error) {
 	dir := filepath.Join(l.machineDir(n), "patches")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
+	}
+	if l.st.Settings.LBListenPort != 0 {
+		return dir, nil
 	}
 	patch := fmt.Sprintf("- op: add\n  path: /spec/containers/0/command/-\n  value: --bind-address=%s\n", n.IP)
 	return dir, os.WriteFile(filepath.Join(dir, "kube-apiserver+json.yaml"), []byte(patch), 0o644)
@@ -342,6 +346,9 @@ func (l *Lab) writeVigilManifest(ctx context.Context, n *Node, extra ...string) 
 	args := []string{"manifest", "pod", "--vip", VIP.String(), "--interface", nodeIface, "--lb-port", itoa(APIServerPort)}
 	if l.st.Settings.PruneAfter > 0 {
 		args = append(args, "--prune-after", l.st.Settings.PruneAfter.String())
+	}
+	if p := l.st.Settings.LBListenPort; p != 0 {
+		args = append(args, "--lb-listen-port", itoa(p))
 	}
 	args = append(args, extra...)
 	out, err := exec.CommandContext(ctx, l.vigilBin, args...).Output()

@@ -66,6 +66,12 @@ type Settings struct {
 	// containerd and a kubelet, and kubeadm runs etcd, the control plane
 	// and vigil as static pods.
 	Kubeadm bool `json:"kubeadm,omitempty"`
+	// LBListenPort, with Kubeadm, leaves every kube-apiserver on kubeadm's
+	// default 0.0.0.0:6443 and runs vigil with --lb-listen-port: the
+	// balancer on VIP:LBListenPort, VIP:6443 sent to it by the holder's
+	// nftables rule. 0 binds each API server to its node's address
+	// instead, so that the balancer can listen on VIP:6443.
+	LBListenPort int `json:"lbListenPort,omitempty"`
 	// Announce is how vigil announces the VIP: AnnounceARP (default) or
 	// AnnounceBGP, through a router running BIRD (router.go).
 	Announce string `json:"announce,omitempty"`
@@ -199,7 +205,11 @@ func (s Settings) Validate() error {
 			return fmt.Errorf("lab: --kubeadm runs vigil from the manifest vigil manifest pod writes; its timings are vigil's defaults")
 		case s.LBPort != APIServerPort || s.BackendPort != APIServerPort:
 			return fmt.Errorf("lab: --kubeadm puts the load balancer on VIP:%d in front of the API servers on %d; drop --lb-port and --backend-port", APIServerPort, APIServerPort)
+		case s.LBListenPort < 0 || s.LBListenPort > 65535 || s.LBListenPort == APIServerPort:
+			return fmt.Errorf("lab: --lb-listen-port %d: give a port other than %d (0: API servers bound to their node's address instead)", s.LBListenPort, APIServerPort)
 		}
+	} else if s.LBListenPort != 0 {
+		return fmt.Errorf("lab: --lb-listen-port needs --kubeadm (where kube-apiserver keeps kubeadm's 0.0.0.0:%d)", APIServerPort)
 	}
 	switch s.IPFamily {
 	case "", IPv4:

@@ -391,6 +391,8 @@ func TestSettingsValidate(t *testing.T) {
 		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LeaseDuration: time.Second},
 		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: 7443, BackendPort: APIServerPort},
 		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, VIPLink: true},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: APIServerPort},
+		{Nodes: 3, Impl: ImplVigil, LBListenPort: 16443}, // without kubeadm
 		// IPv6 and dual-stack labs run vigil, outside the kubeadm lab.
 		{Nodes: 3, Impl: ImplVigil, IPFamily: "ipv5"}, {Nodes: 3, Impl: ImplKeepalived, IPFamily: IPv6},
 		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, IPFamily: Dual}} {
@@ -398,7 +400,8 @@ func TestSettingsValidate(t *testing.T) {
 			t.Errorf("%+v accepted", s)
 		}
 	}
-	for _, s := range []Settings{{Nodes: 3, Impl: ImplKeepalived}, {Nodes: 3, Impl: ImplVigil, IPFamily: Dual, Announce: AnnounceBGP}, {Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, Workers: 1, PruneAfter: 30 * time.Second}} {
+	for _, s := range []Settings{{Nodes: 3, Impl: ImplKeepalived}, {Nodes: 3, Impl: ImplVigil, IPFamily: Dual, Announce: AnnounceBGP}, {Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, Workers: 1, PruneAfter: 30 * time.Second},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: 16443}} {
 		if err := s.Validate(); err != nil {
 			t.Error(err)
 		}
