@@ -138,7 +138,7 @@ func (m *nodeMetrics) registerBGP(sp *bgp.Speaker) {
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vigil_bgp_sessions_established",
-			Help: "BGP sessions established now (--announce bgp); at 0 this node does not campaign, and a holder steps down.",
+			Help: "BGP sessions established now (--announce bgp), with their BFD session up under --bgp-bfd; at 0 this node does not campaign, and a holder steps down.",
 		}, func() float64 {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
@@ -155,6 +155,22 @@ func (m *nodeMetrics) registerBGP(sp *bgp.Speaker) {
 			Help: "1 while this node advertises the VIP's host route over BGP.",
 		}, func() float64 { return boolGauge(sp.Advertised()) }),
 	)
+	if sp.Settings().BFD != "" {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vigil_bgp_bfd_sessions_up",
+			Help: "BFD sessions to the BGP peers that are up now (--bgp-bfd); a peer whose BFD session is down counts as down.",
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			n := 0
+			for _, p := range sp.Peers(ctx) {
+				if p.BFD == "up" {
+					n++
+				}
+			}
+			return float64(n)
+		}))
+	}
 }
 
 func boolGauge(b bool) float64 {
