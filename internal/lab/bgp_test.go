@@ -26,15 +26,17 @@ func TestBGPLab(t *testing.T) {
 	}
 	l := newTestLab(t, "a 3-node routed lab")
 	ctx := context.Background()
-	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP}); err != nil {
+	// With BFD between the nodes and the router (the routed labs of
+	// TestIPFamilyLabs run without it).
+	if err := l.Up(ctx, Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP, BGPBFD: true}); err != nil {
 		t.Fatal(err)
 	}
 	// routedTo waits until the router forwards the VIP to the one node that
-	// holds it.
-	routedTo := func(t *testing.T, allowStale bool) string {
+	// holds it, and (unless allowStale) holds no other node's route.
+	routedTo := func(t *testing.T, allowStale bool, within time.Duration) string {
 		t.Helper()
 		var last string
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			st, err := l.Status(ctx)
 			if err != nil {
 				last = err.Error()
@@ -60,19 +62,56 @@ func TestBGPLab(t *testing.T) {
 		t.Fatalf("the router does not forward the VIP to its one holder: %s", last)
 		return ""
 	}
-	routedTo(t, false)
+	routedTo(t, false, 10*time.Second)
 	for _, kind := range []string{DrillKillLeader, DrillGraceful, DrillKillDaemon, DrillPartitionLeader, DrillKillEtcdLeader} {
 		t.Run(kind, func(t *testing.T) {
 			r := mustDrill(ctx, t, l, kind) // the client is behind the router
 			if kind == DrillKillEtcdLeader && r.After != r.Before {
 				t.Fatalf("the death of etcd's raft leader moved the VIP from %s to %s", r.Before, r.After)
 			}
-			// A node killed without withdrawing keeps its route at the
-			// router until the session's hold timer (9 s); the holder's
-			// route wins on MED meanwhile.
-			routedTo(t, kind == DrillKillLeader || kind == DrillKillDaemon || kind == DrillPartitionLeader)
+			// A node killed or cut off without withdrawing would keep its
+			// route at the router until the session's hold timer (9 s),
+			// the holder's route winning on MED meanwhile; with BFD the
+			// router drops it within 300 ms of the node's last packet,
+			// well before the drill has even measured the failover.
+			start := time.Now()
+			routedTo(t, false, 3*time.Second)
+			t.Logf("router forwards to the holder alone %v after the drill", time.Since(start).Round(time.Millisecond))
 		})
 	}
+	// A frozen holder (SIGSTOP: its TCP connections stay open, no CEASE
+	// goes out) loses its route at the router to BFD, within its
+	// detection time, not the 9 s hold time.
+	t.Run("bfd-frozen-holder", func(t *testing.T) {
+		holder := routedTo(t, false, 10*time.Second)
+		n, err := l.node(holder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frozen := time.Now()
+		if err := l.signal(ctx, n, roleVigil, syscall.SIGSTOP, 0); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = l.signal(ctx, n, roleVigil, syscall.SIGCONT, 0) }()
+		for deadline := frozen.Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			r, err := l.VIPRoute(ctx)
+			if err == nil && !slices.Contains(r.Learned, n.IP.String()) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the router still has frozen %s's route 5 s after the freeze (%+v, %v)", holder, r, err)
+			}
+		}
+		took := time.Since(frozen)
+		t.Logf("the router dropped frozen %s's route %v after the freeze (BFD %v x 3)", holder, took.Round(time.Millisecond), BFDInterval)
+		if took > 2*time.Second {
+			t.Fatalf("the router dropped frozen %s's route %v after the freeze; BFD should in about 300 ms", holder, took)
+		}
+		if err := l.signal(ctx, n, roleVigil, syscall.SIGCONT, 0); err != nil {
+			t.Fatal(err)
+		}
+		routedTo(t, false, 10*time.Second)
+	})
 	t.Run("router-down", func(t *testing.T) {
 		rt := l.routerNode()
 		if err := l.signal(ctx, rt, roleBird, syscall.SIGTERM, 5*time.Second); err != nil {
@@ -98,6 +137,6 @@ func TestBGPLab(t *testing.T) {
 		if err := l.waitRouterSessions(ctx, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		routedTo(t, false)
+		routedTo(t, false, 10*time.Second)
 	})
 }

@@ -134,8 +134,15 @@ func routeNode(ctx context.Context, node string, v6 bool) error {
 // node and family, every route learned installed in the router's kernel
 // table. BIRD compares MEDs of routes from one neighbouring AS (all nodes
 // share NodeAS), which is how the newest holder's route wins at once.
-func birdConf(nodes []*Node, v6 bool) string {
+//
+// With bfd, BIRD runs BFD with every node (BFDInterval x 3) and ends a
+// node's BGP session when its BFD session goes down.
+func birdConf(nodes []*Node, v6, bfd bool) string {
 	var b strings.Builder
+	bfdOn := ""
+	if bfd {
+		bfdOn = "\tbfd on;\n"
+	}
 	fmt.Fprintf(&b, `router id %s;
 log stderr all;
 protocol device { scan time 10; }
@@ -148,9 +155,16 @@ template bgp vigil {
 	keepalive time 3;
 	connect retry time 1;
 	error wait time 1, 10;
-	ipv4 { import all; export none; };
+%s	ipv4 { import all; export none; };
 }
-`, routerIP, routerIP, RouterAS)
+`, routerIP, routerIP, RouterAS, bfdOn)
+	if bfd {
+		ms := BFDInterval.Milliseconds()
+		fmt.Fprintf(&b, `protocol bfd {
+	interface "*" { min rx interval %d ms; min tx interval %d ms; multiplier 3; };
+}
+`, ms, ms)
+	}
 	if v6 {
 		fmt.Fprintf(&b, `protocol kernel kernel6 {
 	ipv6 { import none; export all; };
@@ -161,9 +175,9 @@ template bgp vigil6 {
 	keepalive time 3;
 	connect retry time 1;
 	error wait time 1, 10;
-	ipv6 { import all; export none; };
+%s	ipv6 { import all; export none; };
 }
-`, routerIP6, RouterAS)
+`, routerIP6, RouterAS, bfdOn)
 	}
 	for _, n := range nodes {
 		fmt.Fprintf(&b, "protocol bgp %s from vigil { neighbor %s as %d; }\n", n.Name, n.IP, NodeAS)
@@ -183,13 +197,17 @@ func (l *Lab) startRouter() error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	conf := filepath.Join(dir, "bird.conf")
-	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6())), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6(), l.st.Settings.BGPBFD)), 0o644); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	return l.start(rt, roleBird, "bird", "-f", "-c", conf, "-s", l.birdSocket(), "-P", filepath.Join(dir, "bird.pid"))
 }
 
 func (l *Lab) birdSocket() string { return filepath.Join(l.nodeDir(l.routerNode()), "bird.ctl") }
+
+// BFDInterval is the BFD interval of the routed lab with --bgp-bfd, on
+// both sides.
+const BFDInterval = 100 * time.Millisecond
 
 // RouterRoute is the router's route to the VIP: the next hops it forwards
 // to ("" when it has none) and every node whose advertisement it holds.
