@@ -95,69 +95,73 @@ func Listen(v4, v6 bool, log *slog.Logger) (*Mux, error) {
 	m := &Mux{log: log.With("component", "bfd"), byDisc: map[uint32]*Session{}, byPeer: map[netip.Addr]*Session{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	m.stopRecv = cancel
+	// open listens on network's port 3784, with wrap asking the kernel
+	// for each packet's TTL (hop limit) and reading it.
+	open := func(network, addr string, wrap func(net.PacketConn) (func([]byte) (int, int, net.Addr, error), error)) error {
+		c, err := net.ListenPacket(network, addr)
+		if err != nil {
+			return fmt.Errorf("bfd: listen on UDP port %d: %w", Port, err)
+		}
+		read, err := wrap(c)
+		if err != nil {
+			c.Close()
+			return fmt.Errorf("bfd: %w", err)
+		}
+		m.serve(ctx, c, read)
+		return nil
+	}
 	if v4 {
-		c, err := net.ListenPacket("udp4", fmt.Sprintf("0.0.0.0:%d", Port))
+		err := open("udp4", fmt.Sprintf("0.0.0.0:%d", Port), func(c net.PacketConn) (func([]byte) (int, int, net.Addr, error), error) {
+			p := ipv4.NewPacketConn(c)
+			return func(b []byte) (int, int, net.Addr, error) {
+				n, cm, src, err := p.ReadFrom(b)
+				if cm == nil {
+					return n, -1, src, err
+				}
+				return n, cm.TTL, src, err
+			}, p.SetControlMessage(ipv4.FlagTTL, true)
+		})
 		if err != nil {
 			m.Close()
-			return nil, fmt.Errorf("bfd: listen on UDP port %d: %w", Port, err)
+			return nil, err
 		}
-		p := ipv4.NewPacketConn(c)
-		if err := p.SetControlMessage(ipv4.FlagTTL, true); err != nil {
-			c.Close()
-			m.Close()
-			return nil, fmt.Errorf("bfd: %w", err)
-		}
-		m.conns = append(m.conns, c)
-		m.wg.Go(func() {
-			buf := make([]byte, 128)
-			for ctx.Err() == nil {
-				n, cm, src, err := p.ReadFrom(buf)
-				if err != nil {
-					if ctx.Err() == nil {
-						m.log.Warn("BFD receive failed", "err", err)
-					}
-					return
-				}
-				ttl := -1
-				if cm != nil {
-					ttl = cm.TTL
-				}
-				m.receive(buf[:n], src, ttl)
-			}
-		})
 	}
 	if v6 {
-		c, err := net.ListenPacket("udp6", fmt.Sprintf("[::]:%d", Port))
+		err := open("udp6", fmt.Sprintf("[::]:%d", Port), func(c net.PacketConn) (func([]byte) (int, int, net.Addr, error), error) {
+			p := ipv6.NewPacketConn(c)
+			return func(b []byte) (int, int, net.Addr, error) {
+				n, cm, src, err := p.ReadFrom(b)
+				if cm == nil {
+					return n, -1, src, err
+				}
+				return n, cm.HopLimit, src, err
+			}, p.SetControlMessage(ipv6.FlagHopLimit, true)
+		})
 		if err != nil {
 			m.Close()
-			return nil, fmt.Errorf("bfd: listen on UDP port %d: %w", Port, err)
+			return nil, err
 		}
-		p := ipv6.NewPacketConn(c)
-		if err := p.SetControlMessage(ipv6.FlagHopLimit, true); err != nil {
-			c.Close()
-			m.Close()
-			return nil, fmt.Errorf("bfd: %w", err)
-		}
-		m.conns = append(m.conns, c)
-		m.wg.Go(func() {
-			buf := make([]byte, 128)
-			for ctx.Err() == nil {
-				n, cm, src, err := p.ReadFrom(buf)
-				if err != nil {
-					if ctx.Err() == nil {
-						m.log.Warn("BFD receive failed", "err", err)
-					}
-					return
-				}
-				ttl := -1
-				if cm != nil {
-					ttl = cm.HopLimit
-				}
-				m.receive(buf[:n], src, ttl)
-			}
-		})
 	}
 	return m, nil
+}
+
+// serve reads c's packets with read (which also gives the TTL or hop
+// limit they arrived with) until ctx ends.
+func (m *Mux) serve(ctx context.Context, c net.PacketConn, read func([]byte) (n, ttl int, src net.Addr, err error)) {
+	m.conns = append(m.conns, c)
+	m.wg.Go(func() {
+		buf := make([]byte, 128)
+		for ctx.Err() == nil {
+			n, ttl, src, err := read(buf)
+			if err != nil {
+				if ctx.Err() == nil {
+					m.log.Warn("BFD receive failed", "err", err)
+				}
+				return
+			}
+			m.receive(buf[:n], src, ttl)
+		}
+	})
 }
 
 // receive hands a packet to its session: by our discriminator when the

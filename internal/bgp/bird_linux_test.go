@@ -30,16 +30,9 @@ func TestSpeakerAgainstBIRD(t *testing.T) {
 		speakerChild(t, sock)
 		return
 	}
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	p := nstest.NewPair(t)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "bird.conf")
-	sock := filepath.Join(dir, "bird.ctl")
-	if err := os.WriteFile(conf, []byte(`router id 192.0.2.2;
+	sock := startBIRD(t, p.B, `router id 192.0.2.2;
 protocol device { }
 protocol bgp vigil {
 	local 192.0.2.2 as 65000;
@@ -55,26 +48,7 @@ protocol bgp vigil6 {
 	connect retry time 1;
 	ipv6 { import all; export none; };
 }
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bird := exec.Command("ip", "netns", "exec", p.B, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
-	out, err := os.Create(filepath.Join(dir, "bird.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bird.Stdout, bird.Stderr = out, out
-	if err := bird.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = bird.Process.Kill()
-		_ = bird.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(out.Name())
-			t.Logf("bird's log:\n%s", b)
-		}
-	})
+`)
 	child := exec.Command("ip", "netns", "exec", p.A, os.Args[0], "-test.run=^TestSpeakerAgainstBIRD$", "-test.v")
 	child.Env = append(os.Environ(), childEnv+"="+sock)
 	b, err := child.CombinedOutput()
@@ -218,18 +192,11 @@ func TestSpeakerPolicyAgainstBIRD(t *testing.T) {
 		policyChild(t, mode, sock)
 		return
 	}
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	p := nstest.NewPair(t)
 	nstest.IP(t, "-n", p.A, "addr", "add", "203.0.113.1/32", "dev", "lo")
 	nstest.IP(t, "-n", p.B, "route", "add", "203.0.113.1/32", "via", "192.0.2.1")
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "bird.conf")
-	sock := filepath.Join(dir, "bird.ctl")
-	if err := os.WriteFile(conf, []byte(`router id 192.0.2.2;
+	sock := startBIRD(t, p.B, `router id 192.0.2.2;
 protocol device { }
 protocol direct { ipv4; interface "b0"; }
 protocol static { ipv4; route 203.0.113.1/32 via 192.0.2.1; }
@@ -248,26 +215,7 @@ protocol bgp vigil_ibgp {
 	connect retry time 1;
 	ipv4 { import all; export none; };
 }
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bird := exec.Command("ip", "netns", "exec", p.B, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
-	out, err := os.Create(filepath.Join(dir, "bird.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bird.Stdout, bird.Stderr = out, out
-	if err := bird.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = bird.Process.Kill()
-		_ = bird.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(out.Name())
-			t.Logf("bird's log:\n%s", b)
-		}
-	})
+`)
 	for _, mode := range []string{"ebgp", "ibgp"} {
 		child := exec.Command("ip", "netns", "exec", p.A, os.Args[0], "-test.run=^TestSpeakerPolicyAgainstBIRD$", "-test.v")
 		child.Env = append(os.Environ(), policyEnv+"="+mode+" "+sock)
@@ -359,16 +307,9 @@ func TestBFDAgainstBIRD(t *testing.T) {
 		bfdChild(t, sock)
 		return
 	}
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	p := nstest.NewPair(t)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "bird.conf")
-	sock := filepath.Join(dir, "bird.ctl")
-	if err := os.WriteFile(conf, []byte(`router id 192.0.2.2;
+	sock := startBIRD(t, p.B, `router id 192.0.2.2;
 protocol device { }
 protocol bfd {
 	interface "b0" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; };
@@ -381,26 +322,7 @@ protocol bgp vigil {
 	bfd on;
 	ipv4 { import all; export none; };
 }
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	bird := exec.Command("ip", "netns", "exec", p.B, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
-	out, err := os.Create(filepath.Join(dir, "bird.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bird.Stdout, bird.Stderr = out, out
-	if err := bird.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = bird.Process.Kill()
-		_ = bird.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(out.Name())
-			t.Logf("bird's log:\n%s", b)
-		}
-	})
+`)
 	child := exec.Command("ip", "netns", "exec", p.A, os.Args[0], "-test.run=^TestBFDAgainstBIRD$", "-test.v")
 	child.Env = append(os.Environ(), bfdEnv+"="+sock)
 	var childOut strings.Builder
@@ -491,4 +413,44 @@ func bfdChild(t *testing.T, sock string) {
 	fmt.Println("READY")
 	time.Sleep(time.Minute)
 	t.Fatal("not killed")
+}
+
+// requireBIRD skips (or fails, under hack/test.sh) without BIRD 2.
+func requireBIRD(t *testing.T) {
+	t.Helper()
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
+}
+
+// startBIRD runs BIRD with conf in namespace ns until the test ends, and
+// returns its control socket; its log is shown if the test fails.
+func startBIRD(t *testing.T, ns, conf string) (sock string) {
+	t.Helper()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bird.conf")
+	sock = filepath.Join(dir, "bird.ctl")
+	if err := os.WriteFile(file, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bird := exec.Command("ip", "netns", "exec", ns, "bird", "-f", "-c", file, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
+	out, err := os.Create(filepath.Join(dir, "bird.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bird.Stdout, bird.Stderr = out, out
+	if err := bird.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = bird.Process.Kill()
+		_ = bird.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("bird's log:\n%s", b)
+		}
+	})
+	return sock
 }

@@ -426,7 +426,7 @@ func (c *Config) validateAnnounce() error {
 	} else if len(cfg.Peers) > 0 {
 		// The address this node reaches its first peer from: unique
 		// among the nodes, and what an operator would pick.
-		cfg.RouterID = sourceAddr(cfg.Peers[0].Address)
+		cfg.RouterID = bgp.SourceAddr(cfg.Peers[0].Address)
 		if !cfg.RouterID.Is4() {
 			return fmt.Errorf("%w: --bgp-router-id: this node has no IPv4 address towards %s to default to; give one", ErrConfig, cfg.Peers[0].Address)
 		}
@@ -457,20 +457,6 @@ func isLocalAddr(a netip.Addr) bool {
 // "invalid configuration" once.
 func rewrap(err, pkgErr error) error {
 	return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), pkgErr.Error()+": "))
-}
-
-// sourceAddr is the local address the kernel would send from to reach
-// dst (no packet is sent); invalid when there is no route.
-func sourceAddr(dst netip.Addr) netip.Addr {
-	c, err := net.Dial("udp", netip.AddrPortFrom(dst, 179).String())
-	if err != nil {
-		return netip.Addr{}
-	}
-	defer c.Close()
-	if ua, ok := c.LocalAddr().(*net.UDPAddr); ok {
-		return ua.AddrPort().Addr().Unmap()
-	}
-	return netip.Addr{}
 }
 
 // checkLeaseServer refuses a Lease election whose kubeconfig reaches the API
