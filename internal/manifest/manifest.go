@@ -11,8 +11,10 @@ package manifest
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"path"
 	"strconv"
@@ -29,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/bfd"
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
@@ -87,6 +90,24 @@ type PodOptions struct {
 	Announce   string
 	BGPLocalAS int
 	BGPPeers   []string
+	// BGP's timers, route policy and BFD, as vigil run's --bgp-* flags of
+	// the same names (zero values: vigil run's defaults). The source
+	// address is left out: it differs per node.
+	BGPHoldTime, BGPKeepalive time.Duration
+	BGPMultihop               int
+	BGPCommunities            []string
+	BGPLocalPref              int64
+	BGPGracefulRestart        bool
+	BGPBFD                    bool
+	BGPBFDInterval            time.Duration
+	BGPBFDMultiplier          int
+}
+
+// bgpTuned tells whether any of the BGP timer, policy or BFD options is
+// set.
+func (o PodOptions) bgpTuned() bool {
+	return o.BGPHoldTime != 0 || o.BGPKeepalive != 0 || o.BGPMultihop != 0 || len(o.BGPCommunities) > 0 || o.BGPLocalPref != 0 ||
+		o.BGPGracefulRestart || o.BGPBFD || o.BGPBFDInterval != 0 || o.BGPBFDMultiplier != 0
 }
 
 // Election backends the pod can run.
@@ -103,8 +124,8 @@ const minPruneAfter = 10 * time.Second
 func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	switch o.Announce {
 	case "", "arp":
-		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 {
-			return nil, fmt.Errorf("%w: --bgp-local-as and --bgp-peer need --announce bgp", ErrInvalid)
+		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 || o.bgpTuned() {
+			return nil, fmt.Errorf("%w: --bgp-local-as, --bgp-peer and the other --bgp-* flags need --announce bgp", ErrInvalid)
 		}
 		return nil, nil
 	case "bgp":
@@ -129,11 +150,54 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 		return nil, fmt.Errorf("%w: --announce bgp needs at least one --bgp-peer ADDRESS,AS", ErrInvalid)
 	}
 	args := []string{"--announce", "bgp", "--bgp-local-as", strconv.Itoa(o.BGPLocalAS)}
+	// The speaker's own checks, on what every node will share; the
+	// router ID is each node's own, a stand-in here.
+	cfg := bgp.Config{LocalAS: uint32(o.BGPLocalAS), RouterID: netip.MustParseAddr("192.0.2.1"),
+		HoldTime: o.BGPHoldTime, Keepalive: o.BGPKeepalive, GracefulRestart: o.BGPGracefulRestart}
 	for _, s := range o.BGPPeers {
-		if _, err := bgp.ParsePeer(s); err != nil {
+		p, err := bgp.ParsePeer(s)
+		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
+		cfg.Peers = append(cfg.Peers, p)
 		args = append(args, "--bgp-peer", s)
+	}
+	if o.BGPMultihop < 0 || o.BGPMultihop > 255 || o.BGPLocalPref < 0 || o.BGPLocalPref > math.MaxUint32 || o.BGPBFDMultiplier < 0 || o.BGPBFDMultiplier > 255 {
+		return nil, fmt.Errorf("%w: --bgp-multihop (0-255), --bgp-local-pref (0-4294967295) or --bgp-bfd-multiplier (1-255) out of range", ErrInvalid)
+	}
+	cfg.Multihop, cfg.LocalPref = uint8(o.BGPMultihop), uint32(o.BGPLocalPref)
+	for _, c := range o.BGPCommunities {
+		x, err := bgp.ParseCommunity(c)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		cfg.Communities = append(cfg.Communities, x)
+		args = append(args, "--bgp-community", c)
+	}
+	switch {
+	case o.BGPBFD:
+		cfg.BFDInterval, cfg.BFDMultiplier = cmp.Or(o.BGPBFDInterval, bfd.DefaultInterval), uint8(cmp.Or(o.BGPBFDMultiplier, bfd.DefaultMultiplier))
+		args = append(args, "--bgp-bfd", "--bgp-bfd-interval", cfg.BFDInterval.String(), "--bgp-bfd-multiplier", strconv.Itoa(int(cfg.BFDMultiplier)))
+	case o.BGPBFDInterval != 0 || o.BGPBFDMultiplier != 0:
+		return nil, fmt.Errorf("%w: --bgp-bfd-interval and --bgp-bfd-multiplier need --bgp-bfd", ErrInvalid)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if o.BGPHoldTime != 0 {
+		args = append(args, "--bgp-hold-time", o.BGPHoldTime.String())
+	}
+	if o.BGPKeepalive != 0 {
+		args = append(args, "--bgp-keepalive", o.BGPKeepalive.String())
+	}
+	if o.BGPMultihop != 0 {
+		args = append(args, "--bgp-multihop", strconv.Itoa(o.BGPMultihop))
+	}
+	if o.BGPLocalPref != 0 {
+		args = append(args, "--bgp-local-pref", strconv.FormatInt(o.BGPLocalPref, 10))
+	}
+	if o.BGPGracefulRestart {
+		args = append(args, "--bgp-graceful-restart")
 	}
 	return args, nil
 }

@@ -301,3 +301,34 @@ func TestLBListenPortPassedOn(t *testing.T) {
 		t.Fatalf("vigil run's arguments: %s", args)
 	}
 }
+
+// The BGP timers, policy and BFD reach vigil run, checked by the speaker's
+// own rules first.
+func TestBGPSettingsPassedOn(t *testing.T) {
+	base := PodOptions{VIPs: []string{"10.0.0.100/32"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.0.1,65000"}}
+	o := base
+	o.BGPHoldTime, o.BGPKeepalive, o.BGPCommunities, o.BGPBFD = 6*time.Second, 2*time.Second, []string{"65001:100"}, true
+	pod, err := Pod(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	for _, want := range []string{"--bgp-hold-time 6s", "--bgp-keepalive 2s", "--bgp-community 65001:100", "--bgp-bfd --bgp-bfd-interval 300ms --bgp-bfd-multiplier 3"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("vigil run's arguments lack %q: %s", want, args)
+		}
+	}
+	for want, mutate := range map[string]func(o *PodOptions){
+		"less than 3 x --bgp-keepalive": func(o *PodOptions) { o.BGPHoldTime, o.BGPKeepalive = 5*time.Second, 2*time.Second },
+		"need --bgp-bfd":                func(o *PodOptions) { o.BGPBFDMultiplier = 5 },
+		"need --announce bgp":           func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPBFD = "", 0, nil, true },
+		"iBGP peers only":               func(o *PodOptions) { o.BGPLocalPref = 100 },
+		"AS:VALUE":                      func(o *PodOptions) { o.BGPCommunities = []string{"x"} },
+	} {
+		o := base
+		mutate(&o)
+		if _, err := Pod(o); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: Pod = %v", want, err)
+		}
+	}
+}
