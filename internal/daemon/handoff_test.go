@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -29,7 +31,7 @@ type handoffNode struct {
 func startHandoffNodes(t *testing.T, names ...string) ([]*handoffNode, *handoff.Store, *election.EtcdLock) {
 	t.Helper()
 	e := etcdtest.Start(t, 1)
-	log := slog.New(slog.DiscardHandler)
+	log := failureLog(t)
 	var nodes []*handoffNode
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -67,6 +69,32 @@ func startHandoffNodes(t *testing.T, names ...string) ([]*handoffNode, *handoff.
 	}
 	t.Cleanup(cl.Close)
 	return nodes, handoff.NewStore(cl, ""), election.NewEtcdLockOn(cl, "", log)
+}
+
+// failureLog is a logger whose lines (info and up, with their time) the
+// test prints if it fails: what the nodes did is then on record.
+func failureLog(t *testing.T) *slog.Logger {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	t.Cleanup(func() {
+		if t.Failed() {
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("the nodes' log:\n%s", buf.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil))
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func holderOf(t *testing.T, lock *election.EtcdLock) string {
