@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/vigil-ha/vigil/internal/manifest"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func newManifestCmd() *cobra.Command {
@@ -23,7 +26,10 @@ manifests directory. Each works with only the flags shown in its usage.
 }
 
 func newManifestPodCmd() *cobra.Command {
-	var o manifest.PodOptions
+	var (
+		o       manifest.PodOptions
+		lbPorts []string
+	)
 	cmd := &cobra.Command{
 		Use:   "pod --vip IP --interface IF",
 		Short: "kubeadm static pod running vigil run (election over the local etcd, or a Lease after init)",
@@ -41,6 +47,13 @@ at this node's own API server, not the VIP (docs/kubeadm.md, "Moving to the
 Lease election").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(lbPorts) > 0 {
+				port, backend, err := validate.LBPort(lbPorts[0])
+				if err != nil {
+					return fmt.Errorf("%w: %w", manifest.ErrInvalid, err)
+				}
+				o.LBPort, o.BackendPort, o.MorePorts = port, backend, lbPorts[1:]
+			}
 			p, err := manifest.Pod(o)
 			if err != nil {
 				return err
@@ -52,7 +65,8 @@ Lease election").`,
 	f.StringSliceVar(&o.VIPs, "vip", nil, "virtual IP, optionally with prefix length (required); twice, one IPv4 and one IPv6, for dual-stack")
 	f.StringVar(&o.Interface, "interface", "", "interface that carries the VIP (required)")
 	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
-	f.IntVar(&o.LBPort, "lb-port", 0, "also run the load balancer on VIP:PORT (see vigil run --help)")
+	f.Var(newPortsFlag(&lbPorts), "lb-port", "also run the load balancer on VIP:PORT; repeat it for more ports, PORT or PORT:BACKENDPORT (see vigil run --help)")
+	f.StringArrayVar(&o.PortChecks, "lb-port-check", nil, "vigil run --lb-port-check PORT=tcp or PORT=/PATH, repeatable")
 	f.IntVar(&o.LBListenPort, "lb-listen-port", 0, "vigil run --lb-listen-port: the balancer listens on VIP:PORT and the holder sends VIP:--lb-port to it, so kube-apiserver keeps kubeadm's default bind address")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")

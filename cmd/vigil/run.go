@@ -28,6 +28,7 @@ func newRunCmd() *cobra.Command {
 	var (
 		cfg       daemon.Config
 		vipFlag   []string
+		lbPorts   []string
 		logLevel  string
 		logFormat string
 		guard     bool
@@ -99,6 +100,10 @@ kube-apiserver must not listen on 0.0.0.0 at that port: start it with
 another port, e.g. --lb-port 8443 with controlPlaneEndpoint VIP:8443, or
 keep kubeadm's default and give --lb-listen-port 16443: the balancer then
 listens on VIP:16443, and nftables on the holder alone sends VIP:6443 to it.
+More ports on the same hosts (RKE2's supervisor, 9345): repeat --lb-port.
+Each further port has its own balancer, backends (PORT, or PORT:BACKENDPORT
+on each host), health checks (TCP by default, --lb-port-check PORT=/PATH for
+HTTPS) and metrics (label port), and moves with the VIP.
 
 Kubernetes API (--kubeconfig, optional with --election etcd). vigil records
 Events on leadership changes (on the Lease, or on this Node with the etcd
@@ -146,6 +151,9 @@ any rights. See docs/kubeadm.md.`,
 			if cfg.VIPs, err = daemon.ParseVIPs(vipFlag); err != nil {
 				return err
 			}
+			if err := cfg.SetLBPorts(lbPorts, cmd.Flags().Changed("backend-port")); err != nil {
+				return err
+			}
 			if guard {
 				if cfg.GuardBinary, err = os.Executable(); err != nil {
 					return fmt.Errorf("find own executable for the VIP guard: %w", err)
@@ -191,7 +199,8 @@ any rights. See docs/kubeadm.md.`,
 	f.DurationVar(&cfg.VIPLifetime, "vip-lifetime", vip.DefaultLifetime, "kernel lifetime of the VIP (whole seconds), refreshed every 250ms by the holder: if vigil and its guard are stopped or killed together, the kernel drops the VIP after this; 0 disables")
 	f.BoolVar(&guard, "guard", true, "run a small guard process that removes the VIP the moment vigil dies (even by SIGKILL) or stops renewing its lease (SIGSTOP, starvation)")
 	f.StringVar(&cfg.GuardSocket, "guard-socket", "", "use the guard listening on this Unix socket (vigil guard --listen, the static pod's guard container) instead of a child: in a container vigil is PID 1 and a child dies with it")
-	f.IntVar(&cfg.LBPort, "lb-port", 0, "run the load balancer on VIP:PORT, forwarding to every healthy API server (0: no load balancer; the VIP reaches the holder's own API server). kube-apiserver must then not bind 0.0.0.0 on this port, unless --lb-listen-port is given: see --help")
+	f.Var(newPortsFlag(&lbPorts), "lb-port", "run the load balancer on VIP:PORT, forwarding to every healthy API server (0: no load balancer; the VIP reaches the holder's own API server). kube-apiserver must then not bind 0.0.0.0 on this port, unless --lb-listen-port is given: see --help. PORT:BACKENDPORT sets --backend-port too. Repeat it (or give a list) for more ports on the same hosts, e.g. --lb-port 6443 --lb-port 9345 for RKE2: each further PORT or PORT:BACKENDPORT has its own backends, checks (--lb-port-check) and metrics")
+	f.StringArrayVar(&cfg.PortChecks, "lb-port-check", nil, "how the backends of one --lb-port are checked, PORT=tcp (accepts a connection) or PORT=/PATH (HTTPS GET answers 200, verified like --health-path); repeatable. Default: --health-path for the first --lb-port, tcp for the others")
 	f.IntVar(&cfg.LBListenPort, "lb-listen-port", 0, "listen on VIP:PORT instead of VIP:--lb-port, and on the VIP holder only send VIP:--lb-port to it with nftables: the API servers keep kubeadm's default bind address 0.0.0.0 at --lb-port (0: listen on --lb-port itself)")
 	f.StringVar(&cfg.LBPolicy, "lb-policy", "least-conn", "load balancing policy: least-conn or round-robin")
 	f.IntVar(&cfg.LBMaxConns, "lb-max-conns", lb.DefaultMaxConns, "most client connections the load balancer serves at once; more are reset at once, so a flood cannot run vigil, and the VIP with it, out of memory. The default fits the static pod's 128Mi limit (an idle connection costs about 0.7 KiB in an event loop and 14 KiB once handed to goroutines, docs/lb.md); raise both together (-1: no limit)")

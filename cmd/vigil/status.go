@@ -161,9 +161,22 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 		fmt.Fprintln(w, "no API server backends known")
 		return nil
 	}
+	if err := printBackends(w, r.Backends); err != nil {
+		return err
+	}
+	for _, p := range r.Ports {
+		fmt.Fprintf(w, "lb: VIP port %d to backend port %d, checked by %s\n", p.Port, p.BackendPort, p.Check)
+		if err := printBackends(w, p.Backends); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func printBackends(w io.Writer, backends []daemon.BackendReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "BACKEND\tSTATE\tCONNECTIONS\tLAST ERROR")
-	for _, b := range r.Backends {
+	for _, b := range backends {
 		state := b.State
 		if b.Cause != "" {
 			state += " (" + b.Cause + ")"

@@ -297,6 +297,9 @@ func stringList(v any) ([]string, error) {
 		return out, nil
 	case string:
 		return []string{x}, nil
+	case float64: // a single number, for a flag that took one before it took several
+		s, err := scalar(x)
+		return []string{s}, err
 	}
 	return nil, fmt.Errorf("%v: want a list", v)
 }
@@ -339,7 +342,8 @@ func typed(f *pflag.Flag) any {
 		return n
 	case "bool":
 		return f.DefValue == "true"
-	case "stringSlice", "stringArray":
+	}
+	if _, ok := f.Value.(pflag.SliceValue); ok {
 		// DefValue is the default, "[a,b]", whatever the command line set.
 		if def := strings.Trim(f.DefValue, "[]"); def != "" {
 			return strings.Split(def, ",")

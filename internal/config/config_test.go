@@ -182,3 +182,26 @@ func TestKeys(t *testing.T) {
 		t.Error(EnvName("etcd-endpoints"))
 	}
 }
+
+// A flag that took one number and now takes several (--lb-port) still
+// reads a file that gives it one number.
+func TestNumberIntoListFlag(t *testing.T) {
+	for body, want := range map[string][]string{
+		"run:\n  lbPort: 6443\n":                  {"6443"},
+		"run:\n  lbPort: [6443, \"9345:9345\"]\n": {"6443", "9345:9345"},
+	} {
+		var ports []string
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		AddFlag(fs, "run")
+		fs.StringSliceVar(&ports, "lb-port", nil, "")
+		if err := fs.Parse([]string{"--config", write(t, header+body)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := Apply(fs, SectionRun, noEnv); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ports, want) {
+			t.Errorf("%q: lb-port = %q, want %q", body, ports, want)
+		}
+	}
+}

@@ -107,8 +107,16 @@ type Config struct {
 	// connects to it instead of starting a child. It wins over GuardBinary.
 	GuardSocket string
 
-	// LBPort, when not 0, runs the load balancer on VIP:LBPort.
+	// LBPort, when not 0, runs the load balancer on VIP:LBPort, to the
+	// API servers (BackendPort, checked with HealthPath at HealthPort).
 	LBPort int
+	// MorePorts are further load-balanced ports on the same backend hosts
+	// (--lb-port given more than once), each with a balancer and checks of
+	// its own.
+	MorePorts []PortSpec
+	// PortChecks are --lb-port-check's PORT=tcp or PORT=/PATH values;
+	// Validate applies them to the ports.
+	PortChecks []string
 	// LBListenPort, when not 0, is where the balancer listens instead
 	// (VIP:LBListenPort), nftables on the holder sending VIP:LBPort to it
 	// (package dnat): API servers may then keep 0.0.0.0:LBPort.
@@ -135,7 +143,11 @@ type Config struct {
 	// DiscoveryEtcd and DiscoveryKubernetes, or DiscoveryNone.
 	Discovery []string
 
-	HealthPath     string
+	HealthPath string
+	// HealthTCP checks the API servers by opening a TCP connection
+	// instead of GET HealthPath (--lb-port-check PORT=tcp for the first
+	// port).
+	HealthTCP      bool
 	HealthPort     int
 	HealthCA       string
 	HealthInsecure bool
@@ -537,6 +549,7 @@ func (c *Config) validateLB() error {
 	if c.LBPort < 0 || c.LBPort > 65535 {
 		return fmt.Errorf("%w: --lb-port %d is out of range (1-65535, or 0 for no load balancer)", ErrConfig, c.LBPort)
 	}
+
 	if c.BackendPort < 1 || c.BackendPort > 65535 {
 		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", ErrConfig, c.BackendPort)
 	}
@@ -547,6 +560,9 @@ func (c *Config) validateLB() error {
 		return fmt.Errorf("%w: --lb-listen-port needs --lb-port (the port clients use, which the holder sends to it)", ErrConfig)
 	case c.LBListenPort != 0 && c.LBListenPort == c.LBPort:
 		return fmt.Errorf("%w: --lb-listen-port %d is --lb-port: give another port, or leave it out to listen on --lb-port itself", ErrConfig, c.LBListenPort)
+	}
+	if err := c.validatePorts(); err != nil {
+		return err
 	}
 	if c.HealthPort < 0 || c.HealthPort > 65535 {
 		return fmt.Errorf("%w: --health-port %d is out of range (1-65535, or 0 for the backend port)", ErrConfig, c.HealthPort)

@@ -112,6 +112,19 @@ func TestValidate(t *testing.T) {
 		{"per-source above total", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = 100, 200 }, ErrConfig},
 		{"negative idle timeout", func(c *Config) { c.LBIdleTimeout = -time.Second }, ErrConfig},
 		{"no connection limits", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = -1, -1 }, nil},
+		{"two ports", func(c *Config) {
+			c.LBPort, c.MorePorts, c.PortChecks = 6443, []PortSpec{{Port: 9345, BackendPort: 9345}}, []string{"9345=/ping", "6443=tcp"}
+		}, nil},
+		{"a port given twice", func(c *Config) { c.LBPort, c.MorePorts = 6443, []PortSpec{{Port: 6443, BackendPort: 6443}} }, ErrConfig},
+		{"a further port as the listen port", func(c *Config) {
+			c.LBPort, c.LBListenPort, c.MorePorts = 6443, 16443, []PortSpec{{Port: 16443, BackendPort: 9345}}
+		}, ErrConfig},
+		{"further ports without a first", func(c *Config) { c.MorePorts = []PortSpec{{Port: 9345, BackendPort: 9345}} }, ErrConfig},
+		{"further port out of range", func(c *Config) { c.LBPort, c.MorePorts = 6443, []PortSpec{{Port: 9345, BackendPort: 0}} }, ErrConfig},
+		{"a check of a port not balanced", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"9345=tcp"} }, ErrConfig},
+		{"a port checked twice", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"6443=tcp", "6443=/readyz"} }, ErrConfig},
+		{"a bad check", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"6443=http"} }, ErrConfig},
+		{"a check beside --health-path", func(c *Config) { c.LBPort, c.HealthPath, c.PortChecks = 6443, "/livez", []string{"6443=/ping"} }, ErrConfig},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -285,6 +298,45 @@ func TestValidateAnnounce(t *testing.T) {
 		}
 		if err != nil && strings.Count(err.Error(), "invalid") > 1 {
 			t.Errorf("%s: %q says invalid twice", want, err)
+		}
+	}
+}
+
+// --lb-port's values: the first is LBPort (and BackendPort when it names
+// one), the others further ports; checks land on their ports; bad values
+// are refused before anything runs.
+func TestSetLBPorts(t *testing.T) {
+	c := validConfig()
+	if err := c.SetLBPorts([]string{"8443:6000", "9345", "9000:19000"}, false); err != nil {
+		t.Fatal(err)
+	}
+	want := []PortSpec{{Port: 9345, BackendPort: 9345}, {Port: 9000, BackendPort: 19000}}
+	if c.LBPort != 8443 || c.BackendPort != 6000 || !slices.Equal(c.MorePorts, want) {
+		t.Fatalf("LBPort %d BackendPort %d MorePorts %v", c.LBPort, c.BackendPort, c.MorePorts)
+	}
+	c.Backends, c.PortChecks = []string{"10.0.0.1:6443"}, []string{"8443=tcp", "9000=/ping"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !c.HealthTCP || c.MorePorts[0].Check != CheckTCP || c.MorePorts[1].Check != "/ping" {
+		t.Fatalf("checks not applied: HealthTCP %v, %v", c.HealthTCP, c.MorePorts)
+	}
+	if err := c.Validate(); err != nil { // Validate may run again
+		t.Fatalf("second Validate: %v", err)
+	}
+
+	c = validConfig()
+	if err := c.SetLBPorts([]string{"0"}, false); err != nil || c.LBPort != 0 || c.MorePorts != nil {
+		t.Fatalf("the default: %v, %d, %v", err, c.LBPort, c.MorePorts)
+	}
+	c.BackendPort = 7000
+	if err := c.SetLBPorts([]string{"8443:6443"}, true); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--backend-port") {
+		t.Fatalf("PORT:BACKENDPORT against --backend-port: %v", err)
+	}
+	for _, bad := range [][]string{{"x"}, {"6443", "0"}, {"6443", "9345:"}, {"70000"}} {
+		c := validConfig()
+		if err := c.SetLBPorts(bad, false); !errors.Is(err, ErrConfig) {
+			t.Errorf("SetLBPorts(%q) = %v, want ErrConfig", bad, err)
 		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/handoff"
-	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/membership"
 )
 
@@ -69,10 +68,10 @@ type busyCounter interface {
 	CloseAll(reason string)
 }
 
-func newHandoffs(store *handoff.Store, self string, bal *lb.Balancer, leading func() bool, log *slog.Logger) *handoffs {
+func newHandoffs(store *handoff.Store, self string, bal balancers, leading func() bool, log *slog.Logger) *handoffs {
 	var bc busyCounter
 	if bal != nil {
-		bc = bal // a nil *lb.Balancer in the interface would not be nil
+		bc = bal // a nil slice in the interface would not be nil
 	}
 	return &handoffs{store: store, self: self, bal: bc, leading: leading, log: log.With("part", "handoff"), reported: map[string]handoff.Phase{}, started: time.Now(), ignored: map[string]bool{}}
 }

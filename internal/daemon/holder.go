@@ -13,7 +13,6 @@ import (
 	"github.com/vigil-ha/vigil/internal/dnat"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
-	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -33,7 +32,7 @@ type holder struct {
 	// of this tenure, which sets the route's MED.
 	speaker *bgp.Speaker
 	term    func() int
-	bal     *lb.Balancer // nil without --lb-port
+	bal     balancers // every --lb-port's; nil without --lb-port
 	// dnat sends VIP:--lb-port to the balancer's --lb-listen-port while
 	// this node serves (nil without --lb-listen-port).
 	dnat    []dnat.Rule

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vigil-ha/vigil/internal/announce"
@@ -69,6 +69,7 @@ type node struct {
 	ann       *announce.Announcer // nil with --announce bgp
 	speaker   *bgp.Speaker        // nil without --announce bgp
 	bal       *lb.Balancer        // nil without --lb-port
+	more      []*servedPort       // the --lb-ports after the first
 	metricsLn net.Listener        // nil without --metrics-address
 	checker   *health.Checker     // health of the API servers
 	guard     *guardProc          // nil with --guard=false
@@ -158,19 +159,38 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err := n.openListeners(); err != nil {
 		return nil, err
 	}
+	var hreg prometheus.Registerer = n.m.reg
+	if cfg.LBPort != 0 {
+		hreg = portRegisterer(n.m.reg, cfg.LBPort)
+	}
 	if n.checker, err = health.New(health.Config{
-		Path: cfg.HealthPath, Port: cfg.HealthPort, TLS: htc,
+		Path: cfg.HealthPath, Scheme: cfg.healthScheme(), Port: cfg.HealthPort, TLS: htc,
 		Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
 		OnChange: func(st health.Status) {
 			if n.bal != nil {
 				n.bal.Update(st)
 			}
 		},
-		Metrics: n.m.reg,
+		Metrics: hreg,
 	}, log); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	n.onClose(n.checker.Close)
+	for _, p := range n.more {
+		scheme, path := "https", p.spec.Check
+		if path == CheckTCP {
+			scheme, path = health.SchemeTCP, ""
+		}
+		if p.checker, err = health.New(health.Config{
+			Path: path, Scheme: scheme, TLS: htc,
+			Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
+			OnChange: p.bal.Update,
+			Metrics:  portRegisterer(n.m.reg, p.spec.Port),
+		}, log.With("port", p.spec.Port)); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		n.onClose(p.checker.Close)
+	}
 	if err := n.startGuard(); err != nil {
 		return nil, err
 	}
@@ -180,7 +200,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err := n.newDiscovery(); err != nil {
 		return nil, err
 	}
-	n.h = &holder{ann: n.ann, speaker: n.speaker, bal: n.bal, dnat: cfg.dnatRules(), m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
+	n.h = &holder{ann: n.ann, speaker: n.speaker, bal: n.balancers(), dnat: cfg.dnatRules(), m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
 	if cfg.ShedRaftLeadership && n.etcdLock != nil {
 		n.h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
 	}
@@ -209,32 +229,29 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	return n, nil
 }
 
-// openListeners opens the load balancer's listener (bound to the VIP with
+// openListeners opens the load balancers' listeners (bound to the VIP with
 // IP_FREEBIND, so a busy port is found now) and the metrics listener.
 func (n *node) openListeners() error {
 	cfg := n.cfg
 	if cfg.LBPort != 0 {
-		policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
-		bal, err := lb.New(lb.Config{
-			Listen:       netip.AddrPortFrom(cfg.VIPs[0].Addr(), uint16(cfg.listenPort())).String(),
-			AlsoListen:   alsoListen(cfg),
-			Picker:       policy,
-			FreeBind:     true,
-			DrainTimeout: cfg.LBDrainTimeout,
-			MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,
-			Loops: cfg.LBEventLoops,
-			// Passive checking: a refused connection ejects the backend
-			// before its next health check; a timed-out one counts as a
-			// failed check.
-			OnDialError: func(b string, err error) { n.checker.DialFailed(b, err) },
-			Metrics:     n.m.reg,
-			Standby:     true, // serving only while holding the VIP
-		}, n.log)
+		// Passive checking: a refused connection ejects the backend
+		// before its next health check; a timed-out one counts as a
+		// failed check.
+		bal, err := n.newBalancer(cfg.listenPort(), cfg.LBPort, false, func(b string, err error) { n.checker.DialFailed(b, err) })
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return err
 		}
 		n.bal = bal
-		n.onClose(bal.Close)
+	}
+	for _, spec := range cfg.MorePorts {
+		p := &servedPort{spec: spec}
+		// Whatever the port speaks: its server may speak first.
+		bal, err := n.newBalancer(spec.Port, spec.Port, true, func(b string, err error) { p.checker.DialFailed(b, err) })
+		if err != nil {
+			return err
+		}
+		p.bal = bal
+		n.more = append(n.more, p)
 	}
 	if cfg.MetricsAddress != "" {
 		ln, err := listenMetrics(cfg.MetricsAddress)
@@ -247,12 +264,46 @@ func (n *node) openListeners() error {
 	return nil
 }
 
-// alsoListen are the load balancer's addresses besides the first VIP's: the
-// other family's, in dual-stack.
-func alsoListen(cfg Config) []string {
-	var out []string
-	for _, v := range cfg.VIPs[1:] {
-		out = append(out, netip.AddrPortFrom(v.Addr(), uint16(cfg.listenPort())).String())
+// newBalancer opens a balancer on VIP:listen (every VIP address) for the
+// port clients know as port; it serves only while this node holds the VIP.
+// The API servers' clients speak first (TLS); serverFirst is for a port
+// whose protocol is not known (lb.Config.ServerSpeaksFirst).
+func (n *node) newBalancer(listen, port int, serverFirst bool, onDialError func(string, error)) (*lb.Balancer, error) {
+	cfg := n.cfg
+	policy, _ := lb.ParsePolicy(cfg.LBPolicy) // validated
+	first, also := listenAddrs(cfg, listen)
+	log := n.log
+	if len(cfg.MorePorts) > 0 {
+		log = log.With("port", port)
+	}
+	bal, err := lb.New(lb.Config{
+		Listen:       first,
+		AlsoListen:   also,
+		Picker:       policy,
+		FreeBind:     true,
+		DrainTimeout: cfg.LBDrainTimeout,
+		MaxConns:     cfg.LBMaxConns, MaxConnsPerSource: cfg.LBMaxConnsPerSource, IdleTimeout: cfg.LBIdleTimeout,
+		Loops:             cfg.LBEventLoops,
+		ServerSpeaksFirst: serverFirst,
+		OnDialError:       onDialError,
+		Metrics:           portRegisterer(n.m.reg, port),
+		Standby:           true,
+	}, log)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	n.onClose(bal.Close)
+	return bal, nil
+}
+
+// balancers are every port's balancer, nil without --lb-port.
+func (n *node) balancers() balancers {
+	if n.bal == nil {
+		return nil
+	}
+	out := balancers{n.bal}
+	for _, p := range n.more {
+		out = append(out, p.bal)
 	}
 	return out
 }
@@ -334,6 +385,9 @@ func (n *node) newDiscovery() error {
 				n.bal.SetBackends(b)
 			}
 			n.checker.Set(b)
+			for _, p := range n.more {
+				p.setBackends(b)
+			}
 		},
 	}
 	if cfg.discovers(DiscoveryEtcd) {
@@ -446,7 +500,7 @@ func (n *node) newElector() error {
 	// they cause is bounded as placement's is.
 	ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
 	if n.etcd != nil {
-		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, n.bal, h.leading, n.log)
+		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, n.balancers(), h.leading, n.log)
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
@@ -485,8 +539,8 @@ func (n *node) Run(ctx context.Context) error {
 		stopParts()
 		wg.Wait()
 	}()
-	if n.bal != nil {
-		wg.Go(func() { _ = n.bal.Run(cctx) })
+	for _, b := range n.balancers() {
+		wg.Go(func() { _ = b.Run(cctx) })
 	}
 	if n.disc != nil {
 		wg.Go(func() { _ = n.disc.Run(cctx) })
@@ -509,7 +563,7 @@ func (n *node) Run(ctx context.Context) error {
 		wg.Go(func() { h.handoffs.Run(cctx) })
 	}
 	if n.metricsLn != nil {
-		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return report(cfg, n.el, n.checker, n.bal, n.pl, n.disc, h.conflicts, n.speaker, n.etcd) },
+		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return n.report() },
 			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, log)
 		defer func() { stopParts(); <-done }()
 	}

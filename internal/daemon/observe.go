@@ -237,13 +237,16 @@ func (m *nodeMetrics) observeRenew(took time.Duration, err error) {
 
 // Report is what /status serves.
 type Report struct {
-	Node        string          `json:"node"`
-	VIP         string          `json:"vip"`
-	Leader      bool            `json:"leader"`
-	Holder      string          `json:"holder"`
-	LeaderSince *time.Time      `json:"leaderSince,omitempty"`
-	Yielding    bool            `json:"yielding"`
-	Backends    []BackendReport `json:"backends"`
+	Node        string     `json:"node"`
+	VIP         string     `json:"vip"`
+	Leader      bool       `json:"leader"`
+	Holder      string     `json:"holder"`
+	LeaderSince *time.Time `json:"leaderSince,omitempty"`
+	Yielding    bool       `json:"yielding"`
+	// Backends are the API servers, and the first --lb-port's backends.
+	Backends []BackendReport `json:"backends"`
+	// Ports are the load-balanced ports after the first --lb-port.
+	Ports []PortReport `json:"ports,omitempty"`
 	// Discovery is what each backend source said last.
 	Discovery []discovery.SourceState `json:"discovery,omitempty"`
 	// HolderMAC is the hardware address the holder announces the VIP with.
@@ -296,6 +299,16 @@ type RenewalReport struct {
 	AtRisk string `json:"atRisk,omitempty"`
 }
 
+// PortReport is a load-balanced port after the first --lb-port: VIP:Port
+// to BackendPort on each backend host, checked by Check (tcp, or an HTTPS
+// path).
+type PortReport struct {
+	Port        int             `json:"port"`
+	BackendPort int             `json:"backendPort"`
+	Check       string          `json:"check"`
+	Backends    []BackendReport `json:"backends"`
+}
+
 // BackendReport is one API server as this node sees it.
 type BackendReport struct {
 	Address     string `json:"address"`
@@ -305,10 +318,12 @@ type BackendReport struct {
 	Connections int    `json:"connections"`
 }
 
-func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.Balancer, pl *placement, disc *discovery.Discovery, c *conflicts, sp *bgp.Speaker, etcd *etcdcluster.Cluster) Report {
-	st := el.Status()
+// report is what /status serves now.
+func (n *node) report() Report {
+	cfg, etcd, sp, disc, pl := n.cfg, n.etcd, n.speaker, n.disc, n.pl
+	st := n.el.Status()
 	r := Report{Node: cfg.NodeName, VIP: cfg.VIPString(), Leader: st.Leader, Holder: st.Holder,
-		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: c.Report()}
+		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: n.h.conflicts.Report()}
 	if etcd != nil {
 		r.Etcd = &EtcdReport{}
 		if id := etcd.ClusterID(); id != 0 {
@@ -347,20 +362,31 @@ func report(cfg Config, el *election.Elector, checker *health.Checker, bal *lb.B
 	if pl != nil {
 		r.Yielding = pl.isYielding()
 	}
+	r.Backends = backendReports(n.checker, n.bal)
+	for _, p := range n.more {
+		r.Ports = append(r.Ports, PortReport{Port: p.spec.Port, BackendPort: p.spec.BackendPort, Check: p.spec.Check, Backends: backendReports(p.checker, p.bal)})
+	}
+	return r
+}
+
+// backendReports are checker's backends, with bal's connections to each
+// (bal may be nil).
+func backendReports(checker *health.Checker, bal *lb.Balancer) []BackendReport {
 	conns := map[string]int{}
 	if bal != nil {
 		for _, b := range bal.Backends() {
 			conns[b.Address] = b.Connections
 		}
 	}
+	var out []BackendReport
 	for _, s := range checker.Statuses() {
 		b := BackendReport{Address: s.Backend, State: s.State.String(), Connections: conns[s.Backend]}
 		if s.State == health.Down {
 			b.Cause, b.LastError = s.Cause.String(), s.LastError
 		}
-		r.Backends = append(r.Backends, b)
+		out = append(out, b)
 	}
-	return r
+	return out
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

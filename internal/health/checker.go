@@ -61,7 +61,9 @@ type Config struct {
 	// presented as client certificates (etcd's /health requires one when
 	// client certificate auth is on).
 	TLS *tls.Config
-	// Scheme is "https" (the default) or "http" (an etcd without TLS).
+	// Scheme is "https" (the default), "http" (an etcd without TLS) or
+	// SchemeTCP: a check then only opens a TCP connection and closes it,
+	// for a backend that speaks no HTTP (Path is not used).
 	Scheme string
 	// KeepAlive reuses one connection per backend from check to check. A
 	// check then costs the backend one request instead of a TCP and TLS
@@ -75,6 +77,9 @@ type Config struct {
 	// Metrics receives the checker's metrics; nil keeps them private.
 	Metrics prometheus.Registerer
 }
+
+// SchemeTCP checks that a backend accepts a TCP connection, nothing more.
+const SchemeTCP = "tcp"
 
 // WithDefaults fills zero fields with the defaults.
 func (c Config) WithDefaults() Config {
@@ -105,8 +110,8 @@ func (c Config) Validate() error {
 		return err
 	}
 	switch {
-	case c.Scheme != "https" && c.Scheme != "http":
-		return fmt.Errorf("%w: health check scheme %q must be https or http", ErrInvalidConfig, c.Scheme)
+	case c.Scheme != "https" && c.Scheme != "http" && c.Scheme != SchemeTCP:
+		return fmt.Errorf("%w: health check scheme %q must be https, http or tcp", ErrInvalidConfig, c.Scheme)
 	case c.Port < 0 || c.Port > 65535:
 		return fmt.Errorf("%w: health check port %d is out of range 1-65535", ErrInvalidConfig, c.Port)
 	case c.Interval <= 0:
@@ -137,6 +142,7 @@ type Checker struct {
 	cfg    Config
 	log    *slog.Logger
 	client *http.Client
+	dialer *net.Dialer     // the TCP checks'
 	ctx    context.Context // parent of every probe; cancelled by Close
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
@@ -185,6 +191,7 @@ func New(cfg Config, log *slog.Logger) (*Checker, error) {
 		cfg:    cfg,
 		log:    log,
 		client: &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		dialer: &net.Dialer{Timeout: cfg.Timeout},
 		ctx:    ctx,
 		stop:   stop,
 		probes: map[string]*probe{},
@@ -411,6 +418,14 @@ func (c *Checker) check(ctx context.Context, backend string) result {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
+	if c.cfg.Scheme == SchemeTCP {
+		conn, err := c.dialer.DialContext(ctx, "tcp", net.JoinHostPort(host, port))
+		if err != nil {
+			return result{cause: checkCause(err), err: err.Error()}
+		}
+		_ = conn.Close()
+		return result{}
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.Scheme+"://"+net.JoinHostPort(host, port)+c.cfg.Path, nil)
 	if err != nil {
 		return result{cause: Unreachable, err: err.Error()}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/vigil-ha/vigil/internal/testaddr"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -253,4 +256,31 @@ func TestNewRejectsBadConfig(t *testing.T) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
 	}
+}
+
+// A TCP check passes while the backend accepts connections, whatever it
+// speaks, and finds it dead once it refuses them.
+func TestCheckerTCP(t *testing.T) {
+	addr := net.JoinHostPort(testaddr.Loopback(t), strconv.Itoa(testaddr.Port(t)))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // accepts and says nothing, as a non-HTTP service might
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	c, ch := newChecker(t, Config{Scheme: SchemeTCP, Interval: 50 * time.Millisecond})
+	c.Set([]string{addr})
+	waitFor(t, 3*time.Second, "up", func() bool { st, ok := ch.last(addr); return ok && st.State == Up })
+	_ = ln.Close()
+	waitFor(t, 3*time.Second, "dead once closed", func() bool {
+		st, ok := ch.last(addr)
+		return ok && st.State == Down && st.Cause == Dead
+	})
 }

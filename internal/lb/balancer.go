@@ -97,10 +97,18 @@ type Config struct {
 	// FreeBind lets the listener bind the VIP while this node does not hold
 	// it (IP_FREEBIND), so it is open, and any port conflict found, before
 	// the node ever leads.
-	FreeBind     bool
-	DialTimeout  time.Duration
-	Attempts     int
-	DrainTimeout time.Duration
+	FreeBind bool
+	// ServerSpeaksFirst is for protocols whose server may speak before
+	// the client (SSH, SMTP, a banner): the listener then hands over a
+	// connection before its first bytes (no TCP_DEFER_ACCEPT, which would
+	// hold a silent client for a second), and the handshake with the
+	// backend completes at once instead of riding on the client's first
+	// bytes. Off, the balancer assumes the client speaks first, as TLS
+	// does: one wake-up and one packet fewer per connection.
+	ServerSpeaksFirst bool
+	DialTimeout       time.Duration
+	Attempts          int
+	DrainTimeout      time.Duration
 	// UnreachableGrace: see DefaultUnreachableGrace (0: that default).
 	UnreachableGrace time.Duration
 	// Dial connects to a backend; nil uses net.Dialer.
@@ -323,7 +331,11 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		// silently (a powered-off machine between health checks, a
 		// firewall that drops state) is found and its connections end,
 		// rather than leaking and skewing least-connections.
-		cfg.Dial = (&net.Dialer{Control: dialControl, KeepAliveConfig: net.KeepAliveConfig{
+		control := dialControl
+		if cfg.ServerSpeaksFirst {
+			control = nil
+		}
+		cfg.Dial = (&net.Dialer{Control: control, KeepAliveConfig: net.KeepAliveConfig{
 			Enable: true, Idle: keepAliveIdle * time.Second, Interval: keepAliveInterval * time.Second, Count: keepAliveCount,
 		}}).DialContext
 	}
@@ -375,7 +387,7 @@ func openListener(addr string, cfg Config) (net.Listener, error) {
 	if err != nil || host == "" {
 		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", ErrInvalidConfig, addr)
 	}
-	ln, err := listen(addr, cfg.FreeBind, cfg.ReusePort)
+	ln, err := listen(addr, cfg.FreeBind, cfg.ReusePort, !cfg.ServerSpeaksFirst)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("%w: cannot listen on %s: something already listens on port %s of all or this address. "+

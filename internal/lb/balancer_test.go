@@ -741,3 +741,63 @@ func TestEventLoopPaths(t *testing.T) {
 	}
 	c2.Close()
 }
+
+// A backend that speaks first (a banner, SSH): with ServerSpeaksFirst a
+// client that sends nothing gets the banner at once, not after the
+// kernel's deferred accept gives up waiting for the client (a second).
+func TestServerSpeaksFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, "banner\n")
+			_ = c.Close()
+		}
+	})
+	banner := func(b *Balancer) time.Duration {
+		t.Helper()
+		start := time.Now()
+		c, err := net.Dial("tcp", b.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || line != "banner\n" {
+			t.Fatalf("read %q, %v; want the banner", line, err)
+		}
+		return time.Since(start)
+	}
+	start := func(cfg Config) *Balancer {
+		cfg.Listen, cfg.Loops = "127.0.0.1:0", testLoops
+		b, err := New(cfg, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { _ = b.Run(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+		b.SetBackends([]string{ln.Addr().String()})
+		b.Update(health.Status{Backend: ln.Addr().String(), State: health.Up})
+		return b
+	}
+	fast := start(Config{ServerSpeaksFirst: true})
+	for range 5 {
+		// Generous: a local connection takes a millisecond; a deferred
+		// accept, a second or more.
+		if d := banner(fast); d > 500*time.Millisecond {
+			t.Fatalf("banner after %v with ServerSpeaksFirst", d)
+		}
+	}
+	t.Logf("banner through a balancer that assumes the client speaks first: %v", banner(start(Config{})))
+}

@@ -16,7 +16,10 @@ import (
 // connection: it finds clients that vanished without a FIN (a node that
 // lost power while watching) after keepAliveIdle + keepAliveCount *
 // keepAliveInterval.
-func listen(addr string, freeBind, reusePort bool) (net.Listener, error) {
+//
+// With deferAccept, a connection is handed over only once the client has
+// spoken (see Config.ServerSpeaksFirst).
+func listen(addr string, freeBind, reusePort, deferAccept bool) (net.Listener, error) {
 	lc := net.ListenConfig{KeepAlive: -1}
 	lc.Control = func(network, _ string, c syscall.RawConn) error {
 		var serr error
@@ -51,7 +54,9 @@ func listen(addr string, freeBind, reusePort bool) (net.Listener, error) {
 			// API server clients speak first (TLS ClientHello), so a
 			// connection is handed to vigil only once it has data: one
 			// wake-up and one empty read fewer per connection.
-			set(unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT, 1)
+			if deferAccept {
+				set(unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT, 1)
+			}
 			set(unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1)
 			set(unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, keepAliveIdle)
 			set(unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, keepAliveInterval)

@@ -12,6 +12,6 @@ import (
 var dialControl func(network, address string, c syscall.RawConn) error
 
 // listen opens a TCP listener; free binding needs Linux.
-func listen(addr string, _, _ bool) (net.Listener, error) {
+func listen(addr string, _, _, _ bool) (net.Listener, error) {
 	return (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
 }

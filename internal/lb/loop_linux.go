@@ -541,8 +541,11 @@ func (l *evloop) connect(p *lpair, ap netip.AddrPort) error {
 	if err != nil {
 		return os.NewSyscallError("socket", err)
 	}
-	// See dialControl: the handshake's last ACK rides on the request.
-	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
+	// See dialControl: the handshake's last ACK rides on the request,
+	// unless the backend may be waiting for it to speak first.
+	if !l.b.cfg.ServerSpeaksFirst {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
+	}
 	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	if err := unix.Connect(fd, sa); err != nil && err != unix.EINPROGRESS && err != unix.EINTR {
 		unix.Close(fd)
@@ -639,8 +642,14 @@ func (l *evloop) connected(p *lpair, now time.Time) {
 	b.mu.Unlock()
 	l.ageQ.push(fifoItem{p: p, at: now.Add(keepAliveAfter)})
 	// The client spoke first (TCP_DEFER_ACCEPT): its bytes are waiting,
-	// and their edge was seen while connecting. Read until empty.
+	// and their edge was seen while connecting. Read until empty. So may
+	// the backend's (a banner, with Config.ServerSpeaksFirst, or an
+	// immediate close): their edge came with this one, and the
+	// edge-triggered loop would not report them again.
 	l.forward(p, true, true, now)
+	if !p.closed && !p.gone && p.sfd >= 0 {
+		l.forward(p, false, true, now)
+	}
 }
 
 // forward copies what src has to dst: up is client to backend. With

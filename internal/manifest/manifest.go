@@ -62,6 +62,12 @@ type PodOptions struct {
 	Image     string
 	// LBPort runs vigil's load balancer on VIP:LBPort (0: none).
 	LBPort int
+	// BackendPort is vigil run --backend-port (0: its default, 6443).
+	BackendPort int
+	// MorePorts are further vigil run --lb-port values (PORT or
+	// PORT:BACKENDPORT), and PortChecks its --lb-port-check values.
+	MorePorts  []string
+	PortChecks []string
 	// LBListenPort is vigil run --lb-listen-port (0: none): the balancer
 	// listens there and the holder sends VIP:LBPort to it, so kubeadm's
 	// API servers keep their default bind address.
@@ -217,6 +223,9 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.LBPort < 0 || o.LBPort > 65535 {
 		return nil, fmt.Errorf("%w: --lb-port %d is out of range", ErrInvalid, o.LBPort)
 	}
+	if err := checkPorts(o); err != nil {
+		return nil, err
+	}
 	switch {
 	case o.LBListenPort < 0 || o.LBListenPort > 65535:
 		return nil, fmt.Errorf("%w: --lb-listen-port %d is out of range", ErrInvalid, o.LBListenPort)
@@ -258,6 +267,15 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	)
 	if o.LBPort > 0 {
 		args = append(args, "--lb-port", strconv.Itoa(o.LBPort))
+	}
+	if o.BackendPort > 0 {
+		args = append(args, "--backend-port", strconv.Itoa(o.BackendPort))
+	}
+	for _, p := range o.MorePorts {
+		args = append(args, "--lb-port", p)
+	}
+	for _, c := range o.PortChecks {
+		args = append(args, "--lb-port-check", c)
 	}
 	if o.LBListenPort > 0 {
 		args = append(args, "--lb-listen-port", strconv.Itoa(o.LBListenPort))
@@ -630,3 +648,38 @@ func meta(name string) metav1.ObjectMeta {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// checkPorts refuses what vigil run would refuse of the ports: a bad
+// --lb-port or --lb-port-check, a port given twice, a check of a port not
+// balanced.
+func checkPorts(o PodOptions) error {
+	if len(o.MorePorts) > 0 && o.LBPort == 0 {
+		return fmt.Errorf("%w: more than one --lb-port, yet no first one", ErrInvalid)
+	}
+	if o.BackendPort < 0 || o.BackendPort > 65535 {
+		return fmt.Errorf("%w: --backend-port %d is out of range", ErrInvalid, o.BackendPort)
+	}
+	seen := map[int]bool{o.LBPort: o.LBPort != 0}
+	for _, v := range o.MorePorts {
+		port, _, err := validate.LBPort(v)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		if seen[port] || port == o.LBListenPort {
+			return fmt.Errorf("%w: port %d given twice: each load-balanced port is served once", ErrInvalid, port)
+		}
+		seen[port] = true
+	}
+	checked := map[int]bool{}
+	for _, v := range o.PortChecks {
+		port, _, err := validate.PortCheck(v)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		if !seen[port] || checked[port] {
+			return fmt.Errorf("%w: --lb-port-check %q: port %d is not an --lb-port, or is checked twice", ErrInvalid, v, port)
+		}
+		checked[port] = true
+	}
+	return nil
+}

@@ -302,6 +302,40 @@ func TestLBListenPortPassedOn(t *testing.T) {
 	}
 }
 
+// Several ports reach vigil run, each --lb-port once; what vigil run
+// would refuse is refused here.
+func TestSeveralPortsPassedOn(t *testing.T) {
+	base := PodOptions{VIPs: []string{"10.0.0.100/24"}, Interface: "eth0", LBPort: 6443}
+	o := base
+	o.MorePorts, o.PortChecks = []string{"9345", "9000:19000"}, []string{"9345=/ping"}
+	pod, err := Pod(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--lb-port 6443 --lb-port 9345 --lb-port 9000:19000 --lb-port-check 9345=/ping") {
+		t.Fatalf("vigil run's arguments: %s", args)
+	}
+	for _, bad := range []PodOptions{
+		{MorePorts: []string{"6443"}},
+		{MorePorts: []string{"9345", "9345:9000"}},
+		{MorePorts: []string{"x"}},
+		{PortChecks: []string{"9345=tcp"}},
+		{PortChecks: []string{"6443=tcp", "6443=/readyz"}},
+		{LBPort: -1, MorePorts: []string{"9345"}},
+		{BackendPort: 70000},
+	} {
+		o := base
+		o.MorePorts, o.PortChecks, o.BackendPort = bad.MorePorts, bad.PortChecks, bad.BackendPort
+		if bad.LBPort == -1 {
+			o.LBPort = 0
+		}
+		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v accepted: %v", bad, err)
+		}
+	}
+}
+
 // The BGP timers, policy and BFD reach vigil run, checked by the speaker's
 // own rules first.
 func TestBGPSettingsPassedOn(t *testing.T) {

@@ -81,3 +81,25 @@ func TestListenAddresses(t *testing.T) {
 		}
 	}
 }
+
+func TestLBPortAndPortCheck(t *testing.T) {
+	for v, want := range map[string][2]int{"6443": {6443, 0}, "8443:6443": {8443, 6443}, " 9345 ": {9345, 0}} {
+		p, b, err := LBPort(v)
+		if err != nil || p != want[0] || b != want[1] {
+			t.Errorf("LBPort(%q) = %d, %d, %v; want %v", v, p, b, err, want)
+		}
+	}
+	for _, v := range []string{"", "0", "70000", "a", "6443:", ":6443", "6443:0", "6443:6443:1", "-1"} {
+		if _, _, err := LBPort(v); err == nil {
+			t.Errorf("LBPort(%q) accepted", v)
+		}
+	}
+	if p, c, err := PortCheck("9345=/ping"); err != nil || p != 9345 || c != "/ping" {
+		t.Errorf("PortCheck(9345=/ping) = %d, %q, %v", p, c, err)
+	}
+	for _, v := range []string{"9345", "9345=", "=tcp", "9345=http", "0=tcp", "x=tcp"} {
+		if _, _, err := PortCheck(v); err == nil {
+			t.Errorf("PortCheck(%q) accepted", v)
+		}
+	}
+}
