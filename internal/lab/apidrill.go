@@ -448,6 +448,9 @@ type vigilReport struct {
 	// runs, which is after it has claimed its node name.
 	Holder   string `json:"holder"`
 	Yielding bool   `json:"yielding"`
+	// DNAT are the nftables rules that send VIP:--lb-port to
+	// --lb-listen-port on this node (the holder's, with that flag).
+	DNAT []string `json:"dnat"`
 	// Renewal is how close the leader's renewals run to its deadline.
 	Renewal *struct {
 		MinMarginMillis float64 `json:"minMarginMillis"`

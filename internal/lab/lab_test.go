@@ -230,8 +230,11 @@ func TestKubeadmLab(t *testing.T) {
 	})
 	// --prune-after 30s: shorter, the removal of a member that died
 	// moments before can stall etcd (vigil run --help), and requests
-	// through the VIP with it.
-	s := Settings{Nodes: 3, Workers: 1, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Kubeadm: true, PruneAfter: 30 * time.Second}
+	// through the VIP with it. --lb-listen-port: every kube-apiserver
+	// keeps kubeadm's default flags (0.0.0.0:6443), and the holder sends
+	// VIP:6443 to its balancer with nftables, as docs/lb.md describes;
+	// kubeadm init, every join and every drill go through that rule.
+	s := Settings{Nodes: 3, Workers: 1, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Kubeadm: true, PruneAfter: 30 * time.Second, LBListenPort: 16443}
 	start := time.Now()
 	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
@@ -274,6 +277,25 @@ func TestKubeadmLab(t *testing.T) {
 			t.Fatalf("vigil pods not Ready after 2m: %v", err)
 		}
 		time.Sleep(time.Second)
+	}
+	// The rule is on the holder, and on no other node.
+	dnatOn := func() (holder string, with []string, err error) {
+		for _, n := range l.st.Nodes {
+			rep, err := l.vigilStatus(ctx, n.Name)
+			if err != nil {
+				return "", nil, err
+			}
+			if rep.Leader {
+				holder = n.Name
+			}
+			if len(rep.DNAT) > 0 {
+				with = append(with, n.Name)
+			}
+		}
+		return holder, with, nil
+	}
+	if holder, with, err := dnatOn(); err != nil || holder == "" || !slices.Equal(with, []string{holder}) {
+		t.Fatalf("VIP:6443 rules on %v, holder %q (%v); want them on the holder alone", with, holder, err)
 	}
 	for _, kind := range KubeadmDrills {
 		t.Run(kind, func(t *testing.T) {
