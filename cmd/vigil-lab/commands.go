@@ -38,6 +38,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.DurationVar(&s.PruneAfter, "prune-after", 0, "vigil --prune-after; the prune-* drills need it, and replace-node then waits for vigil to prune instead of running vigil members prune")
 	f.StringVar(&s.Announce, "announce", lab.AnnounceARP, "how vigil announces the VIP: arp (on the nodes' segment, with the client) or bgp (a router namespace running BIRD 2 between the nodes and the client, which reaches the VIP only by the holder's BGP route; docs/bgp.md)")
 	f.StringVar(&s.IPFamily, "ip-family", lab.IPv4, "the VIP's address family: ipv4, ipv6 (fd00:250::100; every host gets an IPv6 address too, etcd stays on IPv4) or dual (one VIP of each family, held as one: vigil run --vip twice); the client probes every VIP address and drills report the outage per family")
+	f.StringVar(&s.BGPMode, "bgp-mode", "", "with --announce bgp: ecmp runs vigil run --bgp-mode ecmp, every node advertising the VIP and the router (BIRD, merge paths) spreading flows across them; its drill is ecmp-node-killed (default: one holder)")
 	f.BoolVar(&s.BGPBFD, "bgp-bfd", false, "with --announce bgp: run BFD (100ms x 3) between the nodes and the router, which then drops a dead node's route within 300 ms instead of its 9 s hold time")
 	f.IntVar(&s.LBListenPort, "lb-listen-port", 0, "with --kubeadm: leave kube-apiserver on kubeadm's default 0.0.0.0:6443 and run vigil with --lb-listen-port PORT (the balancer on VIP:PORT, VIP:6443 sent to it by the holder's nftables rule); 0 binds each API server to its node's address instead")
 	f.BoolVar(&s.Kubeadm, "kubeadm", false, "build a real kubeadm cluster: every node runs containerd and a kubelet, kubeadm init and join run through the VIP, and etcd, the control plane and vigil (written by vigil manifest pod) run as static pods from local images (hack/build-kube-images.sh builds them; --workers N adds kubeadm workers); docs/kubeadm.md")
@@ -120,7 +121,11 @@ func printStatus(cmd *cobra.Command, l *lab.Lab, asJSON bool) error {
 	}
 	fmt.Fprintf(out, "impl %s  vip %s  holder %s  answering %s\n", r.Impl, r.VIP, strings.Join(r.Holders, ","), answering)
 	if r.Router != nil {
-		fmt.Fprintf(out, "router: forwards the VIP to %s; BGP routes from %s\n", dash(r.Router.NextHop), dash(strings.Join(r.Router.Learned, ",")))
+		to := r.Router.NextHop
+		if len(r.Router.NextHops) > 0 {
+			to = strings.Join(r.Router.NextHops, ",") + " (ECMP)"
+		}
+		fmt.Fprintf(out, "router: forwards the VIP to %s; BGP routes from %s\n", dash(to), dash(strings.Join(r.Router.Learned, ",")))
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tIP\tLINK\tPROCESSES\tETCD FOLLOWS")

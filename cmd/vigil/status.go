@@ -122,6 +122,13 @@ func printReport(w io.Writer, r daemon.Report, now time.Time) error {
 		}
 		fmt.Fprintf(w, "bgp: peer %s %s%s\n", p.Peer, p.State, adv)
 	}
+	if r.ECMP != "" {
+		adv := "not advertising the VIP"
+		if r.Advertised {
+			adv = "advertising the VIP"
+		}
+		fmt.Fprintf(w, "bgp: ecmp mode, %s: %s\n", adv, r.ECMP)
+	}
 	for _, d := range r.DNAT {
 		fmt.Fprintf(w, "lb: %s (nftables, while this node holds the VIP)\n", d)
 	}

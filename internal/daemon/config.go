@@ -89,6 +89,9 @@ type Config struct {
 	BGPCommunities     []string
 	BGPLocalPref       int64
 	BGPGracefulRestart bool
+	// BGPMode is BGPModeSingle (the VIP holder alone advertises the VIP)
+	// or BGPModeECMP (every node whose own API server is healthy does).
+	BGPMode string
 	// BGPBFD runs BFD to every peer, every BGPBFDInterval, a peer down
 	// after BGPBFDMultiplier intervals without a packet.
 	BGPBFD           bool
@@ -175,6 +178,13 @@ type Config struct {
 const (
 	AnnounceARP = "arp"
 	AnnounceBGP = "bgp"
+
+	// BGPModeSingle: the VIP's one holder advertises it (the default).
+	BGPModeSingle = "single"
+	// BGPModeECMP: every node whose own API server passes its checks
+	// carries the VIP and advertises it, and routers spread flows across
+	// them (ecmp.go).
+	BGPModeECMP = "ecmp"
 )
 
 // Backend discovery sources (--discovery).
@@ -337,6 +347,9 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// ecmp tells whether every healthy node carries the VIP (--bgp-mode ecmp).
+func (c *Config) ecmp() bool { return c.BGPMode == BGPModeECMP }
+
 // listenPort is where the balancer listens: --lb-listen-port, or
 // --lb-port itself.
 func (c *Config) listenPort() int {
@@ -365,9 +378,19 @@ func (c *Config) validateAnnounce() error {
 	bgpFlags := c.BGPLocalAS != 0 || c.BGPRouterID != "" || len(c.BGPPeers) > 0
 	policy := (c.BGPHoldTime != 0 && c.BGPHoldTime != bgp.DefaultHoldTime) || (c.BGPKeepalive != 0 && c.BGPKeepalive != bgp.DefaultKeepalive) ||
 		c.BGPMultihop != 0 || c.BGPSourceAddress != "" || len(c.BGPCommunities) > 0 || c.BGPLocalPref != 0 || c.BGPGracefulRestart || c.BGPBFD
+	switch c.BGPMode {
+	case "":
+		c.BGPMode = BGPModeSingle
+	case BGPModeSingle, BGPModeECMP:
+	default:
+		return fmt.Errorf("%w: unknown --bgp-mode %q (single or ecmp)", ErrConfig, c.BGPMode)
+	}
 	switch c.Announce {
 	case "", AnnounceARP:
 		c.Announce = AnnounceARP
+		if c.BGPMode == BGPModeECMP {
+			return fmt.Errorf("%w: --bgp-mode ecmp needs --announce bgp: only routers can spread the VIP's flows across nodes; on a shared segment one node answers ARP for it", ErrConfig)
+		}
 		if bgpFlags {
 			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", ErrConfig)
 		}
@@ -378,6 +401,9 @@ func (c *Config) validateAnnounce() error {
 	case AnnounceBGP:
 	default:
 		return fmt.Errorf("%w: unknown --announce %q (arp or bgp)", ErrConfig, c.Announce)
+	}
+	if c.BGPMode == BGPModeECMP && c.LBListenPort != 0 {
+		return fmt.Errorf("%w: --lb-listen-port needs one VIP holder, and --bgp-mode ecmp has none: with ecmp every node's balancer listens on VIP:--lb-port, so bind kube-apiserver to the node's address (or give --lb-port another port)", ErrConfig)
 	}
 	for _, v := range c.VIPs {
 		if v.Bits() != v.Addr().BitLen() {

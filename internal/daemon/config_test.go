@@ -288,6 +288,21 @@ func TestValidateAnnounce(t *testing.T) {
 		"needs at least one":              func(c *Config) { c.BGPPeers = nil },
 		"no AS number":                    func(c *Config) { c.BGPPeers = []string{"10.250.0.254"} },
 		"--bgp-peer 10.250.0.254":         func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.254,65001"} },
+		"--bgp-mode ecmp needs --announce bgp": func(c *Config) {
+			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPMode = AnnounceARP, 0, "", nil, BGPModeECMP
+		},
+		"unknown --bgp-mode": func(c *Config) { c.BGPMode = "anycast" },
+		"--lb-listen-port needs one VIP holder": func(c *Config) {
+			c.BGPMode, c.LBPort, c.LBListenPort, c.Backends = BGPModeECMP, 6443, 16443, []string{"10.0.0.1:6443"}
+		},
+	}
+	ecmp := bgpConfig()
+	ecmp.BGPMode, ecmp.LBPort, ecmp.Backends = BGPModeECMP, 6443, []string{"10.0.0.1:6443"}
+	if err := ecmp.Validate(); err != nil || !ecmp.ecmp() {
+		t.Fatalf("ecmp: %v", err)
+	}
+	if c := bgpConfig(); c.Validate() != nil || c.BGPMode != BGPModeSingle {
+		t.Fatalf("default --bgp-mode %q", c.BGPMode)
 	}
 	for want, mutate := range bad {
 		c := bgpConfig()

@@ -24,6 +24,9 @@ import (
 // and in any case before stop returns. The parts are its fields; each does
 // one thing (vip.Keeper, announce, guardProc, raftShedder, conflicts).
 type holder struct {
+	// keeper adds and removes the VIP with the lease; nil with --bgp-mode
+	// ecmp, where the VIP is every healthy node's (ecmpAnnouncer) and the
+	// lock only picks the node that prunes.
 	keeper *vip.Keeper
 	guard  *guardProc          // nil with --guard=false
 	ann    *announce.Announcer // nil with --announce bgp
@@ -85,7 +88,9 @@ func (h *holder) lease(deadline time.Time) {
 			h.log.Warn("the VIP guard did not take the lease deadline in time; it will when it reads again", "waited", guardArmWait)
 		}
 	}
-	h.keeper.Hold(deadline)
+	if h.keeper != nil {
+		h.keeper.Hold(deadline)
+	}
 }
 
 // guardArmWait bounds how long a new holder waits for its first deadline to
@@ -105,8 +110,10 @@ func (h *holder) leading() bool {
 // (interface down or gone, adding the address fails) or, with a guard, that
 // no guard listens to this vigil.
 func (h *holder) eligible() error {
-	if err := h.keeper.Eligible(); err != nil {
-		return err
+	if h.keeper != nil {
+		if err := h.keeper.Eligible(); err != nil {
+			return err
+		}
 	}
 	if h.handoffs != nil {
 		if err := h.handoffs.eligible(); err != nil {
@@ -128,7 +135,9 @@ func (h *holder) eligible() error {
 func (h *holder) start(ctx context.Context) {
 	h.m.leader.Set(1)
 	h.m.leaderRuns.Inc()
-	h.m.vipHeld.Set(1)
+	if h.keeper != nil { // with --bgp-mode ecmp, ecmpAnnouncer says
+		h.m.vipHeld.Set(1)
+	}
 	if h.events != nil {
 		h.events.Emit(false, kube.ReasonBecameLeader, "%s became leader and holds the VIP %s on %s", h.cfg.NodeName, h.cfg.VIPString(), h.cfg.Interface)
 	}
@@ -143,7 +152,7 @@ func (h *holder) start(ctx context.Context) {
 		if err != nil {
 			h.log.Error("cannot advertise the VIP over BGP", "err", err)
 		}
-	} else {
+	} else if h.ann != nil {
 		h.group = announce.Start(ctx, h.ann, h.keeper.Valid)
 		h.conflicts.Kick()
 	}
@@ -155,7 +164,7 @@ func (h *holder) start(ctx context.Context) {
 // stop runs on losing leadership; it returns only once the VIP is gone.
 func (h *holder) stop(sd election.StepDown) {
 	reason := sd.Detail
-	if sd.Cause == election.CauseExpired || sd.Cause == election.CauseLost {
+	if h.keeper != nil && (sd.Cause == election.CauseExpired || sd.Cause == election.CauseLost) {
 		// Somebody else may hold the VIP already: it goes before anything
 		// else, before any goroutine is waited for or any line logged.
 		_ = h.keeper.Release(reason)
@@ -187,7 +196,9 @@ func (h *holder) stop(sd election.StepDown) {
 	if h.guard != nil {
 		h.guard.Lease(time.Time{})
 	}
-	if err := h.keeper.Release(reason); err != nil {
+	if h.keeper == nil {
+		// --bgp-mode ecmp: the VIP is not the lock's.
+	} else if err := h.keeper.Release(reason); err != nil {
 		// Nothing else can be done; say it loudly. The kernel drops the
 		// address when its lifetime runs out.
 		h.log.Error("cannot remove the VIP", "err", err)

@@ -81,7 +81,8 @@ type node struct {
 	observer  *membership.Observer // nil without etcd
 	h         *holder
 	el        *election.Elector
-	pl        *placement // nil without --health-grace
+	pl        *placement     // nil without --health-grace
+	ecmp      *ecmpAnnouncer // nil without --bgp-mode ecmp
 
 	// closers release what was acquired, in the order acquired; Close runs
 	// them backwards.
@@ -123,7 +124,13 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		}
 	}()
 
-	vm, err := vip.New(vip.Config{Address: cfg.VIPs[0], Also: cfg.VIPs[1:], Interface: cfg.Interface, Lifetime: cfg.VIPLifetime}, log)
+	lifetime := cfg.VIPLifetime
+	if cfg.ecmp() {
+		// Carried for as long as vigil runs, not for a lease: the route,
+		// not the address, decides where traffic goes.
+		lifetime = 0
+	}
+	vm, err := vip.New(vip.Config{Address: cfg.VIPs[0], Also: cfg.VIPs[1:], Interface: cfg.Interface, Lifetime: lifetime}, log)
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +177,9 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 			if n.bal != nil {
 				n.bal.Update(st)
 			}
+			if n.ecmp != nil {
+				n.ecmp.Kick()
+			}
 		},
 		Metrics: hreg,
 	}, log); err != nil {
@@ -204,7 +214,28 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if cfg.ShedRaftLeadership && n.etcdLock != nil {
 		n.h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
 	}
-	n.h.keeper = vip.NewKeeper(vm, vip.KeeperConfig{
+	if cfg.ecmp() {
+		// The VIP, its balancers and its route are every healthy node's;
+		// the lock holder only prunes.
+		n.ecmp = newECMP(vm, n.speaker, n.balancers(), n.checker, cfg.VIPAddrs(), n.m.vipHeld, log)
+		n.h.speaker, n.h.bal = nil, nil
+	} else {
+		n.h.keeper = n.newKeeper(vm)
+	}
+	if err := n.newObserver(); err != nil {
+		return nil, err
+	}
+	if err := n.newElector(); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// newKeeper is the lock's VIP: added and refreshed with each lease,
+// removed at the deadline; an address found without the lock is removed.
+func (n *node) newKeeper(vm *vip.Manager) *vip.Keeper {
+	cfg, log := n.cfg, n.log
+	return vip.NewKeeper(vm, vip.KeeperConfig{
 		OnStray: func() {
 			n.m.strays.Inc()
 			if n.events != nil {
@@ -220,13 +251,6 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 			}
 		},
 	}, log)
-	if err := n.newObserver(); err != nil {
-		return nil, err
-	}
-	if err := n.newElector(); err != nil {
-		return nil, err
-	}
-	return n, nil
 }
 
 // openListeners opens the load balancers' listeners (bound to the VIP with
@@ -312,6 +336,12 @@ func (n *node) balancers() balancers {
 // as a child. Either runs on its own context: the guard must outlive the
 // VIP's removal at shutdown, and is stopped only after it (Close).
 func (n *node) startGuard() error {
+	if n.cfg.ecmp() && (n.cfg.GuardSocket != "" || n.cfg.GuardBinary != "") {
+		// The guard fences a lock holder's VIP; with ecmp the VIP is not
+		// the lock's, and the routers drop a dead node's route.
+		n.log.Info("no VIP guard with --bgp-mode ecmp: a node that dies is withdrawn by its BGP (and BFD) sessions")
+		return nil
+	}
 	gctx, stopGuard := context.WithCancel(context.Background())
 	switch {
 	case n.cfg.GuardSocket != "":
@@ -500,11 +530,11 @@ func (n *node) newElector() error {
 	// they cause is bounded as placement's is.
 	ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
 	if n.etcd != nil {
-		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, n.balancers(), h.leading, n.log)
+		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, h.bal, h.leading, n.log)
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
-		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, vips: cfg.VIPAddrs(), log: n.log, gauge: n.m.yielding}
+		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, host: newHostAddrs(cfg.VIPAddrs(), n.log), log: n.log, gauge: n.m.yielding}
 		ecfg.Yield = n.pl.yield
 	}
 	el, err := election.New(ecfg, n.log)
@@ -545,7 +575,9 @@ func (n *node) Run(ctx context.Context) error {
 	if n.disc != nil {
 		wg.Go(func() { _ = n.disc.Run(cctx) })
 	}
-	wg.Go(func() { _ = h.keeper.Run(cctx) })
+	if h.keeper != nil {
+		wg.Go(func() { _ = h.keeper.Run(cctx) })
+	}
 	if n.observer != nil {
 		wg.Go(func() { n.observer.Run(cctx) })
 	}
@@ -558,6 +590,9 @@ func (n *node) Run(ctx context.Context) error {
 		if err := n.speaker.Start(cctx); err != nil {
 			return err
 		}
+	}
+	if n.ecmp != nil {
+		wg.Go(func() { n.ecmp.Run(cctx) })
 	}
 	if h.handoffs != nil {
 		wg.Go(func() { h.handoffs.Run(cctx) })

@@ -64,7 +64,7 @@ func newNodeMetrics() *nodeMetrics {
 			Name: "vigil_leader", Help: "1 while this node holds the election lock.",
 		}),
 		vipHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "vigil_vip_held", Help: "1 while the VIP is configured on this node.",
+			Name: "vigil_vip_held", Help: "1 while the VIP is configured on this node (with --bgp-mode ecmp: while this node advertises it).",
 		}),
 		leaderRuns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_leader_acquired_total", Help: "Times this node became leader.",
@@ -261,6 +261,9 @@ type Report struct {
 	Advertised bool            `json:"advertised,omitempty"`
 	// BGPSettings are the sessions' timers and the route's policy.
 	BGPSettings *bgp.Settings `json:"bgpSettings,omitempty"`
+	// ECMP, with --bgp-mode ecmp, says why this node advertises the VIP
+	// or does not (Advertised says whether it does).
+	ECMP string `json:"ecmp,omitempty"`
 	// DNAT are the nftables rules in place on this node that send
 	// VIP:--lb-port to --lb-listen-port (the holder's, with that flag).
 	DNAT []string `json:"dnat,omitempty"`
@@ -339,6 +342,9 @@ func (n *node) report() Report {
 		cancel()
 		set := sp.Settings()
 		r.BGPSettings = &set
+	}
+	if n.ecmp != nil {
+		r.ECMP = n.ecmp.Status()
 	}
 	if disc != nil {
 		r.Discovery = disc.Sources()

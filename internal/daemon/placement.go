@@ -28,19 +28,17 @@ const localAddrsTTL = 5 * time.Second
 type placement struct {
 	checker *health.Checker
 	grace   time.Duration
-	vips    []netip.Addr
+	host    *hostAddrs
 	log     *slog.Logger
 	gauge   prometheus.Gauge
 
-	mu       sync.Mutex // guards local and localAt
-	local    map[netip.Addr]bool
-	localAt  time.Time
+	mu       sync.Mutex // guards yielding
 	yielding bool
 }
 
 // yield is election.Config.Yield.
 func (p *placement) yield() (string, bool) {
-	local := p.localAddrs()
+	local := p.host.get()
 	var mine []health.Status
 	healthyPeer := ""
 	for _, st := range p.checker.Statuses() {
@@ -85,26 +83,54 @@ func (p *placement) isYielding() bool {
 	return p.yielding
 }
 
-// localAddrs is this host's addresses, without the VIP.
-func (p *placement) localAddrs() map[netip.Addr]bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if time.Since(p.localAt) < localAddrsTTL {
-		return p.local
+// hostAddrs is this host's addresses without the VIP, cached: asked on
+// every renewal, 10 times a second by default. Its API servers are the
+// backends at these addresses.
+type hostAddrs struct {
+	vips []netip.Addr
+	log  *slog.Logger
+
+	mu    sync.Mutex // guards local and at
+	local map[netip.Addr]bool
+	at    time.Time
+}
+
+func newHostAddrs(vips []netip.Addr, log *slog.Logger) *hostAddrs {
+	return &hostAddrs{vips: vips, log: log}
+}
+
+// get is the addresses, read afresh once localAddrsTTL has passed.
+func (h *hostAddrs) get() map[netip.Addr]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if time.Since(h.at) < localAddrsTTL {
+		return h.local
 	}
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
-		p.log.Warn("cannot list this host's addresses; health-aware placement keeps the last list", "err", err)
-		return p.local
+		h.log.Warn("cannot list this host's addresses; keeping the last list", "err", err)
+		return h.local
 	}
 	m := map[netip.Addr]bool{}
 	for _, a := range addrs {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil && !slices.Contains(p.vips, pfx.Addr()) {
+		if pfx, err := netip.ParsePrefix(a.String()); err == nil && !slices.Contains(h.vips, pfx.Addr()) {
 			m[pfx.Addr().Unmap()] = true
 		}
 	}
-	p.local, p.localAt = m, time.Now()
+	h.local, h.at = m, time.Now()
 	return m
+}
+
+// mine are the statuses of the backends on this host.
+func (h *hostAddrs) mine(sts []health.Status) []health.Status {
+	local := h.get()
+	var out []health.Status
+	for _, st := range sts {
+		if ap, err := netip.ParseAddrPort(st.Backend); err == nil && local[ap.Addr().Unmap()] {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 func boolFloat(b bool) float64 {

@@ -50,9 +50,9 @@ func TestPlacement(t *testing.T) {
 	}
 	defer c.Close()
 	c.Set([]string{local, peer})
-	p := &placement{checker: c, grace: 300 * time.Millisecond, vips: []netip.Addr{netip.MustParseAddr("10.0.0.100")},
+	p := &placement{checker: c, grace: 300 * time.Millisecond, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, slog.New(slog.DiscardHandler)),
 		log: slog.New(slog.DiscardHandler), gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
-	if !p.localAddrs()[netip.MustParseAddr("127.0.0.1")] || p.localAddrs()[netip.MustParseAddr("127.0.0.2")] {
+	if !p.host.get()[netip.MustParseAddr("127.0.0.1")] || p.host.get()[netip.MustParseAddr("127.0.0.2")] {
 		t.Skip("this host's address list is not as the test expects (127.0.0.1 only on lo)")
 	}
 	stays := func(d time.Duration, want bool) {

@@ -134,7 +134,9 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 	case "/version":
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, "{\"gitVersion\":\"v0.0.0-vigil-lab\",\"node\":%q}\n", s.cfg.Name)
+		// via: who connected, the balancer's node behind a VIP.
+		via, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, "{\"gitVersion\":\"v0.0.0-vigil-lab\",\"node\":%q,\"via\":%q}\n", s.cfg.Name, via)
 	case "/watch":
 		s.watch(w, r)
 	default:

@@ -33,7 +33,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -58,6 +58,9 @@ var failoverDrills = []string{DrillKillLeader, DrillGraceful, DrillPartitionLead
 func DrillsFor(s Settings) []string {
 	if s.Kubeadm {
 		return KubeadmDrills
+	}
+	if s.ecmp() {
+		return []string{DrillECMPNodeKilled}
 	}
 	if s.Impl != ImplVigil {
 		return failoverDrills
@@ -112,6 +115,8 @@ type Result struct {
 	Kubeadm *KubeadmResult `json:"kubeadm,omitempty"`
 	// Handoff is set by the handoff drill.
 	Handoff *HandoffResult `json:"handoff,omitempty"`
+	// ECMP is set by ecmp-node-killed.
+	ECMP *ECMPResult `json:"ecmp,omitempty"`
 	// Families is the outage of each VIP address, in labs with IPv6
 	// (OutageMillis is then the longest of them).
 	Families []FamilyResult `json:"families,omitempty"`
@@ -143,6 +148,9 @@ func (r Result) OK() bool {
 		if !w.ok() {
 			return false
 		}
+	}
+	if r.ECMP != nil { // every node carries the VIP by design
+		return r.Error == "" && r.ECMP.ok()
 	}
 	return r.Error == "" && !r.SplitBrain && len(r.HoldersAfterHeal) == 1
 }
@@ -180,6 +188,9 @@ func (r Result) String() string {
 	}
 	if r.Handoff != nil {
 		s += "\n    " + r.Handoff.String()
+	}
+	if r.ECMP != nil {
+		s = fmt.Sprintf("%-17s #%-3d victim %s\n    %s", r.Drill, r.Run, orDash(r.Target), r.ECMP)
 	}
 	if r.SplitDetail != "" {
 		s += "  (" + r.SplitDetail + ")"
@@ -264,6 +275,12 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if (kind == DrillKillEtcdLeader || kind == DrillImpostorEtcd) && l.st.Settings.Impl != ImplVigil {
 		return fmt.Errorf("drill %s needs etcd, which the %s lab does not run", kind, l.st.Settings.Impl)
+	}
+	if kind == DrillECMPNodeKilled {
+		return l.ecmpDrill(ctx, r)
+	}
+	if l.st.Settings.ecmp() {
+		return fmt.Errorf("drill %s needs one VIP holder; in a --bgp-mode ecmp lab every node carries the VIP: run %s", kind, DrillECMPNodeKilled)
 	}
 	if kind == DrillImpostorEtcd {
 		return l.impostorDrill(ctx, r)

@@ -79,6 +79,12 @@ type Settings struct {
 	// router (vigil run --bgp-bfd at BFDInterval x 3, BIRD's bfd on): a
 	// node killed or cut off loses its route within 300 ms.
 	BGPBFD bool `json:"bgpBFD,omitempty"`
+	// BGPMode "ecmp", with AnnounceBGP, runs vigil run --bgp-mode ecmp:
+	// every node advertises the VIP and the router spreads flows across
+	// them (BIRD merges the routes, the kernel hashes on ports too). Its
+	// drill is ecmp-node-killed (ecmpdrill.go); the single-holder drills
+	// do not apply. "" is the default, one holder.
+	BGPMode string `json:"bgpMode,omitempty"`
 	// IPFamily is the VIP's family: IPv4 (default), IPv6, or Dual (one
 	// address of each, held as one by vigil). Labs with IPv6 give every
 	// host an address on subnet6 too; etcd and the API servers stay on
@@ -243,6 +249,20 @@ func (s Settings) Validate() error {
 	}
 	if s.BGPBFD && !s.bgp() {
 		return fmt.Errorf("lab: --bgp-bfd needs --announce bgp")
+	}
+	switch s.BGPMode {
+	case "", "single":
+	case BGPModeECMP:
+		switch {
+		case !s.bgp():
+			return fmt.Errorf("lab: --bgp-mode ecmp needs --announce bgp")
+		case s.LBPort == 0:
+			return fmt.Errorf("lab: --bgp-mode ecmp needs --lb-port: every node's balancer serves the VIP")
+		case s.has6():
+			return fmt.Errorf("lab: --bgp-mode ecmp is IPv4 only in the lab")
+		}
+	default:
+		return fmt.Errorf("lab: unknown --bgp-mode %q (single or ecmp)", s.BGPMode)
 	}
 	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
 		if p < 0 || p > 65535 {
@@ -438,7 +458,12 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 			return err
 		}
 	}
-	if _, err := l.waitStable(ctx, stable); err != nil {
+	if s.ecmp() {
+		// Every node carries the VIP: up once the router spreads over all.
+		if _, err := l.waitNextHops(ctx, l.nodeIPs(), stable); err != nil {
+			return err
+		}
+	} else if _, err := l.waitStable(ctx, stable); err != nil {
 		return err
 	}
 	if s.Workers > 0 {
@@ -604,6 +629,9 @@ func (l *Lab) startVigil(n *Node) error {
 			"--bgp-peer", fmt.Sprintf("%s,%d", routerIP, RouterAS))
 		if s.BGPBFD {
 			args = append(args, "--bgp-bfd", "--bgp-bfd-interval", BFDInterval.String())
+		}
+		if s.ecmp() {
+			args = append(args, "--bgp-mode", BGPModeECMP)
 		}
 		if s.has6() {
 			args = append(args, "--bgp-peer", fmt.Sprintf("%s,%d", routerIP6, RouterAS))

@@ -59,6 +59,11 @@ func (s Settings) clientIP6() netip.Addr {
 // bgp tells whether the lab announces the VIP over BGP through a router.
 func (s Settings) bgp() bool { return s.Announce == AnnounceBGP }
 
+// BGPModeECMP is Settings.BGPMode for vigil run --bgp-mode ecmp.
+const BGPModeECMP = "ecmp"
+
+func (s Settings) ecmp() bool { return s.BGPMode == BGPModeECMP }
+
 // routerNode is the router's entry in the lab's state (its processes).
 func (l *Lab) routerNode() *Node {
 	if l.st.Router == nil {
@@ -88,7 +93,9 @@ func createRoutedClient(ctx context.Context, s Settings) error {
 		{"-n", cl, "link", "set", nodeIface, "up"},
 		{"-n", cl, "route", "add", "default", "via", routerClientIP.String()},
 	}
-	sysctls := []string{"net.ipv4.ip_forward=1"}
+	// Multipath routes (--bgp-mode ecmp) are spread by addresses and
+	// ports: the client is one address.
+	sysctls := []string{"net.ipv4.ip_forward=1", "net.ipv4.fib_multipath_hash_policy=1"}
 	if s.has6() {
 		steps = append(steps,
 			[]string{"-n", rt, "addr", "add", netip.PrefixFrom(routerClientIP6, clientNet6.Bits()).String(), "dev", routerLink, "nodad"},
@@ -137,18 +144,23 @@ func routeNode(ctx context.Context, node string, v6 bool) error {
 //
 // With bfd, BIRD runs BFD with every node (BFDInterval x 3) and ends a
 // node's BGP session when its BFD session goes down.
-func birdConf(nodes []*Node, v6, bfd bool) string {
+func birdConf(nodes []*Node, v6, bfd, ecmp bool) string {
 	var b strings.Builder
 	bfdOn := ""
 	if bfd {
 		bfdOn = "\tbfd on;\n"
+	}
+	merge := ""
+	if ecmp {
+		// Equal routes from several nodes become one multipath route.
+		merge = "\tmerge paths on;\n"
 	}
 	fmt.Fprintf(&b, `router id %s;
 log stderr all;
 protocol device { scan time 10; }
 protocol kernel kernel4 {
 	ipv4 { import none; export all; };
-}
+%s}
 template bgp vigil {
 	local %s as %d;
 	hold time 9;
@@ -157,7 +169,7 @@ template bgp vigil {
 	error wait time 1, 10;
 %s	ipv4 { import all; export none; };
 }
-`, routerIP, routerIP, RouterAS, bfdOn)
+`, routerIP, merge, routerIP, RouterAS, bfdOn)
 	if bfd {
 		ms := BFDInterval.Milliseconds()
 		fmt.Fprintf(&b, `protocol bfd {
@@ -197,7 +209,7 @@ func (l *Lab) startRouter() error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	conf := filepath.Join(dir, "bird.conf")
-	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6(), l.st.Settings.BGPBFD)), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6(), l.st.Settings.BGPBFD, l.st.Settings.ecmp())), 0o644); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	return l.start(rt, roleBird, "bird", "-f", "-c", conf, "-s", l.birdSocket(), "-P", filepath.Join(dir, "bird.pid"))
@@ -212,8 +224,10 @@ const BFDInterval = 100 * time.Millisecond
 // RouterRoute is the router's route to the VIP: the next hops it forwards
 // to ("" when it has none) and every node whose advertisement it holds.
 type RouterRoute struct {
-	NextHop string   `json:"nextHop"`
-	Learned []string `json:"learned"`
+	NextHop string `json:"nextHop"`
+	// NextHops are a multipath route's next hops (--bgp-mode ecmp).
+	NextHops []string `json:"nextHops,omitempty"`
+	Learned  []string `json:"learned"`
 }
 
 // VIPRoute reads the router's route to the VIP: the kernel's forwarding
@@ -234,6 +248,11 @@ func (l *Lab) VIPRoute(ctx context.Context) (RouterRoute, error) {
 	}
 	if f := strings.Fields(out); len(f) >= 3 && f[1] == "via" {
 		r.NextHop = f[2]
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "nexthop" && f[1] == "via" {
+			r.NextHops = append(r.NextHops, f[2])
+		}
 	}
 	cmd := exec.CommandContext(ctx, "birdc", "-s", l.birdSocket(), "show", "route", "for", vip.String(), "all")
 	b, err := cmd.Output()

@@ -1,0 +1,75 @@
+package lab
+
+import (
+	"context"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vigil-ha/vigil/internal/nstest"
+)
+
+// TestECMPLab runs the routed lab with --bgp-mode ecmp: every node
+// advertises the VIP and the router (BIRD, merge paths) spreads flows. A
+// node whose API server fails its checks withdraws its route and comes
+// back when it passes again; a node that loses power is withdrawn by BFD,
+// survivor flows keep flowing on their nodes, and new connections fail only
+// briefly (ecmp-node-killed).
+func TestECMPLab(t *testing.T) {
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
+	l := newTestLab(t, "a 3-node routed lab in ECMP mode")
+	ctx := context.Background()
+	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP, BGPBFD: true, BGPMode: BGPModeECMP}
+	if err := l.Up(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if got := DrillsFor(s); !slices.Equal(got, []string{DrillECMPNodeKilled}) {
+		t.Fatalf("drills for an ECMP lab: %v", got)
+	}
+	if r := l.Drill(ctx, DrillKillLeader, 1); r.Error == "" {
+		t.Fatalf("%s ran in an ECMP lab, which has no single holder", DrillKillLeader)
+	}
+	all := l.nodeIPs()
+
+	t.Run("apiserver-unready-withdraws", func(t *testing.T) {
+		n := l.st.Nodes[1]
+		if err := l.SetAPIServerMode(ctx, n.Name, ModeUnready); err != nil {
+			t.Fatal(err)
+		}
+		failed := time.Now()
+		rest := slices.DeleteFunc(slices.Clone(all), func(ip string) bool { return ip == n.IP.String() })
+		// The checks take it out within interval x fall plus a timeout
+		// (under 2 s), and the route goes at once: 10 s is generous.
+		if _, err := l.waitNextHops(ctx, rest, 10*time.Second); err != nil {
+			t.Fatalf("%s's API server fails its checks: %v", n.Name, err)
+		}
+		t.Logf("%s withdrawn %v after its API server began failing /readyz", n.Name, time.Since(failed).Round(time.Millisecond))
+		rep, err := l.vigilStatus(ctx, n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s's vigil: %+v", n.Name, rep)
+		if err := l.SetAPIServerMode(ctx, n.Name, ModeOK); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.waitNextHops(ctx, all, 10*time.Second); err != nil {
+			t.Fatalf("%s's API server passes again: %v", n.Name, err)
+		}
+	})
+	t.Run(DrillECMPNodeKilled, func(t *testing.T) {
+		r := l.Drill(ctx, DrillECMPNodeKilled, 1)
+		t.Log(r)
+		if !r.OK() || r.ECMP == nil {
+			t.Fatalf("drill failed: %s", r)
+		}
+		// BFD at 100 ms x 3 drops the node in about 300 ms.
+		if e := r.ECMP; e.WithdrawnMillis > 2000 {
+			t.Fatalf("the router dropped the dead node after %.0fms; BFD should in about 300 ms", e.WithdrawnMillis)
+		}
+	})
+}
