@@ -80,6 +80,7 @@ Lease election").`,
 	f.Int64Var(&o.BGPLocalPref, "bgp-local-pref", 0, "vigil run --bgp-local-pref")
 	f.BoolVar(&o.BGPGracefulRestart, "bgp-graceful-restart", false, "vigil run --bgp-graceful-restart")
 	f.BoolVar(&o.BGPBFD, "bgp-bfd", false, "vigil run --bgp-bfd")
+	f.StringVar(&o.BGPMode, "bgp-mode", "", "vigil run --bgp-mode: single (default) or ecmp")
 	f.DurationVar(&o.BGPBFDInterval, "bgp-bfd-interval", 0, "vigil run --bgp-bfd-interval (0: its default, 300ms)")
 	f.IntVar(&o.BGPBFDMultiplier, "bgp-bfd-multiplier", 0, "vigil run --bgp-bfd-multiplier (0: its default, 3)")
 	f.StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "vigil run --bgp-peer ADDRESS,AS[,password=SECRET][,port=N], repeatable (--announce bgp); the router ID defaults, per node, to its address towards the first peer")

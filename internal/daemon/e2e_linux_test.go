@@ -69,6 +69,8 @@ func TestBadInputLeavesNothingConfigured(t *testing.T) {
 		{"bgp timers from --config", bgp("--config", conf("bgp.yaml", "run:\n  bgpHoldTime: 4s\n  bgpKeepalive: 2s\n")), "--bgp-hold-time 4s is less than 3 x", nil},
 		{"lb listen port is the lb port", append(with("--lb-port", "7443"), "--lb-listen-port", "7443"), "--lb-listen-port 7443 is --lb-port", nil},
 		{"lb listen port without lb port", append(good, "--lb-listen-port", "16445"), "--lb-listen-port needs --lb-port", nil},
+		{"ecmp without bgp", append(good, "--bgp-mode", "ecmp"), "--bgp-mode ecmp needs --announce bgp", nil},
+		{"ecmp with lb listen port", bgp("--bgp-mode", "ecmp", "--lb-port", "6443", "--lb-listen-port", "16445"), "--lb-listen-port needs one VIP holder", nil},
 		{"a port given twice", append(good, "--lb-port", "6443", "--lb-port", "9345", "--lb-port", "9345:9000"), "port 9345 given twice", nil},
 		{"a check of a port not balanced", append(good, "--lb-port", "6443", "--lb-port-check", "9345=tcp"), "port 9345 is not an --lb-port", nil},
 		{"a bad further port", append(good, "--lb-port", "6443,9345:"), "want PORT or PORT:BACKENDPORT", nil},

@@ -107,13 +107,15 @@ type PodOptions struct {
 	BGPBFD                    bool
 	BGPBFDInterval            time.Duration
 	BGPBFDMultiplier          int
+	// BGPMode is vigil run --bgp-mode ("": single).
+	BGPMode string
 }
 
 // bgpTuned tells whether any of the BGP timer, policy or BFD options is
 // set.
 func (o PodOptions) bgpTuned() bool {
 	return o.BGPHoldTime != 0 || o.BGPKeepalive != 0 || o.BGPMultihop != 0 || len(o.BGPCommunities) > 0 || o.BGPLocalPref != 0 ||
-		o.BGPGracefulRestart || o.BGPBFD || o.BGPBFDInterval != 0 || o.BGPBFDMultiplier != 0
+		o.BGPGracefulRestart || o.BGPBFD || o.BGPBFDInterval != 0 || o.BGPBFDMultiplier != 0 || o.BGPMode != ""
 }
 
 // Election backends the pod can run.
@@ -204,6 +206,16 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	}
 	if o.BGPGracefulRestart {
 		args = append(args, "--bgp-graceful-restart")
+	}
+	switch o.BGPMode {
+	case "", "single":
+	case "ecmp":
+		if o.LBListenPort != 0 {
+			return nil, fmt.Errorf("%w: --lb-listen-port needs one VIP holder; --bgp-mode ecmp has none", ErrInvalid)
+		}
+		args = append(args, "--bgp-mode", "ecmp")
+	default:
+		return nil, fmt.Errorf("%w: --bgp-mode %q: use single or ecmp", ErrInvalid, o.BGPMode)
 	}
 	return args, nil
 }

@@ -341,13 +341,13 @@ func TestSeveralPortsPassedOn(t *testing.T) {
 func TestBGPSettingsPassedOn(t *testing.T) {
 	base := PodOptions{VIPs: []string{"10.0.0.100/32"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.0.1,65000"}}
 	o := base
-	o.BGPHoldTime, o.BGPKeepalive, o.BGPCommunities, o.BGPBFD = 6*time.Second, 2*time.Second, []string{"65001:100"}, true
+	o.BGPHoldTime, o.BGPKeepalive, o.BGPCommunities, o.BGPBFD, o.BGPMode = 6*time.Second, 2*time.Second, []string{"65001:100"}, true, "ecmp"
 	pod, err := Pod(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := strings.Join(pod.Spec.Containers[0].Args, " ")
-	for _, want := range []string{"--bgp-hold-time 6s", "--bgp-keepalive 2s", "--bgp-community 65001:100", "--bgp-bfd --bgp-bfd-interval 300ms --bgp-bfd-multiplier 3"} {
+	for _, want := range []string{"--bgp-hold-time 6s", "--bgp-keepalive 2s", "--bgp-community 65001:100", "--bgp-bfd --bgp-bfd-interval 300ms --bgp-bfd-multiplier 3", "--bgp-mode ecmp"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("vigil run's arguments lack %q: %s", want, args)
 		}
@@ -358,6 +358,9 @@ func TestBGPSettingsPassedOn(t *testing.T) {
 		"need --announce bgp":           func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPBFD = "", 0, nil, true },
 		"iBGP peers only":               func(o *PodOptions) { o.BGPLocalPref = 100 },
 		"AS:VALUE":                      func(o *PodOptions) { o.BGPCommunities = []string{"x"} },
+		"use single or ecmp":            func(o *PodOptions) { o.BGPMode = "anycast" },
+		"--bgp-mode ecmp has none":      func(o *PodOptions) { o.BGPMode, o.LBPort, o.LBListenPort = "ecmp", 6443, 16443 },
+		"the other --bgp-* flags need":  func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPMode = "", 0, nil, "ecmp" },
 	} {
 		o := base
 		mutate(&o)
