@@ -65,28 +65,7 @@ func TestLBListenPortWithAPIServerOnAllAddresses(t *testing.T) {
 		return false
 	})
 
-	pem, err := os.ReadFile(ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	dial := netns.Dialer(p.B)
-	tr := &http.Transport{
-		DialContext:     func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
-		TLSClientConfig: &tls.Config{RootCAs: roots},
-	}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: tr}
-	who := func() (string, error) {
-		resp, err := hc.Get("https://" + net.JoinHostPort(testVIP, "6443") + "/who")
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return strings.TrimSpace(string(b)), err
-	}
+	who := whoThroughVIP(t, p.B, ca, "")
 	got, err := who()
 	if err != nil {
 		t.Fatal(err)
@@ -110,4 +89,34 @@ func TestLBListenPortWithAPIServerOnAllAddresses(t *testing.T) {
 		err := netns.Do(p.A, func() (err error) { rules, err = dnat.Installed(); return err })
 		return err == nil && len(rules) == 0
 	})
+}
+
+// whoThroughVIP returns a GET of https://VIP:6443/who from namespace ns,
+// trusting ca and expecting serverName ("": the VIP) in the certificate,
+// on a new connection each time; it answers with the body, trimmed.
+func whoThroughVIP(t *testing.T, ns, ca, serverName string) func() (string, error) {
+	t.Helper()
+	pem, err := os.ReadFile(ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	dial := netns.Dialer(ns)
+	tr := &http.Transport{
+		DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
+		TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: serverName},
+		DisableKeepAlives: true,
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: tr}
+	return func() (string, error) {
+		resp, err := hc.Get("https://" + net.JoinHostPort(testVIP, "6443") + "/who")
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(b)), err
+	}
 }

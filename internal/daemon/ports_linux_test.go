@@ -6,13 +6,10 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -100,29 +97,8 @@ func TestTwoPortsEachServedCheckedAndFailedOver(t *testing.T) {
 		t.Fatalf("status ports = %+v, want 9345 to 9345 checked by tcp", r.Ports)
 	}
 
-	pem, err := os.ReadFile(ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	api := whoThroughVIP(t, p.B, ca, "192.0.2.1")
 	dial := netns.Dialer(p.B)
-	tr := &http.Transport{
-		DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return dial(ctx, addr) },
-		TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: "192.0.2.1"},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	hc := &http.Client{Timeout: 3 * time.Second, Transport: tr}
-	api := func() (string, error) {
-		resp, err := hc.Get("https://" + net.JoinHostPort(testVIP, "6443") + "/who")
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return strings.TrimSpace(string(b)), err
-	}
 	supervisor := func() (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()

@@ -19,11 +19,7 @@ import (
 // from a node that died without withdrawing (which loses on MED). A router
 // that goes away leaves no node holding the VIP; when it is back, one does.
 func TestBGPLab(t *testing.T) {
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	l := newTestLab(t, "a 3-node routed lab")
 	ctx := context.Background()
 	// With BFD between the nodes and the router (the routed labs of
@@ -139,4 +135,15 @@ func TestBGPLab(t *testing.T) {
 		}
 		routedTo(t, false, 10*time.Second)
 	})
+}
+
+// requireBIRD skips (or fails, under hack/test.sh) without BIRD 2, which
+// the routed labs run as their router.
+func requireBIRD(t *testing.T) {
+	t.Helper()
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
+		}
+	}
 }

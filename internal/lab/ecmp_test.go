@@ -2,12 +2,10 @@ package lab
 
 import (
 	"context"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
 // TestECMPLab runs the routed lab with --bgp-mode ecmp: every node
@@ -17,11 +15,7 @@ import (
 // survivor flows keep flowing on their nodes, and new connections fail only
 // briefly (ecmp-node-killed).
 func TestECMPLab(t *testing.T) {
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	l := newTestLab(t, "a 3-node routed lab in ECMP mode")
 	ctx := context.Background()
 	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP, BGPBFD: true, BGPMode: BGPModeECMP}

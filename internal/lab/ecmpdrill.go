@@ -95,15 +95,22 @@ type flow struct {
 	at     []time.Time // when each answer came
 }
 
-func (f *flow) run(url string, stop <-chan struct{}) {
-	t := time.NewTicker(20 * time.Millisecond)
+// every calls f every d until stop is closed.
+func every(d time.Duration, stop <-chan struct{}, f func()) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+			f()
 		}
+	}
+}
+
+func (f *flow) run(url string, stop <-chan struct{}) {
+	every(20*time.Millisecond, stop, func() {
 		var v struct {
 			Node string `json:"node"`
 			Via  string `json:"via"`
@@ -123,7 +130,7 @@ func (f *flow) run(url string, stop <-chan struct{}) {
 			f.at = append(f.at, time.Now())
 		}
 		f.mu.Unlock()
-	}
+	})
 }
 
 // viaAt is the node whose balancer answered last before t, and the API
@@ -190,15 +197,9 @@ func (l *Lab) ecmpDrill(ctx context.Context, r *Result) error {
 	// route is gone: an attempt without an answer within a second failed.
 	newConn := &http.Client{Timeout: time.Second, Transport: tr}
 	wg.Go(func() {
-		t := time.NewTicker(probeInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			go func(at time.Time) {
+		every(probeInterval, stop, func() {
+			at := time.Now()
+			wg.Go(func() { // counted while this goroutine runs, so Wait sees it
 				resp, err := newConn.Get(url)
 				if err == nil {
 					_, err = io.Copy(io.Discard, resp.Body)
@@ -207,8 +208,8 @@ func (l *Lab) ecmpDrill(ctx context.Context, r *Result) error {
 				amu.Lock()
 				attempts = append(attempts, attempt{at, err == nil})
 				amu.Unlock()
-			}(time.Now())
-		}
+			})
+		})
 	})
 	// Every flow has answered, and the flows reach every node.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {

@@ -2,12 +2,10 @@ package lab
 
 import (
 	"context"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
 // TestIPFamilyLabs runs the failover drills in an IPv6-only lab, a
@@ -30,11 +28,7 @@ func TestIPFamilyLabs(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			if c.settings.bgp() {
-				for _, bin := range []string{"bird", "birdc"} {
-					if _, err := exec.LookPath(bin); err != nil {
-						nstest.Unavailable(t, "%s is not installed (apt-get install bird2)", bin)
-					}
-				}
+				requireBIRD(t)
 			}
 			l := newTestLab(t, "a 3-node "+c.name+" lab")
 			ctx := context.Background()
