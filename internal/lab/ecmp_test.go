@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
 )
 
 // TestECMPLab runs the routed lab with --bgp-mode ecmp: every node

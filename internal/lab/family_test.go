@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 // TestIPFamilyLabs runs the failover drills in an IPv6-only lab, a
