@@ -317,6 +317,18 @@ func (c *chaos) other(name string) *Node {
 func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Time) FaultResult {
 	r := FaultResult{N: n, Kind: kind}
 	l := c.l
+	// Every etcd member follows one leader again: a member still
+	// catching up after the last fault (a one-way cut or loss leaves one
+	// without a leader for seconds) makes the next fault that stops a
+	// member a loss of quorum, two faults at once, where the holder must
+	// step down. (The kubeadm lab's etcd is its own; chaos there waits
+	// for the holder only.)
+	if l.st.Settings.Impl == ImplVigil && !l.st.Settings.Kubeadm {
+		if err := l.waitEtcdHealthy(ctx, recoverTimeout); err != nil {
+			r.Violations = append(r.Violations, "etcd not healthy before the fault: "+err.Error())
+			return r
+		}
+	}
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {
 		r.Violations = append(r.Violations, "no single holder before the fault: "+err.Error())

@@ -622,6 +622,7 @@ func TestChaos(t *testing.T) {
 		counts[r.Kind]++
 		if !r.OK() {
 			t.Errorf("fault %s", r)
+			logFaultLogs(t, r.Logs, 60)
 		}
 		if r.Kind != FaultFreeze && r.DualSamples > 0 {
 			t.Errorf("two holders: %s", r)
@@ -638,6 +639,25 @@ func TestChaos(t *testing.T) {
 	}
 	if nss, _ := labNamespaces(context.Background()); len(nss) > 0 {
 		t.Errorf("namespaces left after chaos: %v", nss)
+	}
+}
+
+// logFaultLogs logs the last lines of every node's vigil log kept for a
+// failed chaos fault: the test's temporary directory goes with the test, so
+// a failure in CI is diagnosed from these lines or not at all.
+func logFaultLogs(t *testing.T, dir string, lines int) {
+	t.Helper()
+	if dir == "" {
+		return
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*-vigil.log"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		t.Logf("last %d lines of %s:\n%s", lines, filepath.Base(f), strings.Join(all[max(0, len(all)-lines):], "\n"))
 	}
 }
 
