@@ -28,11 +28,18 @@ var (
 
 // Defaults.
 const (
-	// DefaultDialTimeout bounds a connection attempt to one backend. A live
-	// API server on the same L2 segment answers a SYN in well under a
-	// millisecond; a second leaves room for a busy one, and a silent backend
-	// (powered off) costs one second before the next one is tried.
-	DefaultDialTimeout = time.Second
+	// DefaultDialTimeout bounds a connection attempt to one backend. The
+	// SYN is answered by the backend's kernel, not by its process: a live
+	// API server answers in well under a millisecond on one segment, and a
+	// few tens across regions, however busy it is. What takes longer is a
+	// lost SYN (resent after 1 s), a full accept queue (an overloaded
+	// server drops it), or a backend that is powered off or cut off, and
+	// in each the client is better served by the next backend at once. A
+	// silent backend costs 250 ms before the next one is tried (it was a
+	// second), until the health checks take it out: with one of three
+	// machines powered off, a third of new connections would otherwise
+	// wait a second each for that long.
+	DefaultDialTimeout = 250 * time.Millisecond
 	// DefaultAttempts is how many backends one client connection may try.
 	DefaultAttempts = 3
 	// DefaultDrainTimeout bounds how long connections to a draining backend
