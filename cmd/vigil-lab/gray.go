@@ -261,3 +261,31 @@ func newEtcdFrontCmd() *cobra.Command {
 	f.StringVar(&cfg.Control, "control", "", "unix socket that sets the delay")
 	return cmd
 }
+
+func newRouterFIBCmd() *cobra.Command {
+	var (
+		cfg    lab.RouterFIBConfig
+		prefix string
+	)
+	cmd := &cobra.Command{
+		Use:    "router-fib",
+		Short:  "Copy BIRD's multipath route into a resilient next-hop group (the ECMP lab's router)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := netip.ParsePrefix(prefix)
+			if err != nil {
+				return fmt.Errorf("--prefix: %w", err)
+			}
+			if cfg.Table <= 0 || cfg.Table == 254 || cfg.Table == 255 {
+				return fmt.Errorf("--table %d: want BIRD's own table, not main or local", cfg.Table)
+			}
+			cfg.Prefix = p
+			return lab.ServeRouterFIB(cmd.Context(), cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Table, "table", 0, "kernel table BIRD installs its routes in")
+	f.StringVar(&prefix, "prefix", "", "the route to copy (the VIP's /32)")
+	return cmd
+}

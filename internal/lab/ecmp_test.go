@@ -3,6 +3,8 @@ package lab
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,7 +13,8 @@ import (
 // advertises the VIP and the router (BIRD, merge paths) spreads flows. A
 // node whose API server fails its checks withdraws its route and comes
 // back when it passes again; a node that loses power is withdrawn by BFD,
-// survivor flows keep flowing on their nodes, and new connections fail only
+// survivor flows keep flowing on their nodes (the router hashes
+// resiliently, so none is moved either), and new connections fail only
 // briefly (ecmp-node-killed).
 func TestECMPLab(t *testing.T) {
 	requireBIRD(t)
@@ -28,6 +31,14 @@ func TestECMPLab(t *testing.T) {
 		t.Fatalf("%s ran in an ECMP lab, which has no single holder", DrillKillLeader)
 	}
 	all := l.nodeIPs()
+	// The router forwards through a resilient group holding every node
+	// (fib.go), not BIRD's plain multipath route.
+	if _, err := l.waitNextHops(ctx, all, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ipOut(ctx, "-n", nodeNS(routerName), "nexthop", "show", "id", strconv.Itoa(fibGroupID)); err != nil || !strings.Contains(out, "type resilient") || strings.Count(out, "/") != len(all)-1 {
+		t.Fatalf("the router's next-hop group: %q (%v); want a resilient group of %d", out, err, len(all))
+	}
 
 	t.Run("apiserver-unready-withdraws", func(t *testing.T) {
 		n := l.st.Nodes[1]

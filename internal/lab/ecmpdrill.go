@@ -24,6 +24,8 @@ const ecmpFlows = 48
 
 // ECMPResult is what ecmp-node-killed measured.
 type ECMPResult struct {
+	// RouterHash is how the router spread flows (fib.go).
+	RouterHash string `json:"routerHash"`
 	// NextHopsBefore and NextHopsAfter are the router's next hops for the
 	// VIP before the fault and once the victim is back.
 	NextHopsBefore []string `json:"nextHopsBefore"`
@@ -63,10 +65,12 @@ type ECMPResult struct {
 	NewFailingMillis float64 `json:"newFailingMillis"`
 }
 
-// ok: no survivor flow failed on its node, and new connections found a
-// node again within ecmpOutageBound.
+// ok: no survivor flow failed on its node (nor, with resilient hashing,
+// was moved by the router), and new connections found a node again within
+// ecmpOutageBound.
 func (e *ECMPResult) ok() bool {
-	return e.SurvivorFlowsFailed == 0 && e.NewOutageMillis <= float64(ecmpOutageBound.Milliseconds())
+	moved := e.RouterHash == RouterHashResilient && e.SurvivorFlowsMoved > 0
+	return e.SurvivorFlowsFailed == 0 && !moved && e.NewOutageMillis <= float64(ecmpOutageBound.Milliseconds())
 }
 
 // ecmpOutageBound is far above what the drill measures (tens of ms):
@@ -74,8 +78,8 @@ func (e *ECMPResult) ok() bool {
 const ecmpOutageBound = 2 * time.Second
 
 func (e *ECMPResult) String() string {
-	s := fmt.Sprintf("router next hops %v; withdrawn %.0fms after the kill; flows through survivors %d: failed on their node %d, moved by the router %d; through the victim %d, to its API server %d; new connections %d, failed %d within %.0fms, longest run of failures %.0fms; back: %v",
-		e.NextHopsBefore, e.WithdrawnMillis, e.FlowsOnSurvivors, e.SurvivorFlowsFailed, e.SurvivorFlowsMoved, e.FlowsOnVictim, e.FlowsToVictimsAPIServer, e.NewConnections, e.NewFailed, e.NewFailingMillis, e.NewOutageMillis, e.NextHopsAfter)
+	s := fmt.Sprintf("router (%s hashing) next hops %v; withdrawn %.0fms after the kill; flows through survivors %d: failed on their node %d, moved by the router %d; through the victim %d, to its API server %d; new connections %d, failed %d within %.0fms, longest run of failures %.0fms; back: %v",
+		e.RouterHash, e.NextHopsBefore, e.WithdrawnMillis, e.FlowsOnSurvivors, e.SurvivorFlowsFailed, e.SurvivorFlowsMoved, e.FlowsOnVictim, e.FlowsToVictimsAPIServer, e.NewConnections, e.NewFailed, e.NewFailingMillis, e.NewOutageMillis, e.NextHopsAfter)
 	for _, b := range e.Breaks {
 		s += "\n      " + b
 	}
@@ -152,7 +156,10 @@ func (l *Lab) ecmpDrill(ctx context.Context, r *Result) error {
 	if !s.ecmp() {
 		return fmt.Errorf("drill %s needs a --bgp-mode ecmp lab", DrillECMPNodeKilled)
 	}
-	e := &ECMPResult{}
+	e := &ECMPResult{RouterHash: RouterHashResilient}
+	if !s.resilient() {
+		e.RouterHash = RouterHashThreshold
+	}
 	r.ECMP = e
 	hopsAre := func(want []string, within time.Duration) ([]string, error) { return l.waitNextHops(ctx, want, within) }
 	want := l.nodeIPs()

@@ -79,12 +79,19 @@ type Settings struct {
 	// router (vigil run --bgp-bfd at BFDInterval x 3, BIRD's bfd on): a
 	// node killed or cut off loses its route within 300 ms.
 	BGPBFD bool `json:"bgpBFD,omitempty"`
+	// BFDInterval is BFD's interval on both sides with BGPBFD (0:
+	// BFDInterval); the multiplier is 3.
+	BFDInterval time.Duration `json:"bfdInterval,omitempty"`
 	// BGPMode "ecmp", with AnnounceBGP, runs vigil run --bgp-mode ecmp:
 	// every node advertises the VIP and the router spreads flows across
 	// them (BIRD merges the routes, the kernel hashes on ports too). Its
 	// drill is ecmp-node-killed (ecmpdrill.go); the single-holder drills
 	// do not apply. "" is the default, one holder.
 	BGPMode string `json:"bgpMode,omitempty"`
+	// RouterHash, with BGPMode ecmp, is how the router spreads flows
+	// across the nodes: RouterHashResilient (default) or
+	// RouterHashThreshold (fib.go).
+	RouterHash string `json:"routerHash,omitempty"`
 	// IPFamily is the VIP's family: IPv4 (default), IPv6, or Dual (one
 	// address of each, held as one by vigil). Labs with IPv6 give every
 	// host an address on subnet6 too; etcd and the API servers stay on
@@ -250,6 +257,9 @@ func (s Settings) Validate() error {
 	if s.BGPBFD && !s.bgp() {
 		return fmt.Errorf("lab: --bgp-bfd needs --announce bgp")
 	}
+	if s.BFDInterval != 0 && (!s.BGPBFD || s.BFDInterval < 50*time.Millisecond || s.BFDInterval > time.Second) {
+		return fmt.Errorf("lab: --bfd-interval %v: needs --bgp-bfd, and from 50ms to 1s", s.BFDInterval)
+	}
 	switch s.BGPMode {
 	case "", "single":
 	case BGPModeECMP:
@@ -263,6 +273,14 @@ func (s Settings) Validate() error {
 		}
 	default:
 		return fmt.Errorf("lab: unknown --bgp-mode %q (single or ecmp)", s.BGPMode)
+	}
+	switch s.RouterHash {
+	case "", RouterHashResilient, RouterHashThreshold:
+		if s.RouterHash != "" && !s.ecmp() {
+			return fmt.Errorf("lab: --router-hash needs --bgp-mode ecmp")
+		}
+	default:
+		return fmt.Errorf("lab: unknown --router-hash %q (resilient or threshold)", s.RouterHash)
 	}
 	for flag, p := range map[string]int{"--lb-port": s.LBPort, "--backend-port": s.BackendPort, "--health-port": s.HealthPort} {
 		if p < 0 || p > 65535 {
@@ -628,7 +646,7 @@ func (l *Lab) startVigil(n *Node) error {
 		args = append(args, "--announce", AnnounceBGP, "--bgp-local-as", itoa(NodeAS),
 			"--bgp-peer", fmt.Sprintf("%s,%d", routerIP, RouterAS))
 		if s.BGPBFD {
-			args = append(args, "--bgp-bfd", "--bgp-bfd-interval", BFDInterval.String())
+			args = append(args, "--bgp-bfd", "--bgp-bfd-interval", s.bfdInterval().String())
 		}
 		if s.ecmp() {
 			args = append(args, "--bgp-mode", BGPModeECMP)

@@ -142,9 +142,11 @@ func routeNode(ctx context.Context, node string, v6 bool) error {
 // table. BIRD compares MEDs of routes from one neighbouring AS (all nodes
 // share NodeAS), which is how the newest holder's route wins at once.
 //
-// With bfd, BIRD runs BFD with every node (BFDInterval x 3) and ends a
-// node's BGP session when its BFD session goes down.
-func birdConf(nodes []*Node, v6, bfd, ecmp bool) string {
+// With bfd, BIRD runs BFD with every node (interval x 3) and ends a
+// node's BGP session when its BFD session goes down. A table other than 0
+// is the kernel table BIRD installs its IPv4 routes in (fib.go), instead
+// of the main one.
+func birdConf(nodes []*Node, v6, bfd, ecmp bool, table int, interval time.Duration) string {
 	var b strings.Builder
 	bfdOn := ""
 	if bfd {
@@ -154,6 +156,9 @@ func birdConf(nodes []*Node, v6, bfd, ecmp bool) string {
 	if ecmp {
 		// Equal routes from several nodes become one multipath route.
 		merge = "\tmerge paths on;\n"
+	}
+	if table != 0 {
+		merge += fmt.Sprintf("\tkernel table %d;\n", table)
 	}
 	fmt.Fprintf(&b, `router id %s;
 log stderr all;
@@ -171,7 +176,7 @@ template bgp vigil {
 }
 `, routerIP, merge, routerIP, RouterAS, bfdOn)
 	if bfd {
-		ms := BFDInterval.Milliseconds()
+		ms := interval.Milliseconds()
 		fmt.Fprintf(&b, `protocol bfd {
 	interface "*" { min rx interval %d ms; min tx interval %d ms; multiplier 3; };
 }
@@ -209,7 +214,16 @@ func (l *Lab) startRouter() error {
 		return fmt.Errorf("lab: %w", err)
 	}
 	conf := filepath.Join(dir, "bird.conf")
-	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6(), l.st.Settings.BGPBFD, l.st.Settings.ecmp())), 0o644); err != nil {
+	table := 0
+	if l.st.Settings.resilient() {
+		table = routerBGPTable
+		// The copy first, so that it sees BIRD's first route.
+		vip := l.st.Settings.vipAddr()
+		if err := l.start(rt, roleRouterFIB, l.selfBin, "router-fib", "--table", itoa(table), "--prefix", netip.PrefixFrom(vip, vip.BitLen()).String()); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(conf, []byte(birdConf(l.st.Nodes, l.st.Settings.has6(), l.st.Settings.BGPBFD, l.st.Settings.ecmp(), table, l.st.Settings.bfdInterval())), 0o644); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
 	return l.start(rt, roleBird, "bird", "-f", "-c", conf, "-s", l.birdSocket(), "-P", filepath.Join(dir, "bird.pid"))
@@ -220,6 +234,15 @@ func (l *Lab) birdSocket() string { return filepath.Join(l.nodeDir(l.routerNode(
 // BFDInterval is the BFD interval of the routed lab with --bgp-bfd, on
 // both sides.
 const BFDInterval = 100 * time.Millisecond
+
+// bfdInterval is the lab's BFD interval: Settings.BFDInterval, or
+// BFDInterval.
+func (s Settings) bfdInterval() time.Duration {
+	if s.BFDInterval > 0 {
+		return s.BFDInterval
+	}
+	return BFDInterval
+}
 
 // RouterRoute is the router's route to the VIP: the next hops it forwards
 // to ("" when it has none) and every node whose advertisement it holds.
