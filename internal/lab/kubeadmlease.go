@@ -111,13 +111,25 @@ func (l *Lab) moveToLease(ctx context.Context, holder *Node, w *vipWatch, k *Kub
 		return err
 	}
 	k.VIPGoneMs = millis(gone.Sub(k.faultAt))
+	// The old pod's logs go with it once kubelet removes it: kept in the
+	// node's directory for a failure's report (savedPodLogs).
+	l.savePodLogs(holder)
 	phase("kubelet stopped the holder's pod, VIP gone from "+holder.Name, "")
-	next, err := waitAnyHolder(ctx, w, l.st.Nodes, 30*time.Second)
+	// The next holder is another node: the holder's own vigil on the Lease
+	// election starts only after its old pod is gone, seconds later. (A VIP
+	// back on the holder meanwhile, while two nodes hold it, is what the
+	// samples judge as a split brain.)
+	others := slices.DeleteFunc(slices.Clone(l.st.Nodes), func(m *Node) bool { return m == holder })
+	next, err := waitAnyHolder(ctx, w, others, 30*time.Second)
+	l.savePodLogs(holder)
 	if err != nil {
 		return err
 	}
 	k.movedAt = time.Now()
 	phase("VIP on "+next, "the first vigil on the Lease election to hold it")
+	if back, err := w.has(holder.Name); err == nil && back {
+		return fmt.Errorf("the VIP is on %s and on %s, whose old vigil is stopping", next, holder.Name)
+	}
 	if err := waitLeaseVigil(ctx, holder, old); err != nil {
 		return err
 	}
@@ -229,4 +241,26 @@ func (l *Lab) etcdLockRecord(ctx context.Context) (*election.Record, error) {
 		return nil, fmt.Errorf("lab: etcd's lock record: %w", err)
 	}
 	return &rec, nil
+}
+
+// savePodLogs copies the log files of n's vigil pods (both containers,
+// every pod directory kubelet still has) into n's directory, under the
+// same relative paths: a failure's report then shows the pods kubelet has
+// removed since (the tests' vigilPodLogs).
+func (l *Lab) savePodLogs(n *Node) {
+	dst := filepath.Join(l.nodeDir(n), "saved-pod-logs")
+	files, _ := filepath.Glob(filepath.Join(l.nodeDir(n), "machine", "var-log-pods", "kube-system_vigil-*", "*", "*.log"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		rel, err := filepath.Rel(filepath.Join(l.nodeDir(n), "machine", "var-log-pods"), f)
+		if err != nil {
+			continue
+		}
+		out := filepath.Join(dst, rel)
+		_ = os.MkdirAll(filepath.Dir(out), 0o755)
+		_ = os.WriteFile(out, b, 0o644)
+	}
 }

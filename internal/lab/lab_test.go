@@ -690,6 +690,23 @@ func vigilPodLogs(l *Lab, lines int) string {
 				fmt.Fprintf(&b, "== %s %s (%s), last %d lines\n", n.Name, c, f, min(lines, len(all)))
 				b.WriteString(strings.Join(all[max(0, len(all)-lines):], "\n") + "\n")
 			}
+			// Pods kubelet has removed since a drill kept their logs
+			// (Lab.savePodLogs).
+			saved := filepath.Join(l.nodeDir(n), "saved-pod-logs")
+			old, _ := filepath.Glob(filepath.Join(saved, "kube-system_vigil-*", c, "*.log"))
+			for _, f := range old {
+				rel, _ := filepath.Rel(saved, f)
+				if _, err := os.Stat(filepath.Join(l.nodeDir(n), "machine", "var-log-pods", rel)); err == nil {
+					continue // still there, shown above
+				}
+				data, err := os.ReadFile(f)
+				if err != nil {
+					continue
+				}
+				all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+				fmt.Fprintf(&b, "== %s %s of a removed pod (%s), last %d lines\n", n.Name, c, f, min(lines, len(all)))
+				b.WriteString(strings.Join(all[max(0, len(all)-lines):], "\n") + "\n")
+			}
 		}
 	}
 	return b.String()
