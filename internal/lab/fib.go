@@ -94,7 +94,7 @@ func ServeRouterFIB(ctx context.Context, cfg RouterFIBConfig, log *slog.Logger) 
 	}); err != nil {
 		return fmt.Errorf("router-fib: subscribe to route changes: %w", err)
 	}
-	f := &fib{cfg: cfg, log: log, ids: map[netip.Addr]int{}}
+	f := &fib{cfg: cfg, log: log, ids: map[netip.Addr]int{}, dev: map[netip.Addr]string{}}
 	if err := f.sync(ctx); err != nil {
 		return err
 	}
@@ -129,8 +129,8 @@ type fib struct {
 	log     *slog.Logger
 	ids     map[netip.Addr]int // next-hop object by gateway
 	next    int
-	current []netip.Addr // the group's gateways, sorted; nil when no route
-	dev     map[netip.Addr]string
+	current []netip.Addr          // the group's gateways, sorted; nil when no route
+	dev     map[netip.Addr]string // the link each next-hop object was made on
 }
 
 // sync reads BIRD's route and makes the group and the main route match it.
@@ -139,7 +139,7 @@ func (f *fib) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if slices.Equal(gws, f.current) && (len(gws) > 0) == (f.current != nil) {
+	if slices.Equal(gws, f.current) { // current is nil or holds next hops
 		return nil
 	}
 	start := time.Now()
@@ -165,9 +165,6 @@ func (f *fib) sync(ctx context.Context) error {
 			}
 			if err := ip(ctx, "nexthop", "replace", "id", strconv.Itoa(id), "via", gw.String(), "dev", devs[gw]); err != nil {
 				return err
-			}
-			if f.dev == nil {
-				f.dev = map[netip.Addr]string{}
 			}
 			f.dev[gw] = devs[gw]
 		}

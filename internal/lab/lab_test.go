@@ -420,13 +420,21 @@ func TestSettingsValidate(t *testing.T) {
 		{Nodes: 3, Impl: ImplVigil, LBListenPort: 16443}, // without kubeadm
 		// IPv6 and dual-stack labs run vigil, outside the kubeadm lab.
 		{Nodes: 3, Impl: ImplVigil, IPFamily: "ipv5"}, {Nodes: 3, Impl: ImplKeepalived, IPFamily: IPv6},
-		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, IPFamily: Dual}} {
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, IPFamily: Dual},
+		// The router's hashing is an ECMP lab's; BFD's interval needs BFD,
+		// within what vigil run takes.
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, RouterHash: RouterHashResilient},
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: "consistent"},
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BFDInterval: 50 * time.Millisecond},
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 10 * time.Millisecond},
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 2 * time.Second}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v accepted", s)
 		}
 	}
 	for _, s := range []Settings{{Nodes: 3, Impl: ImplKeepalived}, {Nodes: 3, Impl: ImplVigil, IPFamily: Dual, Announce: AnnounceBGP}, {Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, Workers: 1, PruneAfter: 30 * time.Second},
-		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: 16443}} {
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: 16443},
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: RouterHashThreshold, BGPBFD: true, BFDInterval: 50 * time.Millisecond}} {
 		if err := s.Validate(); err != nil {
 			t.Error(err)
 		}
