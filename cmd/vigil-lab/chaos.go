@@ -26,7 +26,8 @@ func newChaosCmd(g *globals) *cobra.Command {
 		Long: `Build a vigil lab (each node with a second link, vip0, that carries only the
 VIP), inject faults at random times with random durations until --duration has
 passed, judge the invariants around every fault, print a table, and remove the
-lab.
+lab. Before each fault the lab settles: every etcd member follows one leader
+and one node holds the VIP, so that each fault is judged on its own.
 
 With --announce bgp the lab is the routed one (a BIRD router between the
 nodes and the client, docs/bgp.md): the VIP sits on lo, there is no VIP link,
