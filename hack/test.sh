@@ -128,12 +128,27 @@ gotest() {
 labtest() { CGO_ENABLED=0 gotest "$@" -trimpath -gcflags=all=-dwarf=false -ldflags=-w -count=1 -timeout 30m ./internal/lab/; }
 labtest "lab (without Kubernetes binaries)" -skip '^(TestKubeadmLab|TestLeaseLab)$'
 
-# Every other package, with -race, in two groups so that the tests start as
-# soon as what they need is built: first those whose tests start no
-# kube-apiserver, beside the background build of it; then those that do
-# (they import internal/kubetest). Three packages at a time (-p 3, one more
+# Every other package, with -race. Three packages at a time (-p 3, one more
 # than the cores): their tests mostly wait for timers, and with two, a
-# running test holds a slot that the next package's link could use.
+# running test holds a slot that the next package's link could use. The
+# slowest packages are named first, so that go test starts them first and
+# the last minutes do not run one long package alone.
+# If the kube-apiserver is built by the time the race build is (a warm run,
+# or a machine fast enough to build it beside the lab), they all run in one
+# go test; if not, in two groups, so that the tests start as soon as what
+# they need is built: first those whose tests start no kube-apiserver,
+# beside the background build of it; then those that do (they import
+# internal/kubetest).
+slowfirst() {
+  local first="internal/daemon internal/membership internal/election cmd/vigil internal/lb internal/recovery internal/etcdcluster internal/agent"
+  local p f
+  for f in $first; do
+    for p in "$@"; do [ "$p" = "github.com/vigil-ha/vigil/$f" ] && echo "$p"; done
+  done
+  for p in "$@"; do
+    case " $first " in *" ${p#github.com/vigil-ha/vigil/} "*) ;; *) echo "$p" ;; esac
+  done
+}
 all=$(go list ./... | grep -v /internal/lab$)
 withkube=$(go list -test -f '{{with .ForTest}}{{.}}{{else}}{{.ImportPath}}{{end}} {{join .Deps " "}}' ./... |
   awk '/ github.com\/vigil-ha\/vigil\/internal\/kubetest( |$)/ {sub(/\.test$/, "", $1); print $1}' | sort -u)
@@ -144,11 +159,16 @@ mark
 await race
 await image
 phase "waiting for the -race build, image"
-gotest "unit and integration (-race), no kube-apiserver" $race -ldflags=-w -p 3 -count=1 -timeout 20m $withoutkube
-mark
-await apiserver
-phase "waiting for kube-apiserver"
-gotest "unit and integration (-race), kube-apiserver" $race -ldflags=-w -p 3 -count=1 -timeout 20m $withkube
+racetest() { gotest "$1" $race -ldflags=-w -p 3 -count=1 -timeout 20m $(slowfirst "${@:2}"); }
+if [ -e "$log/apiserver.done" ]; then
+  racetest "unit and integration (-race)" $all
+else
+  racetest "unit and integration (-race), no kube-apiserver" $withoutkube
+  mark
+  await apiserver
+  phase "waiting for kube-apiserver"
+  racetest "unit and integration (-race), kube-apiserver" $withkube
+fi
 # The Lease election against real kube-apiservers needs nothing more, so it
 # runs while the background build finishes the kubeadm binaries and images.
 labtest "lab: Lease" -run '^TestLeaseLab$'
