@@ -25,6 +25,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 func TestMain(m *testing.M) { etcdtest.Main(m, etcdtest.LeakOptions()...) }
@@ -140,17 +141,6 @@ func backendsIn(a *Agent, upstream, source, state string) []string {
 	return out
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestFollowsMembershipAndFailsOver runs the agent against a real etcd
 // cluster, each member on its own loopback address with an API server beside
 // it, and changes the membership under it: backends come and go with the
@@ -172,7 +162,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 		EtcdSeeds:   c.Endpoints[:1],
 		CacheDir:    cache,
 	})
-	waitFor(t, 10*time.Second, "three API servers learned and up", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "three API servers learned and up", func() bool {
 		return slices.Equal(upBackends(a, "apiserver", "cluster"), []string{api(0), api(1), api(2)})
 	})
 	hc := client()
@@ -241,7 +231,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	}
 	stand[3] = newStandIn(t, api(3))
 	c.Add("m4", peer, clientURL, strings.Join(initial, ","))
-	waitFor(t, 10*time.Second, "the new member's API server", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the new member's API server", func() bool {
 		return slices.Contains(upBackends(a, "apiserver", "cluster"), api(3))
 	})
 	write()
@@ -259,7 +249,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 			return err
 		})
 		stand[i].kill()
-		waitFor(t, 10*time.Second, fmt.Sprintf("backend %s gone", api(i)), func() bool {
+		testkit.WaitFor(t, 10*time.Second, fmt.Sprintf("backend %s gone", api(i)), func() bool {
 			return !slices.Contains(backendsIn(a, "apiserver", "cluster", ""), api(i))
 		})
 		write()
@@ -331,7 +321,7 @@ func TestRestartsFromCacheWhileSeedsAreDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- first.Run(ctx) }()
-	waitFor(t, 10*time.Second, "the first agent learned the cluster", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the first agent learned the cluster", func() bool {
 		return len(upBackends(first, "apiserver", "cluster")) == 3
 	})
 	cancel()
@@ -360,7 +350,7 @@ func TestRestartsFromCacheWhileSeedsAreDown(t *testing.T) {
 	if _, err := via.Put(pctx, "k", "v"); err != nil {
 		t.Fatalf("etcd through the restarted agent: %v", err)
 	}
-	waitFor(t, 10*time.Second, "a member list read through the cached client URLs", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "a member list read through the cached client URLs", func() bool {
 		st := a.Status()
 		return st.LastMemberList != nil && st.LastMemberList.After(start)
 	})
@@ -390,7 +380,7 @@ func TestChurnLeaksNothing(t *testing.T) {
 
 	a := startAgent(t, Config{Server: "https://" + backs[0]})
 	addr := a.APIServerAddr().String()
-	waitFor(t, 5*time.Second, "the seed up", func() bool { return len(upBackends(a, "apiserver", "seed")) == 1 })
+	testkit.WaitFor(t, 5*time.Second, "the seed up", func() bool { return len(upBackends(a, "apiserver", "seed")) == 1 })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -440,7 +430,7 @@ func TestChurnLeaksNothing(t *testing.T) {
 	}
 	// Settled: checks of three backends over kept-alive connections, the
 	// listener, a few idle client connections. Not 1,000 of anything.
-	waitFor(t, 5*time.Second, "goroutines to settle", func() bool { return runtime.NumGoroutine() < goBefore+60 })
+	testkit.WaitFor(t, 5*time.Second, "goroutines to settle", func() bool { return runtime.NumGoroutine() < goBefore+60 })
 	if fds := openFDs(t); fds > before+40 {
 		t.Fatalf("%d file descriptors open after the churn, %d before", fds, before)
 	}
@@ -524,7 +514,7 @@ func TestPrefersLocalThenSeed(t *testing.T) {
 		LocalAddrs: func() ([]net.IP, error) { return []net.IP{net.ParseIP(testaddr.Host(t, 1))}, nil },
 	})
 	a.learnAPIServers([]string{local, remote})
-	waitFor(t, 5*time.Second, "both learned backends up and ranked", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "both learned backends up and ranked", func() bool {
 		a.rank()
 		return len(upBackends(a, "apiserver", "cluster")) == 2
 	})
@@ -565,10 +555,10 @@ func TestReadyz(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	waitFor(t, 5*time.Second, "the metrics server", func() bool { c, _ := get("/livez"); return c == 200 })
+	testkit.WaitFor(t, 5*time.Second, "the metrics server", func() bool { c, _ := get("/livez"); return c == 200 })
 	var code int
 	var body string
-	waitFor(t, 5*time.Second, "/readyz to say why it is not ready", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "/readyz to say why it is not ready", func() bool {
 		code, body = get("/readyz")
 		return strings.Contains(body, "no apiserver backend passes its health checks")
 	})
@@ -579,7 +569,7 @@ func TestReadyz(t *testing.T) {
 		t.Fatal("Ready with the API server down = nil")
 	}
 	newStandIn(t, addr)
-	waitFor(t, 5*time.Second, "/readyz 200 with the API server up", func() bool { c, _ := get("/readyz"); return c == 200 })
+	testkit.WaitFor(t, 5*time.Second, "/readyz 200 with the API server up", func() bool { c, _ := get("/readyz"); return c == 200 })
 	if _, body := get("/metrics"); !strings.Contains(body, `vigil_build_info{goversion="`) {
 		t.Fatal("/metrics lacks vigil_build_info")
 	}

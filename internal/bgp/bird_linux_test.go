@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // The speaker against a real router: BIRD 2 in namespace B, the speaker in
@@ -82,27 +83,27 @@ func speakerChild(t *testing.T, sock string) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	waitFor(t, "an established session", func() error { return sp.Eligible(ctx) })
+	testkit.WaitNil(t, 20*time.Second, "an established session", func() error { return sp.Eligible(ctx) })
 
 	// Advertised: BIRD holds the host route, next hop this side, with the
 	// MED of the holder's transitions.
 	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(7)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(7)) })
+	testkit.WaitNil(t, 20*time.Second, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(7)) })
 	// A dual-stack VIP: the IPv6 host route goes out on the IPv6 session,
 	// next hop this side's IPv6 address.
 	vip6 := netip.MustParseAddr("2001:db8::10")
 	if err := sp.Advertise(ctx, []netip.Addr{vip, vip6}, MED(7)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the IPv6 route at the router", func() error { return routeIs(sock, vip6, "fd00:192::1", MED(7)) })
+	testkit.WaitNil(t, 20*time.Second, "the IPv6 route at the router", func() error { return routeIs(sock, vip6, "fd00:192::1", MED(7)) })
 	// Withdrawn while the sessions stay up: gone at once.
 	start := time.Now()
 	if err := sp.Withdraw(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the withdrawal at the router", func() error { return errors.Join(noRoute(sock, vip), noRoute(sock, vip6)) })
+	testkit.WaitNil(t, 20*time.Second, "the withdrawal at the router", func() error { return errors.Join(noRoute(sock, vip), noRoute(sock, vip6)) })
 	t.Logf("route gone from the router %v after Withdraw", time.Since(start).Round(time.Millisecond))
 	if sp.Advertised() {
 		t.Fatal("Advertised after Withdraw")
@@ -112,7 +113,7 @@ func speakerChild(t *testing.T, sock string) {
 	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(8)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the route again", func() error {
+	testkit.WaitNil(t, 20*time.Second, "the route again", func() error {
 		if err := noRoute(sock, vip); err == nil {
 			return fmt.Errorf("no route yet")
 		}
@@ -120,7 +121,7 @@ func speakerChild(t *testing.T, sock string) {
 	})
 	start = time.Now()
 	sp.Close()
-	waitFor(t, "the route gone after Close", func() error { return noRoute(sock, vip) })
+	testkit.WaitNil(t, 20*time.Second, "the route gone after Close", func() error { return noRoute(sock, vip) })
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("the router dropped the route %v after Close; a CEASE should end it well before the 9 s hold timer", d)
 	}
@@ -162,19 +163,6 @@ func noRoute(sock string, a netip.Addr) error {
 		return fmt.Errorf("route still there: %s", r)
 	}
 	return nil
-}
-
-func waitFor(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("waiting for %s: %v", what, err)
 }
 
 // policyEnv carries the policy test's mode and BIRD's socket to its
@@ -253,14 +241,14 @@ func policyChild(t *testing.T, mode, sock string) {
 		t.Fatal(err)
 	}
 	defer sp.Close()
-	waitFor(t, "an established session", func() error { return sp.Eligible(ctx) })
+	testkit.WaitNil(t, 20*time.Second, "an established session", func() error { return sp.Eligible(ctx) })
 	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(3)); err != nil {
 		t.Fatal(err)
 	}
 	switch mode {
 	case "ebgp":
 		// From the loopback address, so it is the next hop too.
-		waitFor(t, "the route, with its communities", func() error {
+		testkit.WaitNil(t, 20*time.Second, "the route, with its communities", func() error {
 			if err := routeIs(sock, vip, "203.0.113.1", MED(3)); err != nil {
 				return err
 			}
@@ -282,7 +270,7 @@ func policyChild(t *testing.T, mode, sock string) {
 			}
 		}
 	case "ibgp":
-		waitFor(t, "the route, with its local preference", func() error {
+		testkit.WaitNil(t, 20*time.Second, "the route, with its local preference", func() error {
 			r, err := birdRoute(sock, vip)
 			if err == nil && !strings.Contains(r, "BGP.local_pref: 200") {
 				err = fmt.Errorf("local preference 200 missing: %s", r)
@@ -373,7 +361,7 @@ protocol bgp vigil {
 	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the route gone after the freeze", func() error { return noRoute(sock, vip) })
+	testkit.WaitNil(t, 20*time.Second, "the route gone after the freeze", func() error { return noRoute(sock, vip) })
 	took := time.Since(frozen)
 	t.Logf("the router dropped the frozen speaker's route %v after the freeze (BFD 100ms x 3; hold time 9 s)", took.Round(time.Millisecond))
 	if took > 2*time.Second {
@@ -402,14 +390,14 @@ func bfdChild(t *testing.T, sock string) {
 		t.Fatal(err)
 	}
 	// Eligible needs the BGP session and the BFD session up.
-	waitFor(t, "established BGP and BFD sessions", func() error { return sp.Eligible(ctx) })
+	testkit.WaitNil(t, 20*time.Second, "established BGP and BFD sessions", func() error { return sp.Eligible(ctx) })
 	if ps := sp.Peers(ctx); len(ps) != 1 || ps[0].BFD != "up" {
 		t.Fatalf("peers %+v, want BFD up", ps)
 	}
 	if err := sp.Advertise(ctx, []netip.Addr{vip}, MED(1)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(1)) })
+	testkit.WaitNil(t, 20*time.Second, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(1)) })
 	fmt.Println("READY")
 	time.Sleep(time.Minute)
 	t.Fatal("not killed")

@@ -23,6 +23,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestBootstrapBeforeAPIServer is `kubeadm init` with controlPlaneEndpoint
@@ -58,7 +59,7 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 		"--node-name", "cp1", "--election", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379",
 		"--lb-port", "6443", "--backend-port", strconv.Itoa(apiPort), "--health-ca", ca,
 		"--kubeconfig", kc, "--metrics-address", "127.0.0.1:9558")
-	waitFor(t, 20*time.Second, "the VIP on a0 with no API server", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0 with no API server", func() bool { return hasVIP(t, p.A) })
 	t.Logf("VIP up %v after vigil started; no API server exists", time.Since(started).Round(time.Millisecond))
 	st := status(t, p.A)
 	if len(st.Backends) != 1 || st.Backends[0].Address != "127.0.0.1:16443" || st.Backends[0].State == "up" {
@@ -79,14 +80,14 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "a namespace created through the VIP", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "a namespace created through the VIP", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := viaVIP.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bootstrap"}}, metav1.CreateOptions{})
 		return err == nil
 	})
 
-	waitFor(t, 60*time.Second, "vigil to find the API server in the EndpointSlice", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "vigil to find the API server in the EndpointSlice", func() bool {
 		for _, b := range status(t, p.A).Backends {
 			if b.Address == net.JoinHostPort(nodeIP, strconv.Itoa(apiPort)) && b.State == "up" {
 				return true
@@ -113,7 +114,7 @@ func TestBootstrapBeforeAPIServer(t *testing.T) {
 		}
 		PublishedAPIServers []string
 	}
-	waitFor(t, 30*time.Second, "the agent to learn the API server from the EndpointSlice", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the agent to learn the API server from the EndpointSlice", func() bool {
 		if err := json.Unmarshal([]byte(get(t, p.B, "http://127.0.0.1:9559/status")), &agentStatus); err != nil || len(agentStatus.Upstreams) == 0 {
 			return false
 		}

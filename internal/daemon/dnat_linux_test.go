@@ -20,6 +20,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // The API server keeps kubeadm's default bind address, 0.0.0.0:6443, and
@@ -55,8 +56,8 @@ func TestLBListenPortWithAPIServerOnAllAddresses(t *testing.T) {
 	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
 		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379",
 		"--lb-port", "6443", "--lb-listen-port", "16443", "--backend-port", "6443", "--health-ca", ca)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
-	waitFor(t, 20*time.Second, "the API server up as a backend", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the API server up as a backend", func() bool {
 		for _, b := range statusOK(nstest.Binary(t, "vigil"), p.A).Backends {
 			if b.State == "up" {
 				return true
@@ -83,8 +84,8 @@ func TestLBListenPortWithAPIServerOnAllAddresses(t *testing.T) {
 	if err := vigil.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the VIP gone after SIGTERM", func() bool { return !hasVIP(t, p.A) })
-	waitFor(t, 10*time.Second, "the rule gone after SIGTERM", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "the VIP gone after SIGTERM", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the rule gone after SIGTERM", func() bool {
 		var rules []dnat.Rule
 		err := netns.Do(p.A, func() (err error) { rules, err = dnat.Installed(); return err })
 		return err == nil && len(rules) == 0

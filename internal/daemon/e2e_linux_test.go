@@ -22,6 +22,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 const testVIP = "192.0.2.100"
@@ -166,17 +167,6 @@ func startIn(t *testing.T, ns, logName string, bin string, args ...string) *exec
 	return cmd
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // A VIP left by a crash is removed at start, and never added while etcd is
 // unreachable.
 func TestStaleVIPRemovedWhileEtcdUnreachable(t *testing.T) {
@@ -184,7 +174,7 @@ func TestStaleVIPRemovedWhileEtcdUnreachable(t *testing.T) {
 	nstest.IP(t, "-n", p.A, "addr", "add", testVIP+"/24", "dev", "a0")
 	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
 		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:1")
-	waitFor(t, 10*time.Second, "the stale VIP to go", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the stale VIP to go", func() bool { return !hasVIP(t, p.A) })
 	time.Sleep(2 * time.Second)
 	if hasVIP(t, p.A) {
 		t.Fatal("VIP added without etcd")
@@ -200,20 +190,20 @@ func TestLeadAnnounceAndGracefulStop(t *testing.T) {
 	// B believes the VIP lives elsewhere.
 	nstest.IP(t, "-n", p.B, "neigh", "replace", testVIP, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
 	vigil := startVigilA(t, p.A)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	mac := strings.Fields(nstest.IP(t, "-n", p.A, "-br", "link", "show", "a0"))[2]
-	waitFor(t, 5*time.Second, "B to learn the VIP's MAC", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "B to learn the VIP's MAC", func() bool {
 		return strings.Contains(nstest.IP(t, "-n", p.B, "neigh", "show", testVIP), mac)
 	})
 
 	if err := vigil.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "vigil to exit", func() bool { return !alive(vigil.Process.Pid) })
+	testkit.WaitFor(t, 10*time.Second, "vigil to exit", func() bool { return !alive(vigil.Process.Pid) })
 	if hasVIP(t, p.A) {
 		t.Fatal("VIP still on a0 after SIGTERM")
 	}
-	waitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
+	testkit.WaitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
 	if h := lockHolder(t, p.A); h != "" {
 		t.Fatalf("lock holder after SIGTERM = %q, want released", h)
 	}
@@ -300,7 +290,7 @@ func reportRevision(ns, node string) int64 {
 func waitLive(t *testing.T, ns, node string) {
 	t.Helper()
 	var first int64
-	waitFor(t, 30*time.Second, node+" to publish its member view twice", func() bool {
+	testkit.WaitFor(t, 30*time.Second, node+" to publish its member view twice", func() bool {
 		rev := reportRevision(ns, node)
 		if first == 0 {
 			first = rev
@@ -333,7 +323,7 @@ func TestKilledHolderVIPExpires(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	vigil := startVigilA(t, p.A, "--vip-lifetime", "2s", "--guard=false")
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0"); !strings.Contains(out, "valid_lft 2sec") && !strings.Contains(out, "valid_lft 1sec") {
 		t.Fatalf("VIP has no 2 s lifetime:\n%s", out)
 	}
@@ -345,7 +335,7 @@ func TestKilledHolderVIPExpires(t *testing.T) {
 	if err := vigil.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the kernel to drop the VIP", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the kernel to drop the VIP", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGKILL", time.Since(killed).Round(10*time.Millisecond))
 }
 
@@ -355,12 +345,12 @@ func TestGuardRemovesVIPWhenVigilIsKilled(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	vigil := startVigilA(t, p.A, "--vip-lifetime", "0")
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if err := vigil.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the guard to remove the VIP", func() bool { return !hasVIP(t, p.A) })
-	waitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
+	testkit.WaitFor(t, 5*time.Second, "the guard to remove the VIP", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 5*time.Second, "the guard to exit", func() bool { return !guardRunning(t, p.A) })
 }
 
 // guardRunning reports whether a `vigil guard` process runs in ns.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // startEtcd3 runs a three-member etcd inside ns on 127.0.0.1-3 and returns
@@ -88,8 +89,8 @@ func TestOneEtcdConnectionPerMember(t *testing.T) {
 	urls := startEtcd3(t, p.A)
 	vigil := startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "a0",
 		"--node-name", "n1", "--etcd-endpoints", urls[0], "--etcd-member-name", "e1")
-	waitFor(t, 30*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
-	waitFor(t, 10*time.Second, "a connection to each of the 3 members", func() bool { return etcdConns(t, p.A, vigil.Process.Pid) == 3 })
+	testkit.WaitFor(t, 30*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "a connection to each of the 3 members", func() bool { return etcdConns(t, p.A, vigil.Process.Pid) == 3 })
 
 	// A window of observer rounds, discovery reads, renewals and status
 	// probes: the count never moves (before, every status probe dialled

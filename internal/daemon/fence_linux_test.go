@@ -20,6 +20,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // A stopped vigil (SIGSTOP) cannot step down; its guard removes the VIP
@@ -29,14 +30,14 @@ func TestGuardFencesStoppedHolder(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	vigil := startVigilA(t, p.A, "--vip-lifetime", "0")
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
 	defer func() { _ = vigil.Process.Signal(syscall.SIGCONT) }()
 	// The guard acts 600 ms after the last renewal began; 3 s is generous.
-	waitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGSTOP", time.Since(stopped).Round(10*time.Millisecond))
 	time.Sleep(time.Second)
 	if hasVIP(t, p.A) {
@@ -46,7 +47,7 @@ func TestGuardFencesStoppedHolder(t *testing.T) {
 	if err := vigil.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the resumed vigil to hold the VIP again", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the resumed vigil to hold the VIP again", func() bool { return hasVIP(t, p.A) })
 }
 
 // The static pod's guard runs as a container of its own (vigil guard
@@ -60,23 +61,23 @@ func TestGuardSocketFencesKilledAndStoppedHolder(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "guard.sock")
 	startIn(t, p.A, "guard.log", nstest.Binary(t, "vigil"), "guard", "--listen", sock, "--vip", testVIP+"/24", "--interface", "a0")
 	vigil := startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if err := vigil.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	waitFor(t, 2*time.Second, "the guard to remove the VIP of the killed holder", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 2*time.Second, "the guard to remove the VIP of the killed holder", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGKILL", time.Since(killed).Round(time.Millisecond))
 
 	// The guard outlived its vigil and serves the next one.
 	vigil = startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
-	waitFor(t, 20*time.Second, "the restarted vigil to hold the VIP", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the restarted vigil to hold the VIP", func() bool { return hasVIP(t, p.A) })
 	if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
 	defer func() { _ = vigil.Process.Signal(syscall.SIGCONT) }()
-	waitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGSTOP", time.Since(stopped).Round(time.Millisecond))
 }
 
@@ -89,7 +90,7 @@ func TestNoGuardNoVIP(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "guard.sock")
 	bin := nstest.Binary(t, "vigil")
 	startVigilA(t, p.A, "--vip-lifetime", "0", "--guard-socket", sock)
-	waitFor(t, 20*time.Second, "vigil to say why it does not campaign", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "vigil to say why it does not campaign", func() bool {
 		return strings.Contains(statusOK(bin, p.A).Ineligible, "not connected to the VIP guard")
 	})
 	time.Sleep(time.Second) // several retry periods
@@ -98,19 +99,19 @@ func TestNoGuardNoVIP(t *testing.T) {
 	}
 	guardArgs := []string{"guard", "--listen", sock, "--vip", testVIP + "/24", "--interface", "a0"}
 	guard := startIn(t, p.A, "guard.log", bin, guardArgs...)
-	waitFor(t, 10*time.Second, "the VIP once the guard listens", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the VIP once the guard listens", func() bool { return hasVIP(t, p.A) })
 
 	// The guard dies (SIGKILL: it cannot remove anything): the holder
 	// steps down and removes the VIP itself.
 	if err := guard.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the holder without its guard to step down", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 5*time.Second, "the holder without its guard to step down", func() bool { return !hasVIP(t, p.A) })
 	if r := statusOK(bin, p.A); r.Leader {
 		t.Fatalf("vigil still leads without a guard: %+v", r)
 	}
 	startIn(t, p.A, "guard2.log", bin, guardArgs...)
-	waitFor(t, 10*time.Second, "the VIP once a guard listens again", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the VIP once a guard listens again", func() bool { return hasVIP(t, p.A) })
 }
 
 // statusOK is status that returns the zero Report while vigil does not answer.
@@ -129,10 +130,10 @@ func TestAddressFollowsRole(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	startVigilA(t, p.A)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	for i := 0; i < 3; i++ {
 		nstest.IP(t, "-n", p.A, "addr", "del", testVIP+"/24", "dev", "a0")
-		waitFor(t, time.Second, "the holder to put the VIP back", func() bool { return hasVIP(t, p.A) })
+		testkit.WaitFor(t, time.Second, "the holder to put the VIP back", func() bool { return hasVIP(t, p.A) })
 	}
 	// B runs vigil too, with its own name; it does not lead.
 	startIn(t, p.B, "vigil-b.log", nstest.Binary(t, "vigil"), "run", "--vip", testVIP+"/24", "--interface", "b0",
@@ -145,7 +146,7 @@ func TestAddressFollowsRole(t *testing.T) {
 		if i == 0 {
 			within = 20 * time.Second
 		}
-		waitFor(t, within, "the non-holder to remove the stray VIP", func() bool {
+		testkit.WaitFor(t, within, "the non-holder to remove the stray VIP", func() bool {
 			return !strings.Contains(nstest.IP(t, "-n", p.B, "addr", "show", "dev", "b0"), " "+testVIP+"/")
 		})
 	}
@@ -161,10 +162,10 @@ func TestHolderWithoutItsInterfaceStepsDown(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	startVigilA(t, p.A)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 
 	nstest.IP(t, "-n", p.B, "link", "set", "b0", "down") // a0 loses carrier
-	waitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolder(t, p.A) == "" })
+	testkit.WaitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolder(t, p.A) == "" })
 	if hasVIP(t, p.A) {
 		t.Fatal("VIP still on a0 without carrier")
 	}
@@ -173,17 +174,17 @@ func TestHolderWithoutItsInterfaceStepsDown(t *testing.T) {
 		t.Fatalf("%s took the lock while its interface had no carrier", h)
 	}
 	nstest.IP(t, "-n", p.B, "link", "set", "b0", "up")
-	waitFor(t, 10*time.Second, "the VIP back once carrier returns", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the VIP back once carrier returns", func() bool { return hasVIP(t, p.A) })
 
 	nstest.IP(t, "-n", p.A, "link", "set", "a0", "down")
 	nstest.IP(t, "-n", p.A, "link", "set", "a0", "name", "a9")
-	waitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolder(t, p.A) == "" })
+	testkit.WaitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolder(t, p.A) == "" })
 	if strings.Contains(nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a9"), " "+testVIP+"/") {
 		t.Fatal("the VIP stayed on the renamed interface")
 	}
 	nstest.IP(t, "-n", p.A, "link", "set", "a9", "name", "a0")
 	nstest.IP(t, "-n", p.A, "link", "set", "a0", "up")
-	waitFor(t, 10*time.Second, "the VIP back on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "the VIP back on a0", func() bool { return hasVIP(t, p.A) })
 }
 
 // The holder's elector is stuck writing a log line (stderr is a full pipe
@@ -241,7 +242,7 @@ func TestBlockedHolderFencedByItsOwnDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	waitFor(t, 3*time.Second, "the VIP to go at the lease deadline", func() bool { return !hasVIP(t, p.A) })
+	testkit.WaitFor(t, 3*time.Second, "the VIP to go at the lease deadline", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after etcd was killed, with vigil's stderr blocked", time.Since(killed).Round(10*time.Millisecond))
 	select {
 	case <-done:
@@ -259,11 +260,11 @@ func TestHolderThatCannotAddTheVIPStepsDown(t *testing.T) {
 	nstest.IP(t, "netns", "exec", p.A, "sysctl", "-qw", "net.ipv6.conf.a0.disable_ipv6=1")
 	startIn(t, p.A, "vigil.log", nstest.Binary(t, "vigil"), "run", "--vip", "fd00:192::100/64", "--interface", "a0",
 		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
-	waitFor(t, 20*time.Second, "n1 to take the lock", func() bool { return lockHolderOK(p.A) == "n1" })
-	waitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolderOK(p.A) == "" })
+	testkit.WaitFor(t, 20*time.Second, "n1 to take the lock", func() bool { return lockHolderOK(p.A) == "n1" })
+	testkit.WaitFor(t, 5*time.Second, "the lock to be released", func() bool { return lockHolderOK(p.A) == "" })
 	// It stands by for 10 s after the failures, then tries again (a peer,
 	// if any, holds the lock by then): the status says why meanwhile.
-	waitFor(t, 5*time.Second, "vigil status to say why n1 stands by", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "vigil status to say why n1 stands by", func() bool {
 		out := nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status")
 		return strings.Contains(out, "does not campaign: adding the VIP failed")
 	})
@@ -275,14 +276,14 @@ func TestConflictReported(t *testing.T) {
 	p := nstest.NewPair(t)
 	startEtcdIn(t, p.A)
 	startVigilA(t, p.A)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	time.Sleep(2 * time.Second) // past the probe after the takeover
 	// B runs no vigil: a foreign host given the VIP by mistake.
 	nstest.IP(t, "-n", p.B, "addr", "add", testVIP+"/32", "dev", "b0")
 	added := time.Now()
 	bmac := strings.Fields(nstest.IP(t, "-n", p.B, "-br", "link", "show", "b0"))[2]
 	status := func() string { return nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status") }
-	waitFor(t, 5*time.Second, "the conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
+	testkit.WaitFor(t, 5*time.Second, "the conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
 	t.Logf("conflict reported %v after B took the VIP", time.Since(added).Round(10*time.Millisecond))
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return netns.Dialer(p.A)(ctx, addr) },
@@ -303,7 +304,7 @@ func TestConflictReported(t *testing.T) {
 		}
 	}
 	nstest.IP(t, "-n", p.B, "addr", "del", testVIP+"/32", "dev", "b0")
-	waitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
+	testkit.WaitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
 }
 
 // In dual-stack every address of the VIP is probed: a foreign host that
@@ -313,7 +314,7 @@ func TestConflictReportedOnEitherFamily(t *testing.T) {
 	startEtcdIn(t, p.A)
 	const vip6 = "fd00:192::100"
 	startVigilA(t, p.A, "--vip", vip6+"/64")
-	waitFor(t, 20*time.Second, "both VIP addresses on a0", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "both VIP addresses on a0", func() bool {
 		out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0")
 		return strings.Contains(out, " "+testVIP+"/") && strings.Contains(out, " "+vip6+"/64 ")
 	})
@@ -321,9 +322,9 @@ func TestConflictReportedOnEitherFamily(t *testing.T) {
 	nstest.IP(t, "-n", p.B, "addr", "add", vip6+"/128", "dev", "b0", "nodad")
 	bmac := strings.Fields(nstest.IP(t, "-n", p.B, "-br", "link", "show", "b0"))[2]
 	status := func() string { return nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status") }
-	waitFor(t, 5*time.Second, "the IPv6 conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
+	testkit.WaitFor(t, 5*time.Second, "the IPv6 conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
 	nstest.IP(t, "-n", p.B, "addr", "del", vip6+"/128", "dev", "b0")
-	waitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
+	testkit.WaitFor(t, 5*time.Second, "the conflict to clear", func() bool { return strings.Contains(status(), "VIP conflicts: none now") })
 }
 
 // A second process with a candidate's name (a third node holds the lock, so
@@ -335,10 +336,10 @@ func TestDuplicateNameRefusedAtStart(t *testing.T) {
 	vigil := nstest.Binary(t, "vigil")
 	startIn(t, p.A, "vigil-n1.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "a0",
 		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
-	waitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
 	startIn(t, p.B, "vigil-n2.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "b0",
 		"--node-name", "n2", "--etcd-endpoints", "http://192.0.2.1:2379", "--metrics-address", "")
-	waitFor(t, 20*time.Second, "n2 to claim its name", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "n2 to claim its name", func() bool {
 		v, err := readKey(p.A, "/vigil/leader/names/n2")
 		return err == nil && v != nil
 	})
@@ -402,7 +403,7 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 			} else {
 				vigil = startVigilA(t, p.A, "--vip-lifetime", "0")
 			}
-			waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+			testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 			if mode == "child" {
 				guardPID = childOf(t, vigil.Process.Pid)
 			}
@@ -417,9 +418,9 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 			defer func() { _ = guard.Signal(syscall.SIGCONT) }()
 			// Unanswered for 300 ms at the defaults, then the next renewal
 			// steps down; 3 s is generous.
-			waitFor(t, 3*time.Second, "the holder with a stopped guard to remove the VIP", func() bool { return !hasVIP(t, p.A) })
+			testkit.WaitFor(t, 3*time.Second, "the holder with a stopped guard to remove the VIP", func() bool { return !hasVIP(t, p.A) })
 			t.Logf("VIP gone %v after the guard's SIGSTOP", time.Since(stopped).Round(time.Millisecond))
-			waitFor(t, 5*time.Second, "vigil to say its guard does not answer", func() bool {
+			testkit.WaitFor(t, 5*time.Second, "vigil to say its guard does not answer", func() bool {
 				return strings.Contains(statusOK(bin, p.A).Ineligible, "guard does not answer")
 			})
 			// vigil stopped too: nothing may bring the VIP back.
@@ -437,7 +438,7 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 			if err := guard.Signal(syscall.SIGCONT); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 10*time.Second, "the VIP once the guard answers again", func() bool { return hasVIP(t, p.A) })
+			testkit.WaitFor(t, 10*time.Second, "the VIP once the guard answers again", func() bool { return hasVIP(t, p.A) })
 		})
 	}
 }
@@ -447,7 +448,7 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 func childOf(t *testing.T, pid int) int {
 	t.Helper()
 	var child int
-	waitFor(t, 5*time.Second, fmt.Sprintf("a child of pid %d", pid), func() bool {
+	testkit.WaitFor(t, 5*time.Second, fmt.Sprintf("a child of pid %d", pid), func() bool {
 		files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 		var all []string
 		for _, f := range files {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // The real binaries: vigil handoff refuses while no peer runs vigil, and a
@@ -34,7 +35,7 @@ func TestHandoffCommand(t *testing.T) {
 	}
 	startIn(t, p.A, "vigil-n1.log", vigil, "run", "--vip", testVIP+"/24", "--interface", "a0",
 		"--node-name", "n1", "--etcd-endpoints", "http://127.0.0.1:2379")
-	waitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
 
 	// Alone: refused, nothing changes.
 	out, code := handoff()
@@ -82,7 +83,7 @@ func TestHandoffCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "released the hold on n1") {
 		t.Fatalf("release: exit %d\n%s", code, out)
 	}
-	waitFor(t, 10*time.Second, "n1 to take the VIP once released", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 10*time.Second, "n1 to take the VIP once released", func() bool { return hasVIP(t, p.A) })
 }
 
 func hasVIPOn(t *testing.T, ns, dev string) bool {

@@ -17,6 +17,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // Two load-balanced ports, as RKE2 needs them: 6443 (the API servers,
@@ -72,7 +73,7 @@ func TestTwoPortsEachServedCheckedAndFailedOver(t *testing.T) {
 			"--lb-port", "6443", "--lb-port", "9345", "--health-ca", ca, "--health-interval", "200ms"}
 	}
 	n1 := startIn(t, p.A, "vigil-n1.log", vigil, args("a0", "n1")...)
-	waitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "n1 to hold the VIP", func() bool { return hasVIP(t, p.A) })
 	startIn(t, p.B, "vigil-n2.log", vigil, args("b0", "n2")...)
 	waitLive(t, p.A, "n2")
 
@@ -91,7 +92,7 @@ func TestTwoPortsEachServedCheckedAndFailedOver(t *testing.T) {
 			return true
 		}
 	}
-	waitFor(t, 20*time.Second, "both ports' backends up on n1", allUp(p.A))
+	testkit.WaitFor(t, 20*time.Second, "both ports' backends up on n1", allUp(p.A))
 	r, _ := statusIn(p.A)
 	if pr := r.Ports[0]; pr.Port != 9345 || pr.BackendPort != 9345 || pr.Check != CheckTCP {
 		t.Fatalf("status ports = %+v, want 9345 to 9345 checked by tcp", r.Ports)
@@ -175,8 +176,8 @@ func TestTwoPortsEachServedCheckedAndFailedOver(t *testing.T) {
 
 	// The holder is killed: both ports come back on n2.
 	_ = n1.Process.Kill()
-	waitFor(t, 20*time.Second, "n2 to hold the VIP", func() bool { return hasVIPOn(t, p.B, "b0") })
-	waitFor(t, 20*time.Second, "both ports answering on n2", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "n2 to hold the VIP", func() bool { return hasVIPOn(t, p.B, "b0") })
+	testkit.WaitFor(t, 20*time.Second, "both ports answering on n2", func() bool {
 		_, e1 := api()
 		_, e2 := supervisor()
 		return e1 == nil && e2 == nil

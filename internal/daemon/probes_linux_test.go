@@ -16,6 +16,7 @@ import (
 	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // getIn fetches http://127.0.0.1:9558<path> inside ns (vigil's default
@@ -47,7 +48,7 @@ func TestProbesAndBuildInfo(t *testing.T) {
 		}
 		return c
 	}
-	waitFor(t, 10*time.Second, "/livez to answer 200 without etcd", func() bool { return code("/livez") == 200 })
+	testkit.WaitFor(t, 10*time.Second, "/livez to answer 200 without etcd", func() bool { return code("/livez") == 200 })
 	if c, body, err := getIn(p.A, "/readyz"); err != nil || c != http.StatusServiceUnavailable || !strings.Contains(body, "not ready: the holder is unknown") {
 		t.Fatalf("/readyz before etcd runs = %d %q %v, want 503 saying the lock has not been read", c, body, err)
 	}
@@ -56,7 +57,7 @@ func TestProbesAndBuildInfo(t *testing.T) {
 	}
 
 	etcd := startEtcdIn(t, p.A)
-	waitFor(t, 30*time.Second, "/readyz to answer 200 once etcd runs", func() bool { return code("/readyz") == 200 })
+	testkit.WaitFor(t, 30*time.Second, "/readyz to answer 200 once etcd runs", func() bool { return code("/readyz") == 200 })
 	_, metrics, err := getIn(p.A, "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +78,7 @@ func TestProbesAndBuildInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	waitFor(t, 30*time.Second, "/readyz to answer 503 with etcd gone", func() bool { return code("/readyz") == http.StatusServiceUnavailable })
+	testkit.WaitFor(t, 30*time.Second, "/readyz to answer 503 with etcd gone", func() bool { return code("/readyz") == http.StatusServiceUnavailable })
 	_, body, _ := getIn(p.A, "/readyz")
 	t.Logf("%v after etcd was killed, /readyz says %q", time.Since(killed).Round(time.Millisecond), strings.TrimSpace(body))
 	if c := code("/livez"); c != 200 {
@@ -96,7 +97,7 @@ func TestConfigFileAndEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	startIn(t, p.A, "vigil.log", "/usr/bin/env", "VIGIL_NODE_NAME=from-env", nstest.Binary(t, "vigil"), "run", "--config", file)
-	waitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
+	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
 	if h := lockHolder(t, p.A); h != "from-env" {
 		t.Fatalf("lock holder = %q, want from-env (VIGIL_NODE_NAME beats the file)", h)
 	}

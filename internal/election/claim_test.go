@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 func TestClaimName(t *testing.T) {
 	c := etcdtest.Start(t, 1)
 	lock := func() *EtcdLock {
-		l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testLogger(t))
+		l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testkit.Log(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -23,7 +24,7 @@ func TestClaimName(t *testing.T) {
 	defer cancel()
 	a, b := lock(), lock()
 
-	first, err := a.ClaimName(ctx, "n1", "host/pid-1/aaaa", testLogger(t))
+	first, err := a.ClaimName(ctx, "n1", "host/pid-1/aaaa", testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,13 +32,13 @@ func TestClaimName(t *testing.T) {
 	// first, so the refusal relies on the keep-alive, not on a fresh lease.
 	time.Sleep(claimTTL * time.Second)
 	start := time.Now()
-	_, err = b.ClaimName(ctx, "n1", "host/pid-2/bbbb", testLogger(t))
+	_, err = b.ClaimName(ctx, "n1", "host/pid-2/bbbb", testkit.Log(t))
 	if !errors.Is(err, ErrDuplicateIdentity) {
 		t.Fatalf("second claim = %v, want ErrDuplicateIdentity", err)
 	}
 	t.Logf("refused after %v: %v", time.Since(start).Round(time.Millisecond), err)
 	// Another name is free.
-	other, err := b.ClaimName(ctx, "n2", "host/pid-2/bbbb", testLogger(t))
+	other, err := b.ClaimName(ctx, "n2", "host/pid-2/bbbb", testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestClaimName(t *testing.T) {
 	// A clean stop revokes: the next process claims at once.
 	first.Close()
 	start = time.Now()
-	second, err := b.ClaimName(ctx, "n1", "host/pid-3/cccc", testLogger(t))
+	second, err := b.ClaimName(ctx, "n1", "host/pid-3/cccc", testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func TestClaimName(t *testing.T) {
 	second.wg.Wait()
 	second.cancel = nil // Close must not revoke: the process is "dead"
 	start = time.Now()
-	third, err := a.ClaimName(ctx, "n1", "host/pid-4/dddd", testLogger(t))
+	third, err := a.ClaimName(ctx, "n1", "host/pid-4/dddd", testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +79,14 @@ func TestClaimName(t *testing.T) {
 // it, and claim the name once it goes.
 func TestClaimOfDeadOwnerAcrossEtcdLeaderChange(t *testing.T) {
 	c := etcdtest.Start(t, 3)
-	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testLogger(t))
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	dead, err := l.ClaimName(ctx, "n1", "host/pid-1/aaaa", testLogger(t))
+	dead, err := l.ClaimName(ctx, "n1", "host/pid-1/aaaa", testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestClaimOfDeadOwnerAcrossEtcdLeaderChange(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	c.Kill(c.WaitLeader(10 * time.Second)) // a new raft leader extends the lease
 	start := time.Now()
-	got, err := l.ClaimName(ctx, "n1", "host/pid-2/bbbb", testLogger(t))
+	got, err := l.ClaimName(ctx, "n1", "host/pid-2/bbbb", testkit.Log(t))
 	if err != nil {
 		t.Fatalf("claim after the owner died and etcd changed leader: %v", err)
 	}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -19,14 +17,8 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
-
-func testLogger(t *testing.T) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-	}
-	return slog.New(slog.DiscardHandler)
-}
 
 // tracker records leadership of every candidate and fails the test if two
 // ever lead at once.
@@ -167,7 +159,7 @@ type candidate struct {
 
 func startCandidate(t *testing.T, name string, endpoints []string, tr *tracker, lease, renew, retry time.Duration, mods ...func(*Config)) *candidate {
 	t.Helper()
-	l, err := NewEtcdLock(EtcdConfig{Endpoints: endpoints, Key: "/test/leader"}, testLogger(t))
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: endpoints, Key: "/test/leader"}, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +172,7 @@ func startCandidate(t *testing.T, name string, endpoints []string, tr *tracker, 
 	for _, m := range mods {
 		m(&cfg)
 	}
-	c.el, err = New(cfg, testLogger(t).With("node", name))
+	c.el, err = New(cfg, testkit.Log(t).With("node", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +413,7 @@ func TestEtcdStartsLater(t *testing.T) {
 // drops a member that was removed.
 func TestEndpointsFollowMembership(t *testing.T) {
 	c := etcdtest.Start(t, 3)
-	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints[:1], Key: "/test/leader"}, testLogger(t))
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints[:1], Key: "/test/leader"}, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +426,7 @@ func TestEndpointsFollowMembership(t *testing.T) {
 	want := append([]string(nil), c.Endpoints...)
 	sort.Strings(want)
 	// The list is refreshed beside the operation, not in its way.
-	waitFor(t, 10*time.Second, "every member's endpoint from a one-member seed", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "every member's endpoint from a one-member seed", func() bool {
 		return slices.Equal(l.Endpoints(), want)
 	})
 
@@ -446,7 +438,7 @@ func TestEndpointsFollowMembership(t *testing.T) {
 	id := uint64(c.Members[2].Server.MemberID())
 	// etcd refuses removals until its members have been connected for a
 	// few seconds ("unhealthy cluster"); retry until it accepts.
-	waitFor(t, 20*time.Second, "etcd to accept the member removal", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "etcd to accept the member removal", func() bool {
 		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer rcancel()
 		_, err := cli.MemberRemove(rctx, id)
@@ -460,17 +452,6 @@ func TestEndpointsFollowMembership(t *testing.T) {
 	}
 	if got := l.Endpoints(); slices.Contains(got, c.Endpoints[2]) || len(got) != 2 {
 		t.Fatalf("endpoints after removing %s = %v", c.Endpoints[2], got)
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -539,7 +520,7 @@ func TestDuplicateIdentity(t *testing.T) {
 	}
 	first := readRecord(t, c.Endpoints)
 
-	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testLogger(t))
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints, Key: "/test/leader"}, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,7 +529,7 @@ func TestDuplicateIdentity(t *testing.T) {
 	twin, err := New(Config{
 		Identity: "a", Lock: l, LeaseDuration: tLease, RenewDeadline: tRenew, RetryPeriod: tRetry,
 		Callbacks: Callbacks{OnStartedLeading: func(context.Context) { twinLed.Store(true) }},
-	}, testLogger(t).With("node", "a-twin"))
+	}, testkit.Log(t).With("node", "a-twin"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -658,7 +639,7 @@ func TestIneligibleLeaderReleases(t *testing.T) {
 func TestShedRaftLeadership(t *testing.T) {
 	c := etcdtest.Start(t, 3)
 	lead := c.WaitLeader(10 * time.Second)
-	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints}, testLogger(t))
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: c.Endpoints}, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}

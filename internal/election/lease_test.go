@@ -18,6 +18,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/netfault"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 const testLeaseName = "vigil-test"
@@ -140,7 +141,7 @@ func startLeaseCandidate(t *testing.T, s *kubetest.Server, url, name string, tr 
 	for _, m := range mods {
 		m(&cfg)
 	}
-	el, err := New(cfg, testLogger(t).With("node", name))
+	el, err := New(cfg, testkit.Log(t).With("node", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func TestLease(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p := netfault.NewProxy(ln, s.URL[len("https://"):], testLogger(t))
+			p := netfault.NewProxy(ln, s.URL[len("https://"):], testkit.Log(t))
 			t.Cleanup(func() { _ = p.Close() })
 			proxies = append(proxies, p)
 			startLeaseCandidate(t, s, "https://"+ln.Addr().String(), name, tr, slowTimings, func(c *Config) {

@@ -10,12 +10,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // retireAsync runs Retire on its own lock and reports when it returned.
 func retireAsync(t *testing.T, endpoints []string) (done <-chan time.Time, cancel func()) {
 	t.Helper()
-	l, err := NewEtcdLock(EtcdConfig{Endpoints: endpoints, Key: "/test/leader"}, testLogger(t))
+	l, err := NewEtcdLock(EtcdConfig{Endpoints: endpoints, Key: "/test/leader"}, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +25,7 @@ func retireAsync(t *testing.T, endpoints []string) (done <-chan time.Time, cance
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		if err := Retire(ctx, l, "lease kube-system/vigil", tRetry, testLogger(t)); err == nil {
+		if err := Retire(ctx, l, "lease kube-system/vigil", tRetry, testkit.Log(t)); err == nil {
 			ch <- time.Now()
 		}
 	}()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netfault"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // slowStore is a 3-member embedded etcd whose members advertise a delay
@@ -29,7 +30,7 @@ func startSlowStore(t *testing.T) *slowStore {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := netfault.NewProxy(ln, listen, testLogger(t))
+		p := netfault.NewProxy(ln, listen, testkit.Log(t))
 		t.Cleanup(func() { _ = p.Close() })
 		s.proxies = append(s.proxies, p)
 		return "http://" + ln.Addr().String()
@@ -73,7 +74,7 @@ func TestSlowStoreKeepsTheHolder(t *testing.T) {
 	holder := tr.waitLeader(t, 10*time.Second, "")
 	// Wait until every candidate follows the advertised (proxied) URLs.
 	for _, c := range cands {
-		waitFor(t, 10*time.Second, c.name+" follows the proxies", func() bool {
+		testkit.WaitFor(t, 10*time.Second, c.name+" follows the proxies", func() bool {
 			eps := c.lock.Endpoints()
 			return len(eps) == 3 && strings.Contains(strings.Join(eps, ","), s.proxies[0].Addr().String())
 		})
@@ -106,7 +107,7 @@ func TestSlowStoreKeepsTheHolder(t *testing.T) {
 	// Too slow for the lease: the holder must go, and nobody may lead
 	// while no renewal can land in time.
 	s.set(t, 2*700*time.Millisecond)
-	waitFor(t, 10*time.Second, holder+" steps down", func() bool { return tr.leader() == "" })
+	testkit.WaitFor(t, 10*time.Second, holder+" steps down", func() bool { return tr.leader() == "" })
 	var led atomic.Bool
 	deadline := time.Now().Add(4 * time.Second)
 	for time.Now().Before(deadline) {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,28 +16,19 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netfault"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
+
+// ctx bounds one step of a test.
+func ctx(t *testing.T) context.Context { return testkit.Context(t, 10*time.Second) }
 
 func TestMain(m *testing.M) {
 	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
 }
 
-func testLog(t *testing.T) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(os.Stderr, nil)).With("test", t.Name())
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
 func newCluster(t *testing.T, cfg Config) *Cluster {
 	t.Helper()
-	c, err := New(cfg, testLog(t))
+	c, err := New(cfg, testkit.Log(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +79,7 @@ func TestKeepSeeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := netfault.NewProxy(ln, strings.TrimPrefix(e.Endpoints[0], "http://"), testLog(t))
+	p := netfault.NewProxy(ln, strings.TrimPrefix(e.Endpoints[0], "http://"), testkit.Log(t))
 	t.Cleanup(func() { _ = p.Close() })
 	alias := "http://" + ln.Addr().String()
 	for _, keep := range []bool{false, true} {

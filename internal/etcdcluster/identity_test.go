@@ -16,6 +16,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netfault"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // An impostor at a member's address: a fresh one-member etcd answers at
@@ -34,7 +35,7 @@ func TestImpostorIsRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := netfault.NewProxy(ln, listen, testLog(t))
+		p := netfault.NewProxy(ln, listen, testkit.Log(t))
 		t.Cleanup(func() { _ = p.Close() })
 		mu.Lock()
 		proxies[i] = p

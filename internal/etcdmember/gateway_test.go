@@ -16,19 +16,17 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
+
+// ctx bounds one step of a test.
+func ctx(t *testing.T) context.Context { return testkit.Context(t, 10*time.Second) }
 
 func TestMain(m *testing.M) {
 	// A killed member leaves etcd's own peer HTTP goroutines behind, and
 	// the options that ignore them would hide the Lister's too:
 	// TestListerKeepsOneConnection counts the Lister's connections instead.
 	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return c
 }
 
 func newLister(t *testing.T, cfg ListerConfig) *Lister {

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -97,19 +98,6 @@ func (c *changes) last(backend string) (Status, bool) {
 	return Status{}, false
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for time.Since(start) < d {
-		if cond() {
-			return time.Since(start)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s", d, what)
-	return 0
-}
-
 func newChecker(t *testing.T, cfg Config) (*Checker, *changes) {
 	t.Helper()
 	ch := &changes{}
@@ -130,28 +118,28 @@ func TestCheckerFollowsBackendHealth(t *testing.T) {
 	state := func(s State, cause Cause) func() bool {
 		return func() bool { st, ok := ch.last(b); return ok && st.State == s && st.Cause == cause }
 	}
-	waitFor(t, 2*time.Second, "up", state(Up, NoCause))
+	testkit.WaitFor(t, 2*time.Second, "up", state(Up, NoCause))
 
 	a.mode.Store("503")
-	waitFor(t, 3*time.Second, "draining", state(Down, Draining))
+	testkit.WaitFor(t, 3*time.Second, "draining", state(Down, Draining))
 	if st, _ := c.Status(b); !strings.Contains(st.LastError, "503") {
 		t.Errorf("LastError = %q, want the HTTP status", st.LastError)
 	}
 	a.mode.Store("ok")
-	waitFor(t, 3*time.Second, "up again", state(Up, NoCause))
+	testkit.WaitFor(t, 3*time.Second, "up again", state(Up, NoCause))
 
 	// A hung server is unreachable, not dead: no answer within the
 	// timeout does not prove its process gone. Generous bound; the
 	// defaults give at most interval + fall*timeout = 1.6 s.
 	a.mode.Store("hang")
-	took := waitFor(t, 5*time.Second, "unreachable after hanging", state(Down, Unreachable))
+	took := testkit.WaitFor(t, 5*time.Second, "unreachable after hanging", state(Down, Unreachable))
 	t.Logf("hung backend ejected after %v", took)
 	a.mode.Store("ok")
-	waitFor(t, 3*time.Second, "up after hang", state(Up, NoCause))
+	testkit.WaitFor(t, 3*time.Second, "up after hang", state(Up, NoCause))
 
 	// A closed server (refused connections) is dead: its process is gone.
 	a.srv.Close()
-	took = waitFor(t, 5*time.Second, "dead after close", state(Down, Dead))
+	took = testkit.WaitFor(t, 5*time.Second, "dead after close", state(Down, Dead))
 	t.Logf("closed backend ejected after %v", took)
 }
 
@@ -160,7 +148,7 @@ func TestCheckerWrongCAIsDown(t *testing.T) {
 	c, ch := newChecker(t, Config{TLS: &tls.Config{RootCAs: x509.NewCertPool()}}) // trusts no CA
 	c.Set([]string{a.backend()})
 	// Down, but the process answers: not Dead.
-	waitFor(t, 3*time.Second, "down", func() bool {
+	testkit.WaitFor(t, 3*time.Second, "down", func() bool {
 		st, ok := ch.last(a.backend())
 		return ok && st.State == Down && st.Cause == Unreachable
 	})
@@ -176,14 +164,14 @@ func TestCheckerHealthPortAndInsecure(t *testing.T) {
 	// Traffic goes to port 1 (nothing there); checks go to the server.
 	c, ch := newChecker(t, Config{Port: p, TLS: &tls.Config{InsecureSkipVerify: true}})
 	c.Set([]string{"127.0.0.1:1"})
-	waitFor(t, 3*time.Second, "up via the health port", func() bool { st, ok := ch.last("127.0.0.1:1"); return ok && st.State == Up })
+	testkit.WaitFor(t, 3*time.Second, "up via the health port", func() bool { st, ok := ch.last("127.0.0.1:1"); return ok && st.State == Up })
 }
 
 func TestCheckerMarkDeadAndSet(t *testing.T) {
 	a, b := newAPIServer(t), newAPIServer(t)
 	c, ch := newChecker(t, Config{TLS: &tls.Config{InsecureSkipVerify: true}, Interval: time.Hour}) // only the first check runs
 	c.Set([]string{a.backend(), b.backend()})
-	waitFor(t, 3*time.Second, "both up", func() bool {
+	testkit.WaitFor(t, 3*time.Second, "both up", func() bool {
 		s1, ok1 := ch.last(a.backend())
 		s2, ok2 := ch.last(b.backend())
 		return ok1 && ok2 && s1.State == Up && s2.State == Up
@@ -215,7 +203,7 @@ func TestDialFailed(t *testing.T) {
 	b := a.backend()
 	c, ch := newChecker(t, Config{TLS: &tls.Config{InsecureSkipVerify: true}, Interval: time.Hour}) // only the first check runs
 	c.Set([]string{b})
-	waitFor(t, 3*time.Second, "up", func() bool { st, ok := ch.last(b); return ok && st.State == Up })
+	testkit.WaitFor(t, 3*time.Second, "up", func() bool { st, ok := ch.last(b); return ok && st.State == Up })
 	opErr := func(errno syscall.Errno) error {
 		return &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: errno}}
 	}
@@ -277,9 +265,9 @@ func TestCheckerTCP(t *testing.T) {
 	}()
 	c, ch := newChecker(t, Config{Scheme: SchemeTCP, Interval: 50 * time.Millisecond})
 	c.Set([]string{addr})
-	waitFor(t, 3*time.Second, "up", func() bool { st, ok := ch.last(addr); return ok && st.State == Up })
+	testkit.WaitFor(t, 3*time.Second, "up", func() bool { st, ok := ch.last(addr); return ok && st.State == Up })
 	_ = ln.Close()
-	waitFor(t, 3*time.Second, "dead once closed", func() bool {
+	testkit.WaitFor(t, 3*time.Second, "dead once closed", func() bool {
 		st, ok := ch.last(addr)
 		return ok && st.State == Down && st.Cause == Dead
 	})

@@ -3,7 +3,6 @@ package kube
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -16,13 +15,12 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/kubetest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	etcdtest.Main(m, etcdtest.LeakOptions()...)
 }
-
-func testLog(t *testing.T) *slog.Logger { return slog.New(slog.NewTextHandler(t.Output(), nil)) }
 
 // server is a real kube-apiserver with its own embedded etcd.
 func server(t *testing.T) *kubetest.Server {
@@ -64,7 +62,7 @@ func testClusterAPIManager(t *testing.T, admin kubernetes.Interface) {
 
 func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {
 	ref := LeaseRef("kube-system", "vigil-events-test")
-	e := NewEvents(admin, ref, "n1", testLog(t))
+	e := NewEvents(admin, ref, "n1", testkit.Log(t))
 	e.Emit(false, ReasonBecameLeader, "n1 holds the VIP %s", "10.0.0.100")
 	e.Emit(true, ReasonSteppedDown, "n1 stepped down: %s", "lock lost")
 	e.Close(10 * time.Second)
@@ -96,7 +94,7 @@ func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	le := NewEvents(admin, LeaseRef("kube-system", "vigil-described"), "n1", testLog(t))
+	le := NewEvents(admin, LeaseRef("kube-system", "vigil-described"), "n1", testkit.Log(t))
 	le.Emit(false, ReasonBecameLeader, "n1 holds the VIP")
 	le.Close(10 * time.Second)
 	leaseEvents, err := admin.CoreV1().Events("kube-system").List(ctxTimeout(t, 5*time.Second), metav1.ListOptions{
@@ -108,7 +106,7 @@ func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {
 
 	// On a Node: where `kubectl describe node` looks (its second query:
 	// any namespace, involvedObject.namespace "", uid = the node's name).
-	n := NewEvents(admin, NodeRef("cp1"), "cp1", testLog(t))
+	n := NewEvents(admin, NodeRef("cp1"), "cp1", testkit.Log(t))
 	n.Emit(false, ReasonBecameLeader, "cp1 holds the VIP")
 	n.Close(10 * time.Second)
 	nodeEvents, err := admin.CoreV1().Events("").List(ctxTimeout(t, 5*time.Second), metav1.ListOptions{
@@ -119,7 +117,7 @@ func testEvents(t *testing.T, admin, nobody kubernetes.Interface) {
 	}
 
 	// Forbidden: Emit does not block and Close returns in time.
-	f := NewEvents(nobody, NodeRef("n2"), "n2", testLog(t))
+	f := NewEvents(nobody, NodeRef("n2"), "n2", testkit.Log(t))
 	start := time.Now()
 	for range 3 * eventQueue { // more than the queue holds
 		f.Emit(false, ReasonBecameLeader, "x")

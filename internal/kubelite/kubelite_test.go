@@ -3,7 +3,6 @@ package kubelite
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -16,13 +15,12 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/kubetest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	etcdtest.Main(m, etcdtest.LeakOptions()...)
 }
-
-func testLog(t *testing.T) *slog.Logger { return slog.New(slog.NewTextHandler(t.Output(), nil)) }
 
 func ptr[T any](v T) *T { return &v }
 
@@ -113,7 +111,7 @@ func TestAPIServers(t *testing.T) {
 func testAPIServers(t *testing.T, c *Client, cs kubernetes.Interface) {
 	ctx, cancel := context.WithCancel(context.Background())
 	changes := make(chan []string, 16)
-	a := NewAPIServers(c, func(b []string) { changes <- b }, testLog(t))
+	a := NewAPIServers(c, func(b []string) { changes <- b }, testkit.Log(t))
 	done := make(chan struct{})
 	go func() { _ = a.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
@@ -170,7 +168,7 @@ func testAPIServers(t *testing.T, c *Client, cs kubernetes.Interface) {
 // Without RBAC the follower never syncs, says so, and still stops.
 func testAPIServersForbidden(t *testing.T, c *Client) {
 	ctx, cancel := context.WithCancel(context.Background())
-	a := NewAPIServers(c, nil, testLog(t))
+	a := NewAPIServers(c, nil, testkit.Log(t))
 	done := make(chan struct{})
 	go func() { _ = a.Run(ctx); close(done) }()
 	if a.WaitSynced(ctxTimeout(t, 2*time.Second)) {

@@ -14,7 +14,11 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netfault"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
+
+// ctx bounds one step of a test.
+func ctx(t *testing.T) context.Context { return testkit.Context(t, 60*time.Second) }
 
 func TestMain(m *testing.M) {
 	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
@@ -55,12 +59,6 @@ func settle(t *testing.T, c *etcdtest.Cluster) {
 	t.Helper()
 	c.WaitLeader(10 * time.Second)
 	time.Sleep(5500 * time.Millisecond) // etcd's HealthInterval (5 s) + margin
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return c
 }
 
 func TestViewAndRemove(t *testing.T) {

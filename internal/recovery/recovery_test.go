@@ -17,16 +17,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
+
+// ctx bounds one step of a test.
+func ctx(t *testing.T) context.Context { return testkit.Context(t, 2*time.Minute) }
 
 func TestMain(m *testing.M) {
 	etcdtest.Main(m, etcdtest.MemberChangeLeakOptions()...)
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return c
 }
 
 func client(t *testing.T, eps ...string) *clientv3.Client {

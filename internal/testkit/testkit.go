@@ -1,0 +1,108 @@
+// Package testkit holds the helpers that every package's tests share:
+// waiting on a condition instead of sleeping, a context bounded by the
+// test, and a logger that writes into the test's own output (shown when the
+// test fails, or with -v).
+package testkit
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// pollEvery is how often WaitFor and WaitNil look again while waiting up to
+// d: often enough that a wait ends within 1 % of d after the condition
+// holds (at least 5 ms apart, at most 50 ms), rarely enough that a
+// condition that reads etcd does not load it.
+func pollEvery(d time.Duration) time.Duration {
+	return min(max(d/100, 5*time.Millisecond), 50*time.Millisecond)
+}
+
+// WaitFor waits until cond holds and returns how long that took; if d
+// passes first, it fails the test, naming what it waited for.
+func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for tick := pollEvery(d); ; time.Sleep(tick) {
+		if cond() {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+	}
+}
+
+// WaitNil waits until f returns nil; if d passes first, it fails the test
+// with f's last error.
+func WaitNil(t testing.TB, d time.Duration, what string, f func() error) {
+	t.Helper()
+	start := time.Now()
+	for tick := pollEvery(d); ; time.Sleep(tick) {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Since(start) > d {
+			t.Fatalf("timed out after %v waiting for %s: %v", d, what, err)
+		}
+	}
+}
+
+// Context is a context that ends after d, or once the test's clean-ups
+// registered before it have run (not t.Context, which ends before every
+// clean-up: a clean-up may still need the context).
+func Context(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// logKeep is how much of a test's log Log keeps for a failure: the last
+// MiB or so.
+const logKeep = 1 << 20
+
+// Log is a logger for the code under test, at debug level. With -v it
+// writes to stderr as it goes; otherwise it keeps the last MiB and prints
+// it if the test fails. Records written after the test ended (a goroutine
+// still winding down) are dropped: t.Log would panic.
+func Log(t testing.TB) *slog.Logger {
+	w := &logWriter{verbose: testing.Verbose()}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.done = true
+		if t.Failed() && !w.verbose && w.buf.Len() > 0 {
+			t.Logf("the log of the code under test:\n%s", w.buf.Bytes())
+		}
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+}
+
+type logWriter struct {
+	verbose bool
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	done    bool
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.done:
+	case w.verbose:
+		_, _ = os.Stderr.Write(p)
+	default:
+		if w.buf.Len()+len(p) > logKeep {
+			rest := w.buf.Bytes()[w.buf.Len()/2:]
+			w.buf = *bytes.NewBuffer(append([]byte(nil), rest...))
+		}
+		w.buf.Write(p)
+	}
+	return len(p), nil
+}
