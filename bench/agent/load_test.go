@@ -37,6 +37,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/agent"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // window is how long each size is measured, after every agent has
@@ -86,16 +87,15 @@ func measureLoad(b *testing.B, cp *controlPlane, n int) {
 	}
 	defer func() { cancel(); wg.Wait() }()
 	// Wait until every agent has learned the cluster and checked it.
-	deadline := time.Now().Add(3 * time.Minute)
-	for _, a := range agents {
-		for !learned(a) {
-			if time.Now().After(deadline) {
+	testkit.WaitNilEvery(b, 3*time.Minute, 50*time.Millisecond, "every agent to learn the cluster", func() error {
+		for _, a := range agents {
+			if !learned(a) {
 				st := a.Status()
-				b.Fatalf("agents did not learn the cluster in 3 minutes; one says: last member list %v, error %q, upstreams %+v", st.LastMemberList, st.MemberListErr, st.Upstreams)
+				return fmt.Errorf("one says: last member list %v, error %q, upstreams %+v", st.LastMemberList, st.MemberListErr, st.Upstreams)
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
-	}
+		return nil
+	})
 	time.Sleep(2 * time.Second) // steady state
 
 	before := cp.snapshot(b)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -50,7 +48,7 @@ Lease election").`,
 			if len(lbPorts) > 0 {
 				port, backend, err := validate.LBPort(lbPorts[0])
 				if err != nil {
-					return fmt.Errorf("%w: %w", manifest.ErrInvalid, err)
+					return validate.Invalid(err)
 				}
 				o.LBPort, o.BackendPort, o.MorePorts = port, backend, lbPorts[1:]
 			}

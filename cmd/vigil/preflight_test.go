@@ -98,7 +98,7 @@ func TestMembersPreflight(t *testing.T) {
 	}
 
 	// A dead member: the join would fail; its removal fixes it.
-	time.Sleep(5500 * time.Millisecond) // etcd accepts membership changes only after 5 s
+	c.WaitReconfigurable()
 	c.Kill(2)
 	etcdtest.Retry(t, 20*time.Second, "preflight to see m3 dead", func() error {
 		if p, _ := check(); failed(p)["every member healthy"].Check == "" {

@@ -24,6 +24,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/manifest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // access is one kind of request: who, on what, how.
@@ -69,13 +70,11 @@ func TestRBACIsWhatVigilUses(t *testing.T) {
 	ectx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- el.Run(ectx) }()
-	for !el.Status().Leader {
-		if ctx.Err() != nil {
-			t.Fatal("vigil never led on the Lease")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // renewals
+	testkit.WaitFor(t, time.Minute, "vigil to lead on the Lease", func() bool { return el.Status().Leader })
+	testkit.WaitFor(t, 10*time.Second, "renewals", func() bool {
+		st := el.Status()
+		return st.Seen.Sub(st.LeaderSince) >= 400*time.Millisecond // two retry periods
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

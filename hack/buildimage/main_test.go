@@ -12,6 +12,7 @@ import (
 
 	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestArchiveIsReproducible: the same binaries and epoch give the same
@@ -113,15 +114,10 @@ func TestImageRunsInContainerd(t *testing.T) {
 		out, err := exec.CommandContext(cctx, "ctr", append([]string{"-a", sock, "-n", "vigil-test"}, args...)...).CombinedOutput()
 		return strings.TrimSpace(string(out)), err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := ctr("version"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("containerd did not answer: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.WaitNilEvery(t, 30*time.Second, 100*time.Millisecond, "containerd to answer", func() error {
+		_, err := ctr("version")
+		return err
+	})
 	if out, err := ctr("images", "import", "--snapshotter", "native", archive); err != nil {
 		t.Fatalf("import: %v\n%s", err, out)
 	}

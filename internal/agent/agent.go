@@ -35,7 +35,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -50,8 +49,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
-// ErrConfig wraps every configuration error.
-var ErrConfig = errors.New("agent: invalid configuration")
+// validate.ErrInvalid wraps every configuration error.
 
 // Defaults. Health checks reuse one connection per backend, so a check costs
 // a control-plane node one small request: with 1 s intervals, N agents cost
@@ -241,7 +239,7 @@ func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
 	}
 	if cfg.MetricsAddress != "" {
 		if a.metricsLn, err = observe.Listen(cfg.MetricsAddress, "--metrics-address"); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+			return nil, validate.Invalid(err)
 		}
 	}
 	a.loadCache()
@@ -266,9 +264,9 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 	}, a.log.With("upstream", name))
 	if err != nil {
 		if errors.Is(err, lb.ErrPortInUse) {
-			return nil, fmt.Errorf("%w: cannot listen on %s for the %s: the port is taken (another agent, or a local %s)", ErrConfig, listen, name, name)
+			return nil, fmt.Errorf("%w: cannot listen on %s for the %s: the port is taken (another agent, or a local %s)", validate.ErrInvalid, listen, name, name)
 		}
-		return nil, fmt.Errorf("%w: %s listener: %w", ErrConfig, name, err)
+		return nil, fmt.Errorf("%w: %s listener: %w", validate.ErrInvalid, name, err)
 	}
 	hc.Interval, hc.Timeout = a.cfg.HealthInterval, a.cfg.HealthTimeout
 	hc.Rise, hc.Fall = a.cfg.HealthRise, a.cfg.HealthFall
@@ -277,7 +275,7 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 	hc.Metrics = reg
 	if u.checker, err = health.New(hc, a.log.With("upstream", name)); err != nil {
 		u.bal.Close()
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	return u, nil
 }
@@ -404,10 +402,10 @@ func (c *Config) withDefaults() error {
 		c.DrainTimeout = lb.DefaultDrainTimeout
 	}
 	if c.Server == "" {
-		return fmt.Errorf("%w: --server is required: the API server URL workers used so far, such as https://VIP:6443", ErrConfig)
+		return fmt.Errorf("%w: --server is required: the API server URL workers used so far, such as https://VIP:6443", validate.ErrInvalid)
 	}
 	if err := validate.APIServerURL(c.Server); err != nil {
-		return fmt.Errorf("%w: --server %w", ErrConfig, err)
+		return fmt.Errorf("%w: --server %w", validate.ErrInvalid, err)
 	}
 	u, _ := url.Parse(c.Server)
 	if u.Port() == "" {
@@ -418,43 +416,41 @@ func (c *Config) withDefaults() error {
 		c.BackendPort, _ = strconv.Atoi(u.Port())
 	}
 	if c.BackendPort < 1 || c.BackendPort > 65535 {
-		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", ErrConfig, c.BackendPort)
+		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", validate.ErrInvalid, c.BackendPort)
 	}
 	for flag, addr := range map[string]string{"--apiserver-listen": c.APIServerListen, "--etcd-listen": c.EtcdListen} {
 		if addr == "" {
 			continue
 		}
 		if err := validate.LocalEndpoint(flag, addr); err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return validate.Invalid(err)
 		}
 	}
 	if c.EtcdListen != "" && len(c.EtcdSeeds) == 0 {
-		return fmt.Errorf("%w: --etcd-listen needs --etcd-endpoints: the agent learns the etcd members from them", ErrConfig)
+		return fmt.Errorf("%w: --etcd-listen needs --etcd-endpoints: the agent learns the etcd members from them", validate.ErrInvalid)
 	}
 	if _, _, err := parseEtcdURLs(c.EtcdSeeds); err != nil {
 		return err
 	}
 	if err := health.ValidatePath(c.HealthPath); err != nil {
-		return fmt.Errorf("%w: --health-path: %w", ErrConfig, err)
+		return fmt.Errorf("%w: --health-path: %w", validate.ErrInvalid, err)
 	}
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
-		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", validate.ErrInvalid)
 	case c.DiscoveryInterval < 100*time.Millisecond:
-		return fmt.Errorf("%w: --discovery-interval %v is below 100ms", ErrConfig, c.DiscoveryInterval)
+		return fmt.Errorf("%w: --discovery-interval %v is below 100ms", validate.ErrInvalid, c.DiscoveryInterval)
 	case c.DrainTimeout < 0:
-		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.DrainTimeout)
+		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", validate.ErrInvalid, c.DrainTimeout)
 	}
 	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
-		// Said once: "agent: invalid configuration: --lb-max-conns ...".
-		return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), lb.ErrInvalidConfig.Error()+": "))
+		return err
 	}
 	if err := lb.CheckLoops(c.EventLoops); err != nil {
-		// Said once: "agent: invalid configuration: --lb-max-conns ...".
-		return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), lb.ErrInvalidConfig.Error()+": "))
+		return err
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return validate.Invalid(err)
 	}
 	return nil
 }
@@ -467,7 +463,7 @@ func parseEtcdURLs(urls []string) (hostPorts []string, scheme string, err error)
 		return nil, "", nil
 	}
 	if err := validate.EtcdEndpoints(urls); err != nil {
-		return nil, "", fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, "", validate.Invalid(err)
 	}
 	for _, s := range urls {
 		u, _ := url.Parse(s)

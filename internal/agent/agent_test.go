@@ -26,6 +26,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
 	"github.com/vigil-ha/vigil/internal/testkit"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func TestMain(m *testing.M) { etcdtest.Main(m, etcdtest.LeakOptions()...) }
@@ -415,7 +416,14 @@ func TestChurnLeaksNothing(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	a.learnAPIServers(backs[1:3])
-	time.Sleep(500 * time.Millisecond)
+	mu.Lock()
+	settled := ok
+	mu.Unlock()
+	testkit.WaitFor(t, 10*time.Second, "requests answered by the last set", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return ok >= settled+20
+	})
 	cancel()
 	wg.Wait()
 	t.Logf("requests during churn: %d answered, %d failed (connections to removed backends are closed)", ok, failed)
@@ -473,8 +481,8 @@ func TestConfigErrors(t *testing.T) {
 			cfg := ok
 			tc.edit(&cfg)
 			_, err := New(cfg, slog.New(slog.DiscardHandler))
-			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want ErrConfig mentioning %q", err, tc.want)
+			if !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want validate.ErrInvalid mentioning %q", err, tc.want)
 			}
 		})
 	}
@@ -491,7 +499,7 @@ func TestPortConflictLeavesNothingOpen(t *testing.T) {
 	api := deadAddr(t)
 	_, err = New(Config{Server: "https://10.0.0.100:6443", APIServerListen: api, EtcdListen: taken.Addr().String(),
 		EtcdSeeds: []string{"http://10.0.0.11:2379"}}, slog.New(slog.DiscardHandler))
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "port is taken") {
+	if !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "port is taken") {
 		t.Fatalf("err = %v, want a port conflict", err)
 	}
 	ln, err := net.Listen("tcp", api)

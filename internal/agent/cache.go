@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // cacheFile is what the agent keeps on disk: the backends it learned last,
@@ -103,11 +105,11 @@ func ensureCacheDir(dir string) error {
 		return nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("%w: --cache-dir: %w", ErrConfig, err)
+		return fmt.Errorf("%w: --cache-dir: %w", validate.ErrInvalid, err)
 	}
 	f, err := os.CreateTemp(dir, ".probe-*")
 	if err != nil {
-		return fmt.Errorf("%w: --cache-dir %s is not writable: %w", ErrConfig, dir, err)
+		return fmt.Errorf("%w: --cache-dir %s is not writable: %w", validate.ErrInvalid, dir, err)
 	}
 	f.Close()
 	return os.Remove(f.Name())

@@ -86,17 +86,17 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 				return err
 			}
 			if healthCA != "" && healthInsecure {
-				return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", ErrConfig)
+				return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", validate.ErrInvalid)
 			}
 			if cfg.APITLS, err = validate.HealthTLS(healthCA, healthInsecure); err != nil {
-				return fmt.Errorf("%w: %w", ErrConfig, err)
+				return validate.Invalid(err)
 			}
 			if cfg.EtcdTLS, err = validate.EtcdClientTLS(etcdCA, etcdCert, etcdK); err != nil {
-				return fmt.Errorf("%w: %w", ErrConfig, err)
+				return validate.Invalid(err)
 			}
 			switch {
 			case kubeconfig != "" && inCluster:
-				return fmt.Errorf("%w: --kubeconfig and --in-cluster exclude each other", ErrConfig)
+				return fmt.Errorf("%w: --kubeconfig and --in-cluster exclude each other", validate.ErrInvalid)
 			case kubeconfig != "":
 				if cfg.Kube, err = kubelite.FromKubeconfig(kubeconfig); err != nil {
 					return err

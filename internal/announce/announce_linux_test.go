@@ -3,6 +3,7 @@
 package announce
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestPeerLearnsNewLocation: B has a stale neighbour entry for the VIP
@@ -22,22 +24,11 @@ func TestPeerLearnsNewLocation(t *testing.T) {
 	forEachVIP(t, func(t *testing.T, vip, bits string) {
 		nstest.IP(t, "-n", p.B, "neigh", "replace", vip, "lladdr", "02:00:00:00:00:01", "dev", "b0", "nud", "stale")
 		nstest.IP(t, "-n", p.A, "addr", "add", vip+bits, "dev", "a0", "nodad")
-		time.Sleep(100 * time.Millisecond)
-		if out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0"); !strings.Contains(out, "02:00:00:00:00:01") {
-			t.Fatalf("B's entry changed before any announcement: %q", out)
-		}
+		testkit.Always(t, 100*time.Millisecond, "B's entry unchanged before any announcement", func() bool {
+			return strings.Contains(nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0"), "02:00:00:00:00:01")
+		})
 		mac := announceOnce(t, p, Config{Interface: "a0", Address: netip.MustParseAddr(vip)})
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			out := nstest.IP(t, "-n", p.B, "neigh", "show", vip, "dev", "b0")
-			if strings.Contains(out, mac) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("B's neighbour entry for %s is %q, want it to point at A (%s)", vip, strings.TrimSpace(out), mac)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitNeighbour(t, p, vip, mac)
 	})
 }
 
@@ -65,14 +56,19 @@ func TestDualStackAnnouncesBoth(t *testing.T) {
 	nstest.IP(t, "-n", p.A, "addr", "add", v6+"/64", "dev", "a0", "nodad")
 	mac := announceOnce(t, p, Config{Interface: "a0", Address: netip.MustParseAddr(v4), Also: []netip.Addr{netip.MustParseAddr(v6)}})
 	for _, ip := range []string{v4, v6} {
-		deadline := time.Now().Add(5 * time.Second)
-		for out := ""; !strings.Contains(out, mac); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("B's neighbour entry for %s is %q, want it to point at A (%s)", ip, strings.TrimSpace(out), mac)
-			}
-			out = nstest.IP(t, "-n", p.B, "neigh", "show", ip, "dev", "b0")
-		}
+		waitNeighbour(t, p, ip, mac)
 	}
+}
+
+// waitNeighbour waits until B's neighbour entry for ip points at mac.
+func waitNeighbour(t *testing.T, p *nstest.Pair, ip, mac string) {
+	t.Helper()
+	testkit.WaitNil(t, 5*time.Second, "B's neighbour entry for "+ip+" to point at A ("+mac+")", func() error {
+		if out := nstest.IP(t, "-n", p.B, "neigh", "show", ip, "dev", "b0"); !strings.Contains(out, mac) {
+			return fmt.Errorf("it is %q", strings.TrimSpace(out))
+		}
+		return nil
+	})
 }
 
 // announceOnce sends one announcement from A's a0 with cfg and returns a0's

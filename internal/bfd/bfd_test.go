@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func TestPacketRoundTrip(t *testing.T) {
@@ -66,7 +68,7 @@ func TestValidateTimers(t *testing.T) {
 		"microseconds":            {100*time.Millisecond + 1, 3},
 		"--bgp-bfd-multiplier 0":  {100 * time.Millisecond, 0},
 	} {
-		if err := ValidateTimers(tc.iv, tc.mult); err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), want) {
+		if err := ValidateTimers(tc.iv, tc.mult); err == nil || !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: ValidateTimers = %v", want, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/validate"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 )
@@ -46,7 +47,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	if !c.Peer.IsValid() || !c.Local.IsValid() || c.Peer.Is4() != c.Local.Is4() {
-		return fmt.Errorf("%w: BFD to %v from %v: give a peer and a local address of one family", ErrInvalidConfig, c.Peer, c.Local)
+		return fmt.Errorf("%w: BFD to %v from %v: give a peer and a local address of one family", validate.ErrInvalid, c.Peer, c.Local)
 	}
 	return nil
 }
@@ -55,17 +56,16 @@ func (c Config) Validate() error {
 func ValidateTimers(interval time.Duration, multiplier uint8) error {
 	switch {
 	case interval < MinInterval || interval > time.Minute:
-		return fmt.Errorf("%w: --bgp-bfd-interval %v: give %v to 1m (300ms is usual)", ErrInvalidConfig, interval, MinInterval)
+		return fmt.Errorf("%w: --bgp-bfd-interval %v: give %v to 1m (300ms is usual)", validate.ErrInvalid, interval, MinInterval)
 	case interval%time.Microsecond != 0:
-		return fmt.Errorf("%w: --bgp-bfd-interval %v: BFD counts in microseconds", ErrInvalidConfig, interval)
+		return fmt.Errorf("%w: --bgp-bfd-interval %v: BFD counts in microseconds", validate.ErrInvalid, interval)
 	case multiplier == 0:
-		return fmt.Errorf("%w: --bgp-bfd-multiplier 0: give 1 to 255 (3 is usual): a peer is declared down after this many intervals without a packet", ErrInvalidConfig)
+		return fmt.Errorf("%w: --bgp-bfd-multiplier 0: give 1 to 255 (3 is usual): a peer is declared down after this many intervals without a packet", validate.ErrInvalid)
 	}
 	return nil
 }
 
-// ErrInvalidConfig is wrapped by every configuration error.
-var ErrInvalidConfig = errors.New("bfd: invalid configuration")
+// validate.ErrInvalid is wrapped by every configuration error.
 
 // Status is a session's state, for status reports and metrics.
 type Status struct {
@@ -261,7 +261,7 @@ func (m *Mux) Add(cfg Config, onChange func(Status)) (*Session, error) {
 	if _, dup := m.byPeer[cfg.Peer]; dup {
 		m.mu.Unlock()
 		conn.Close()
-		return nil, fmt.Errorf("%w: two BFD sessions to %s", ErrInvalidConfig, cfg.Peer)
+		return nil, fmt.Errorf("%w: two BFD sessions to %s", validate.ErrInvalid, cfg.Peer)
 	}
 	for s.myDisc == 0 || m.byDisc[s.myDisc] != nil {
 		s.myDisc = rand.Uint32()

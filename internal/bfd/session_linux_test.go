@@ -1,6 +1,7 @@
 package bfd
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // recorder keeps a session's state changes.
@@ -62,16 +64,14 @@ func startIn(t *testing.T, ns string, local, peer netip.Addr, iv time.Duration) 
 
 func waitState(t *testing.T, r *recorder, want string, within time.Duration) Status {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		if s := r.last(); s.State == want {
-			return s
+	var s Status
+	testkit.WaitNil(t, within, "the session "+want, func() error {
+		if s = r.last(); s.State != want {
+			return fmt.Errorf("it is %s (changes %+v)", s.State, r.all())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("session %s after %v, want %s (changes %+v)", r.last().State, within, want, r.all())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+	return s
 }
 
 // Two of vigil's sessions, one in each namespace, of each family: they
@@ -94,10 +94,9 @@ func TestSessionsBetweenNamespaces(t *testing.T) {
 			waitState(t, rb, "up", 5*time.Second)
 			// Up for a while at the fast interval: no flap.
 			changes := len(ra.all())
-			time.Sleep(20 * iv)
-			if sa.Status().State != "up" || sb.Status().State != "up" || len(ra.all()) != changes {
-				t.Fatalf("after %v up: A %+v, B %+v, A's changes %+v", 20*iv, sa.Status(), sb.Status(), ra.all())
-			}
+			testkit.Always(t, 20*iv, "both sessions up, A's unchanged", func() bool {
+				return sa.Status().State == "up" && sb.Status().State == "up" && len(ra.all()) == changes
+			})
 
 			// B goes silent towards A (its send socket closed): A
 			// declares it down within 3 x 50 ms and some.

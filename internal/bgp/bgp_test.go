@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func TestParsePeer(t *testing.T) {
@@ -34,8 +36,8 @@ func TestParsePeer(t *testing.T) {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := ParsePeer(tc.in)
 			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, ErrInvalidConfig) {
-					t.Fatalf("ParsePeer(%q) = %v, %v; want an ErrInvalidConfig saying %q", tc.in, got, err, tc.err)
+				if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, validate.ErrInvalid) {
+					t.Fatalf("ParsePeer(%q) = %v, %v; want an validate.ErrInvalid saying %q", tc.in, got, err, tc.err)
 				}
 				return
 			}
@@ -134,7 +136,7 @@ func TestParseCommunity(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"", "65001", "65536:1", "1:65536", "a:b", "65001:100:1", "no-exports"} {
-		if _, err := ParseCommunity(in); err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "AS:VALUE") {
+		if _, err := ParseCommunity(in); err == nil || !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "AS:VALUE") {
 			t.Errorf("ParseCommunity(%q) = %v, want an error that says what to give", in, err)
 		}
 	}

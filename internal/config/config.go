@@ -32,6 +32,7 @@ import (
 	"unicode"
 
 	"github.com/spf13/pflag"
+	"github.com/vigil-ha/vigil/internal/validate"
 	"sigs.k8s.io/yaml"
 )
 
@@ -44,8 +45,7 @@ const (
 	FlagName = "config"
 )
 
-// ErrInvalid marks a configuration file or variable that cannot be used.
-var ErrInvalid = errors.New("invalid configuration")
+// validate.ErrInvalid marks a configuration file or variable that cannot be used.
 
 // Document is the file's top level. Sections hold flag values by their
 // camelCase names.
@@ -128,7 +128,7 @@ func Apply(fs *pflag.FlagSet, s Section, getenv func(string) string) error {
 			continue
 		}
 		if fs.Lookup(name) == nil {
-			return fmt.Errorf("%w: %s: no flag --%s", ErrInvalid, env, name) // a mistake in Env
+			return fmt.Errorf("%w: %s: no flag --%s", validate.ErrInvalid, env, name) // a mistake in Env
 		}
 		todo = append(todo, setting{name, v, env})
 		seen[name] = true
@@ -154,12 +154,12 @@ func Apply(fs *pflag.FlagSet, s Section, getenv func(string) string) error {
 			if sv, ok := fl.Value.(pflag.SliceValue); ok {
 				list, err := stringList(sect[key])
 				if err != nil {
-					return fmt.Errorf("%w: %s: %w", ErrInvalid, from, err)
+					return fmt.Errorf("%w: %s: %w", validate.ErrInvalid, from, err)
 				}
 				// Set below, after every other value has been checked.
 				sliceSets = append(sliceSets, func() error {
 					if err := sv.Replace(list); err != nil {
-						return fmt.Errorf("%w: %s: %w", ErrInvalid, from, err)
+						return fmt.Errorf("%w: %s: %w", validate.ErrInvalid, from, err)
 					}
 					fl.Changed = true
 					return nil
@@ -168,7 +168,7 @@ func Apply(fs *pflag.FlagSet, s Section, getenv func(string) string) error {
 			}
 			v, err := scalar(sect[key])
 			if err != nil {
-				return fmt.Errorf("%w: %s: %w", ErrInvalid, from, err)
+				return fmt.Errorf("%w: %s: %w", validate.ErrInvalid, from, err)
 			}
 			todo = append(todo, setting{name, v, from})
 		}
@@ -177,12 +177,12 @@ func Apply(fs *pflag.FlagSet, s Section, getenv func(string) string) error {
 	// as the command line set them.
 	for _, st := range todo {
 		if err := validValue(fs.Lookup(st.flag), st.value); err != nil {
-			return fmt.Errorf("%w: %s: --%s %q: %w", ErrInvalid, st.from, st.flag, st.value, err)
+			return fmt.Errorf("%w: %s: --%s %q: %w", validate.ErrInvalid, st.from, st.flag, st.value, err)
 		}
 	}
 	for _, st := range todo {
 		if err := fs.Set(st.flag, st.value); err != nil {
-			return fmt.Errorf("%w: %s: --%s %q: %w", ErrInvalid, st.from, st.flag, st.value, err)
+			return fmt.Errorf("%w: %s: --%s %q: %w", validate.ErrInvalid, st.from, st.flag, st.value, err)
 		}
 	}
 	for _, set := range sliceSets {
@@ -197,14 +197,14 @@ func Apply(fs *pflag.FlagSet, s Section, getenv func(string) string) error {
 func Read(path string) (*Document, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --%s: %w", ErrInvalid, FlagName, err)
+		return nil, fmt.Errorf("%w: --%s: %w", validate.ErrInvalid, FlagName, err)
 	}
 	var doc Document
 	if err := yaml.UnmarshalStrict(b, &doc); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, path, err)
+		return nil, fmt.Errorf("%w: %s: %w", validate.ErrInvalid, path, err)
 	}
 	if doc.APIVersion != APIVersion || doc.Kind != Kind {
-		return nil, fmt.Errorf("%w: %s: apiVersion %q, kind %q: want apiVersion %s, kind %s", ErrInvalid, path, doc.APIVersion, doc.Kind, APIVersion, Kind)
+		return nil, fmt.Errorf("%w: %s: apiVersion %q, kind %q: want apiVersion %s, kind %s", validate.ErrInvalid, path, doc.APIVersion, doc.Kind, APIVersion, Kind)
 	}
 	return &doc, nil
 }
@@ -214,7 +214,7 @@ func check(sect map[string]any, fs *pflag.FlagSet, path string, s Section) error
 	for _, key := range slices.Sorted(mapsKeys(sect)) {
 		name := flagName(key)
 		if f := fs.Lookup(name); f == nil || name == FlagName || name == "help" || f.Hidden || Key(name) != key {
-			return fmt.Errorf("%w: %s: unknown key %s.%s (keys are flag names in camelCase, such as %s; `vigil config print-defaults` lists them)", ErrInvalid, path, s, key, Key(firstFlag(fs)))
+			return fmt.Errorf("%w: %s: unknown key %s.%s (keys are flag names in camelCase, such as %s; `vigil config print-defaults` lists them)", validate.ErrInvalid, path, s, key, Key(firstFlag(fs)))
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/vigil-ha/vigil/internal/validate"
 	"sigs.k8s.io/yaml"
 )
 
@@ -114,8 +115,8 @@ func TestErrors(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := Apply(fs, SectionRun, noEnv)
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("Apply = %v, want ErrInvalid saying %q", err, c.want)
+			if !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Apply = %v, want validate.ErrInvalid saying %q", err, c.want)
 			}
 			if s.vip != "" || s.lease != 800*time.Millisecond || s.port != 0 {
 				t.Fatalf("a refused file set flags: %+v", s)
@@ -125,12 +126,12 @@ func TestErrors(t *testing.T) {
 	var s settings
 	fs := flags(&s)
 	_ = fs.Parse([]string{"--config", "/nonexistent/vigil.yaml"})
-	if err := Apply(fs, SectionRun, noEnv); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "/nonexistent/vigil.yaml") {
+	if err := Apply(fs, SectionRun, noEnv); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "/nonexistent/vigil.yaml") {
 		t.Fatalf("missing file: %v", err)
 	}
 	fs = flags(&s)
 	_ = fs.Parse(nil)
-	if err := Apply(fs, SectionRun, func(k string) string { return map[string]string{"VIGIL_LB_PORT": "x"}[k] }); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "VIGIL_LB_PORT") {
+	if err := Apply(fs, SectionRun, func(k string) string { return map[string]string{"VIGIL_LB_PORT": "x"}[k] }); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "VIGIL_LB_PORT") {
 		t.Fatalf("bad variable: %v", err)
 	}
 }

@@ -8,7 +8,6 @@ package daemon
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -30,8 +29,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
-// ErrConfig wraps every configuration error.
-var ErrConfig = errors.New("invalid configuration")
+// validate.ErrInvalid wraps every configuration error.
 
 // Config is everything `vigil run` needs.
 type Config struct {
@@ -227,7 +225,7 @@ const DefaultHealthGrace = 2 * time.Second
 func ParseVIP(s string) (netip.Prefix, error) {
 	p, err := validate.VIP(s)
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%w: %w", ErrConfig, err)
+		return netip.Prefix{}, validate.Invalid(err)
 	}
 	return p, nil
 }
@@ -237,7 +235,7 @@ func ParseVIP(s string) (netip.Prefix, error) {
 func ParseVIPs(ss []string) ([]netip.Prefix, error) {
 	ps, err := validate.VIPs(ss)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	return ps, nil
 }
@@ -266,45 +264,45 @@ func vipList(vips []netip.Prefix) string {
 // network or etcd.
 func (c *Config) Validate() error {
 	if err := validate.VIPSet(c.VIPs); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return validate.Invalid(err)
 	}
 	if c.Interface == "" {
-		return fmt.Errorf("%w: --interface is required", ErrConfig)
+		return fmt.Errorf("%w: --interface is required", validate.ErrInvalid)
 	}
 	switch name := strings.ToLower(strings.TrimSpace(c.NodeName)); {
 	case name == "":
-		return fmt.Errorf("%w: --node-name is required (and must be unique among control-plane nodes)", ErrConfig)
+		return fmt.Errorf("%w: --node-name is required (and must be unique among control-plane nodes)", validate.ErrInvalid)
 	case name == "localhost" || strings.HasPrefix(name, "localhost."):
-		return fmt.Errorf("%w: --node-name %q is not unique: every machine whose hostname is not set yet is called that. Set the hostname, or pass --node-name with this node's name", ErrConfig, c.NodeName)
+		return fmt.Errorf("%w: --node-name %q is not unique: every machine whose hostname is not set yet is called that. Set the hostname, or pass --node-name with this node's name", validate.ErrInvalid, c.NodeName)
 	case name != c.NodeName && strings.TrimSpace(c.NodeName) != c.NodeName:
-		return fmt.Errorf("%w: --node-name %q has leading or trailing spaces", ErrConfig, c.NodeName)
+		return fmt.Errorf("%w: --node-name %q has leading or trailing spaces", validate.ErrInvalid, c.NodeName)
 	}
 	switch c.Election {
 	case ElectionEtcd:
 		if len(c.EtcdEndpoints) == 0 {
-			return fmt.Errorf("%w: --etcd-endpoints is required with --election etcd", ErrConfig)
+			return fmt.Errorf("%w: --etcd-endpoints is required with --election etcd", validate.ErrInvalid)
 		}
 	case ElectionKubernetes:
 		if c.Kubeconfig == "" {
-			return fmt.Errorf("%w: --kubeconfig is required with --election kubernetes (a kubeconfig for this node's own API server)", ErrConfig)
+			return fmt.Errorf("%w: --kubeconfig is required with --election kubernetes (a kubeconfig for this node's own API server)", validate.ErrInvalid)
 		}
 		if _, err := os.Stat(c.Kubeconfig); err != nil {
-			return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
+			return fmt.Errorf("%w: --kubeconfig: %w", validate.ErrInvalid, err)
 		}
 		if c.LeaseNamespace == "" || c.LeaseName == "" {
-			return fmt.Errorf("%w: --lease-namespace and --lease-name must not be empty", ErrConfig)
+			return fmt.Errorf("%w: --lease-namespace and --lease-name must not be empty", validate.ErrInvalid)
 		}
 		if err := c.checkLeaseServer(); err != nil {
 			return err
 		}
 	case "":
-		return fmt.Errorf("%w: --election is required (etcd or kubernetes)", ErrConfig)
+		return fmt.Errorf("%w: --election is required (etcd or kubernetes)", validate.ErrInvalid)
 	default:
-		return fmt.Errorf("%w: unknown --election backend %q (etcd or kubernetes)", ErrConfig, c.Election)
+		return fmt.Errorf("%w: unknown --election backend %q (etcd or kubernetes)", validate.ErrInvalid, c.Election)
 	}
 	if c.Kubeconfig != "" && c.Election != ElectionKubernetes {
 		if _, err := os.Stat(c.Kubeconfig); err != nil {
-			return fmt.Errorf("%w: --kubeconfig: %w", ErrConfig, err)
+			return fmt.Errorf("%w: --kubeconfig: %w", validate.ErrInvalid, err)
 		}
 	}
 	if err := c.validateDiscovery(); err != nil {
@@ -312,25 +310,25 @@ func (c *Config) Validate() error {
 	}
 	if len(c.EtcdEndpoints) > 0 {
 		if err := validate.EtcdEndpoints(c.EtcdEndpoints); err != nil {
-			return fmt.Errorf("%w: --etcd-endpoints: %w", ErrConfig, err)
+			return fmt.Errorf("%w: --etcd-endpoints: %w", validate.ErrInvalid, err)
 		}
 	}
 	if (c.EtcdCert == "") != (c.EtcdKey == "") {
-		return fmt.Errorf("%w: --etcd-cert and --etcd-key go together", ErrConfig)
+		return fmt.Errorf("%w: --etcd-cert and --etcd-key go together", validate.ErrInvalid)
 	}
 	for flag, f := range map[string]string{"--etcd-cacert": c.EtcdCACert, "--etcd-cert": c.EtcdCert, "--etcd-key": c.EtcdKey} {
 		if f == "" {
 			continue
 		}
 		if _, err := os.Stat(f); err != nil {
-			return fmt.Errorf("%w: %s %s: %w", ErrConfig, flag, f, err)
+			return fmt.Errorf("%w: %s %s: %w", validate.ErrInvalid, flag, f, err)
 		}
 	}
 	if err := election.ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod); err != nil {
-		return err // wraps election.ErrInvalidConfig and says which flag
+		return err // wraps validate.ErrInvalid and says which flag
 	}
 	if c.VIPLifetime != 0 && (c.VIPLifetime < time.Second || c.VIPLifetime%time.Second != 0) {
-		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or whole seconds, at least 1s: the kernel counts address lifetimes in seconds", ErrConfig, c.VIPLifetime)
+		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or whole seconds, at least 1s: the kernel counts address lifetimes in seconds", validate.ErrInvalid, c.VIPLifetime)
 	}
 	if err := c.validateLB(); err != nil {
 		return err
@@ -383,43 +381,43 @@ func (c *Config) validateAnnounce() error {
 		c.BGPMode = BGPModeSingle
 	case BGPModeSingle, BGPModeECMP:
 	default:
-		return fmt.Errorf("%w: unknown --bgp-mode %q (single or ecmp)", ErrConfig, c.BGPMode)
+		return fmt.Errorf("%w: unknown --bgp-mode %q (single or ecmp)", validate.ErrInvalid, c.BGPMode)
 	}
 	switch c.Announce {
 	case "", AnnounceARP:
 		c.Announce = AnnounceARP
 		if c.BGPMode == BGPModeECMP {
-			return fmt.Errorf("%w: --bgp-mode ecmp needs --announce bgp: only routers can spread the VIP's flows across nodes; on a shared segment one node answers ARP for it", ErrConfig)
+			return fmt.Errorf("%w: --bgp-mode ecmp needs --announce bgp: only routers can spread the VIP's flows across nodes; on a shared segment one node answers ARP for it", validate.ErrInvalid)
 		}
 		if bgpFlags {
-			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", ErrConfig)
+			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", validate.ErrInvalid)
 		}
 		if policy {
-			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref, --bgp-graceful-restart and --bgp-bfd need --announce bgp", ErrConfig)
+			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref, --bgp-graceful-restart and --bgp-bfd need --announce bgp", validate.ErrInvalid)
 		}
 		return nil
 	case AnnounceBGP:
 	default:
-		return fmt.Errorf("%w: unknown --announce %q (arp or bgp)", ErrConfig, c.Announce)
+		return fmt.Errorf("%w: unknown --announce %q (arp or bgp)", validate.ErrInvalid, c.Announce)
 	}
 	if c.BGPMode == BGPModeECMP && c.LBListenPort != 0 {
-		return fmt.Errorf("%w: --lb-listen-port needs one VIP holder, and --bgp-mode ecmp has none: with ecmp every node's balancer listens on VIP:--lb-port, so bind kube-apiserver to the node's address (or give --lb-port another port)", ErrConfig)
+		return fmt.Errorf("%w: --lb-listen-port needs one VIP holder, and --bgp-mode ecmp has none: with ecmp every node's balancer listens on VIP:--lb-port, so bind kube-apiserver to the node's address (or give --lb-port another port)", validate.ErrInvalid)
 	}
 	for _, v := range c.VIPs {
 		if v.Bits() != v.Addr().BitLen() {
-			return fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto --interface", ErrConfig, v, v.Addr(), v.Addr().BitLen())
+			return fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto --interface", validate.ErrInvalid, v, v.Addr(), v.Addr().BitLen())
 		}
 	}
 	if c.BGPLocalAS < 0 || c.BGPLocalAS > 4294967294 {
-		return fmt.Errorf("%w: --bgp-local-as %d: give this node's AS number, 1 to 4294967294", ErrConfig, c.BGPLocalAS)
+		return fmt.Errorf("%w: --bgp-local-as %d: give this node's AS number, 1 to 4294967294", validate.ErrInvalid, c.BGPLocalAS)
 	}
 	cfg := bgp.Config{LocalAS: uint32(c.BGPLocalAS), HoldTime: c.BGPHoldTime, Keepalive: c.BGPKeepalive, GracefulRestart: c.BGPGracefulRestart}
 	if c.BGPMultihop < 0 || c.BGPMultihop > 255 {
-		return fmt.Errorf("%w: --bgp-multihop %d: give the TTL, 2 to 255, for routers that are not on this node's network (0: directly connected)", ErrConfig, c.BGPMultihop)
+		return fmt.Errorf("%w: --bgp-multihop %d: give the TTL, 2 to 255, for routers that are not on this node's network (0: directly connected)", validate.ErrInvalid, c.BGPMultihop)
 	}
 	cfg.Multihop = uint8(c.BGPMultihop)
 	if c.BGPLocalPref < 0 || c.BGPLocalPref > math.MaxUint32 {
-		return fmt.Errorf("%w: --bgp-local-pref %d: give 1 to 4294967295 (0: none)", ErrConfig, c.BGPLocalPref)
+		return fmt.Errorf("%w: --bgp-local-pref %d: give 1 to 4294967295 (0: none)", validate.ErrInvalid, c.BGPLocalPref)
 	}
 	cfg.LocalPref = uint32(c.BGPLocalPref)
 	bfdTimers := (c.BGPBFDInterval != 0 && c.BGPBFDInterval != bfd.DefaultInterval) || (c.BGPBFDMultiplier != 0 && c.BGPBFDMultiplier != bfd.DefaultMultiplier)
@@ -428,37 +426,37 @@ func (c *Config) validateAnnounce() error {
 		// 0 is refused (bfd.ValidateTimers), not taken for the default:
 		// the flags' defaults are what --bgp-bfd alone gets.
 		if c.BGPBFDMultiplier < 0 || c.BGPBFDMultiplier > 255 {
-			return fmt.Errorf("%w: --bgp-bfd-multiplier %d: give 1 to 255 (3 is usual)", ErrConfig, c.BGPBFDMultiplier)
+			return fmt.Errorf("%w: --bgp-bfd-multiplier %d: give 1 to 255 (3 is usual)", validate.ErrInvalid, c.BGPBFDMultiplier)
 		}
 		cfg.BFDInterval, cfg.BFDMultiplier = c.BGPBFDInterval, uint8(c.BGPBFDMultiplier)
 	case bfdTimers:
-		return fmt.Errorf("%w: --bgp-bfd-interval and --bgp-bfd-multiplier need --bgp-bfd", ErrConfig)
+		return fmt.Errorf("%w: --bgp-bfd-interval and --bgp-bfd-multiplier need --bgp-bfd", validate.ErrInvalid)
 	}
 	for _, s := range c.BGPCommunities {
 		x, err := bgp.ParseCommunity(s)
 		if err != nil {
-			return rewrap(err, bgp.ErrInvalidConfig)
+			return err
 		}
 		cfg.Communities = append(cfg.Communities, x)
 	}
 	if c.BGPSourceAddress != "" {
 		a, err := netip.ParseAddr(c.BGPSourceAddress)
 		if err != nil || a.Zone() != "" {
-			return fmt.Errorf("%w: --bgp-source-address %q is not an IP address", ErrConfig, c.BGPSourceAddress)
+			return fmt.Errorf("%w: --bgp-source-address %q is not an IP address", validate.ErrInvalid, c.BGPSourceAddress)
 		}
 		cfg.SourceAddress = a.Unmap()
 	}
 	for _, s := range c.BGPPeers {
 		p, err := bgp.ParsePeer(s)
 		if err != nil {
-			return rewrap(err, bgp.ErrInvalidConfig)
+			return err
 		}
 		cfg.Peers = append(cfg.Peers, p)
 	}
 	if c.BGPRouterID != "" {
 		a, err := netip.ParseAddr(c.BGPRouterID)
 		if err != nil {
-			return fmt.Errorf("%w: --bgp-router-id %q is not an IPv4 address", ErrConfig, c.BGPRouterID)
+			return fmt.Errorf("%w: --bgp-router-id %q is not an IPv4 address", validate.ErrInvalid, c.BGPRouterID)
 		}
 		cfg.RouterID = a
 	} else if len(cfg.Peers) > 0 {
@@ -466,14 +464,14 @@ func (c *Config) validateAnnounce() error {
 		// among the nodes, and what an operator would pick.
 		cfg.RouterID = bgp.SourceAddr(cfg.Peers[0].Address)
 		if !cfg.RouterID.Is4() {
-			return fmt.Errorf("%w: --bgp-router-id: this node has no IPv4 address towards %s to default to; give one", ErrConfig, cfg.Peers[0].Address)
+			return fmt.Errorf("%w: --bgp-router-id: this node has no IPv4 address towards %s to default to; give one", validate.ErrInvalid, cfg.Peers[0].Address)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		return rewrap(err, bgp.ErrInvalidConfig)
+		return err
 	}
 	if cfg.SourceAddress.IsValid() && !isLocalAddr(cfg.SourceAddress) {
-		return fmt.Errorf("%w: --bgp-source-address %s is not an address of this node (a session can only leave from one)", ErrConfig, cfg.SourceAddress)
+		return fmt.Errorf("%w: --bgp-source-address %s is not an address of this node (a session can only leave from one)", validate.ErrInvalid, cfg.SourceAddress)
 	}
 	c.BGP = cfg
 	return nil
@@ -490,13 +488,6 @@ func isLocalAddr(a netip.Addr) bool {
 	return true
 }
 
-// rewrap rewraps a package's own invalid-configuration error (its
-// sentinel pkgErr, such as bgp.ErrInvalidConfig) as ErrConfig, saying
-// "invalid configuration" once.
-func rewrap(err, pkgErr error) error {
-	return fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(err.Error(), pkgErr.Error()+": "))
-}
-
 // checkLeaseServer refuses a Lease election whose kubeconfig reaches the API
 // through the VIP it elects: with no holder nobody could reach the Lease, so
 // nobody would ever hold the VIP.
@@ -507,10 +498,10 @@ func (c *Config) checkLeaseServer() error {
 	}
 	u, err := url.Parse(server)
 	if err != nil {
-		return fmt.Errorf("%w: --kubeconfig %s: server %q: %w", ErrConfig, c.Kubeconfig, server, err)
+		return fmt.Errorf("%w: --kubeconfig %s: server %q: %w", validate.ErrInvalid, c.Kubeconfig, server, err)
 	}
 	if a, err := netip.ParseAddr(u.Hostname()); err == nil && slices.Contains(c.VIPAddrs(), a.Unmap()) {
-		return fmt.Errorf("%w: --kubeconfig %s points at the VIP (%s): the Lease election must reach an API server without the VIP it elects, or with no holder nobody could ever take the Lease. Point it at this node's own API server (https://<node IP>:6443)", ErrConfig, c.Kubeconfig, server)
+		return fmt.Errorf("%w: --kubeconfig %s points at the VIP (%s): the Lease election must reach an API server without the VIP it elects, or with no holder nobody could ever take the Lease. Point it at this node's own API server (https://<node IP>:6443)", validate.ErrInvalid, c.Kubeconfig, server)
 	}
 	return nil
 }
@@ -526,7 +517,7 @@ func (c *Config) validateDiscovery() error {
 		switch d {
 		case DiscoveryAuto:
 			if len(c.Discovery) > 1 {
-				return fmt.Errorf("%w: --discovery auto stands alone", ErrConfig)
+				return fmt.Errorf("%w: --discovery auto stands alone", validate.ErrInvalid)
 			}
 			if len(c.EtcdEndpoints) > 0 {
 				out = append(out, DiscoveryEtcd)
@@ -536,25 +527,25 @@ func (c *Config) validateDiscovery() error {
 			}
 		case DiscoveryEtcd:
 			if len(c.EtcdEndpoints) == 0 {
-				return fmt.Errorf("%w: --discovery etcd needs --etcd-endpoints", ErrConfig)
+				return fmt.Errorf("%w: --discovery etcd needs --etcd-endpoints", validate.ErrInvalid)
 			}
 			out = append(out, d)
 		case DiscoveryKubernetes:
 			if c.Kubeconfig == "" {
-				return fmt.Errorf("%w: --discovery kubernetes needs --kubeconfig", ErrConfig)
+				return fmt.Errorf("%w: --discovery kubernetes needs --kubeconfig", validate.ErrInvalid)
 			}
 			out = append(out, d)
 		case DiscoveryNone:
 			if len(c.Discovery) > 1 {
-				return fmt.Errorf("%w: --discovery none stands alone", ErrConfig)
+				return fmt.Errorf("%w: --discovery none stands alone", validate.ErrInvalid)
 			}
 		default:
-			return fmt.Errorf("%w: unknown --discovery source %q (auto, etcd, kubernetes or none)", ErrConfig, d)
+			return fmt.Errorf("%w: unknown --discovery source %q (auto, etcd, kubernetes or none)", validate.ErrInvalid, d)
 		}
 	}
 	c.Discovery = out
 	if c.LBPort != 0 && len(out) == 0 && len(c.Backends) == 0 {
-		return fmt.Errorf("%w: --lb-port needs backends: give --etcd-endpoints (the member list), --kubeconfig (the kubernetes Service's EndpointSlices) or --backend", ErrConfig)
+		return fmt.Errorf("%w: --lb-port needs backends: give --etcd-endpoints (the member list), --kubeconfig (the kubernetes Service's EndpointSlices) or --backend", validate.ErrInvalid)
 	}
 	return nil
 }
@@ -566,76 +557,76 @@ func (c *Config) discovers(source string) bool { return slices.Contains(c.Discov
 func (c *Config) tlsConfig() (*tls.Config, error) {
 	tc, err := validate.EtcdClientTLS(c.EtcdCACert, c.EtcdCert, c.EtcdKey)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	return tc, nil
 }
 
 func (c *Config) validateLB() error {
 	if c.LBPort < 0 || c.LBPort > 65535 {
-		return fmt.Errorf("%w: --lb-port %d is out of range (1-65535, or 0 for no load balancer)", ErrConfig, c.LBPort)
+		return fmt.Errorf("%w: --lb-port %d is out of range (1-65535, or 0 for no load balancer)", validate.ErrInvalid, c.LBPort)
 	}
 
 	if c.BackendPort < 1 || c.BackendPort > 65535 {
-		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", ErrConfig, c.BackendPort)
+		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", validate.ErrInvalid, c.BackendPort)
 	}
 	switch {
 	case c.LBListenPort < 0 || c.LBListenPort > 65535:
-		return fmt.Errorf("%w: --lb-listen-port %d is out of range (1-65535, or 0 to listen on --lb-port itself)", ErrConfig, c.LBListenPort)
+		return fmt.Errorf("%w: --lb-listen-port %d is out of range (1-65535, or 0 to listen on --lb-port itself)", validate.ErrInvalid, c.LBListenPort)
 	case c.LBListenPort != 0 && c.LBPort == 0:
-		return fmt.Errorf("%w: --lb-listen-port needs --lb-port (the port clients use, which the holder sends to it)", ErrConfig)
+		return fmt.Errorf("%w: --lb-listen-port needs --lb-port (the port clients use, which the holder sends to it)", validate.ErrInvalid)
 	case c.LBListenPort != 0 && c.LBListenPort == c.LBPort:
-		return fmt.Errorf("%w: --lb-listen-port %d is --lb-port: give another port, or leave it out to listen on --lb-port itself", ErrConfig, c.LBListenPort)
+		return fmt.Errorf("%w: --lb-listen-port %d is --lb-port: give another port, or leave it out to listen on --lb-port itself", validate.ErrInvalid, c.LBListenPort)
 	}
 	if err := c.validatePorts(); err != nil {
 		return err
 	}
 	if c.HealthPort < 0 || c.HealthPort > 65535 {
-		return fmt.Errorf("%w: --health-port %d is out of range (1-65535, or 0 for the backend port)", ErrConfig, c.HealthPort)
+		return fmt.Errorf("%w: --health-port %d is out of range (1-65535, or 0 for the backend port)", validate.ErrInvalid, c.HealthPort)
 	}
 	if _, err := lb.ParsePolicy(c.LBPolicy); err != nil {
-		return fmt.Errorf("%w: --lb-policy: %w", ErrConfig, err)
+		return fmt.Errorf("%w: --lb-policy: %w", validate.ErrInvalid, err)
 	}
 	for _, b := range c.Backends {
 		host, port, err := net.SplitHostPort(b)
 		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("%w: --backend %q must be HOST:PORT", ErrConfig, b)
+			return fmt.Errorf("%w: --backend %q must be HOST:PORT", validate.ErrInvalid, b)
 		}
 	}
 	if c.HealthPath == "" {
 		c.HealthPath = health.DefaultPath
 	}
 	if err := health.ValidatePath(c.HealthPath); err != nil {
-		return fmt.Errorf("%w: --health-path: %w", ErrConfig, err)
+		return fmt.Errorf("%w: --health-path: %w", validate.ErrInvalid, err)
 	}
 	if c.HealthCA != "" && c.HealthInsecure {
-		return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", ErrConfig)
+		return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", validate.ErrInvalid)
 	}
 	if c.HealthCA != "" {
 		if _, err := os.Stat(c.HealthCA); err != nil {
-			return fmt.Errorf("%w: --health-ca %s: %w", ErrConfig, c.HealthCA, err)
+			return fmt.Errorf("%w: --health-ca %s: %w", validate.ErrInvalid, c.HealthCA, err)
 		}
 	}
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
-		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", ErrConfig)
+		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", validate.ErrInvalid)
 	case c.PruneDeleteNode && (c.PruneAfter == 0 || c.Kubeconfig == ""):
-		return fmt.Errorf("%w: --prune-delete-node needs --prune-after (it acts on pruned members) and --kubeconfig (to delete their Nodes)", ErrConfig)
+		return fmt.Errorf("%w: --prune-delete-node needs --prune-after (it acts on pruned members) and --kubeconfig (to delete their Nodes)", validate.ErrInvalid)
 	case c.PruneAfter != 0 && c.PruneAfter < MinPruneAfter:
-		return fmt.Errorf("%w: --prune-after %v is shorter than %v; a member must be gone for longer than a reboot takes (minutes in production)", ErrConfig, c.PruneAfter, MinPruneAfter)
+		return fmt.Errorf("%w: --prune-after %v is shorter than %v; a member must be gone for longer than a reboot takes (minutes in production)", validate.ErrInvalid, c.PruneAfter, MinPruneAfter)
 	case c.LBDrainTimeout < 0:
-		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", ErrConfig, c.LBDrainTimeout)
+		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", validate.ErrInvalid, c.LBDrainTimeout)
 	case c.HealthGrace < 0:
-		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", ErrConfig, c.HealthGrace)
+		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", validate.ErrInvalid, c.HealthGrace)
 	}
 	if err := lb.CheckLimits(c.LBMaxConns, c.LBMaxConnsPerSource, c.LBIdleTimeout); err != nil {
-		return rewrap(err, lb.ErrInvalidConfig)
+		return err
 	}
 	if err := lb.CheckLoops(c.LBEventLoops); err != nil {
-		return rewrap(err, lb.ErrInvalidConfig)
+		return err
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return validate.Invalid(err)
 	}
 	return nil
 }
@@ -645,7 +636,7 @@ func (c *Config) validateLB() error {
 func (c *Config) healthTLS() (*tls.Config, error) {
 	tc, err := validate.HealthTLS(c.HealthCA, c.HealthInsecure)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	return tc, nil
 }

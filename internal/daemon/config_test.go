@@ -13,6 +13,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/bgp"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func TestParseVIP(t *testing.T) {
@@ -40,8 +41,8 @@ func TestParseVIP(t *testing.T) {
 			if tc.ok && got.String() != tc.want {
 				t.Fatalf("ParseVIP(%q) = %s, want %s", tc.in, got, tc.want)
 			}
-			if !tc.ok && !errors.Is(err, ErrConfig) {
-				t.Fatalf("error %v does not wrap ErrConfig", err)
+			if !tc.ok && !errors.Is(err, validate.ErrInvalid) {
+				t.Fatalf("error %v does not wrap validate.ErrInvalid", err)
 			}
 		})
 	}
@@ -73,58 +74,58 @@ func TestValidate(t *testing.T) {
 		wantErr error
 	}{
 		{"valid", func(*Config) {}, nil},
-		{"no vip", func(c *Config) { c.VIPs = nil }, ErrConfig},
+		{"no vip", func(c *Config) { c.VIPs = nil }, validate.ErrInvalid},
 		{"dual-stack", func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) }, nil},
-		{"two IPv4 VIPs", func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("10.250.0.101/24")) }, ErrConfig},
+		{"two IPv4 VIPs", func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("10.250.0.101/24")) }, validate.ErrInvalid},
 		{"three VIPs", func(c *Config) {
 			c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64"), netip.MustParsePrefix("fd00:250::101/64"))
-		}, ErrConfig},
-		{"no interface", func(c *Config) { c.Interface = "" }, ErrConfig},
-		{"no node name", func(c *Config) { c.NodeName = "" }, ErrConfig},
-		{"unknown backend", func(c *Config) { c.Election = "raft" }, ErrConfig},
-		{"no endpoints", func(c *Config) { c.EtcdEndpoints = nil }, ErrConfig},
-		{"endpoint without scheme", func(c *Config) { c.EtcdEndpoints = []string{"10.0.0.1:2379"} }, ErrConfig},
-		{"cert without key", func(c *Config) { c.EtcdCert = exists }, ErrConfig},
-		{"missing ca file", func(c *Config) { c.EtcdCACert = filepath.Join(dir, "nope.crt") }, ErrConfig},
-		{"vip lifetime below a second", func(c *Config) { c.VIPLifetime = 500 * time.Millisecond }, ErrConfig},
-		{"vip lifetime not whole seconds", func(c *Config) { c.VIPLifetime = 1500 * time.Millisecond }, ErrConfig},
+		}, validate.ErrInvalid},
+		{"no interface", func(c *Config) { c.Interface = "" }, validate.ErrInvalid},
+		{"no node name", func(c *Config) { c.NodeName = "" }, validate.ErrInvalid},
+		{"unknown backend", func(c *Config) { c.Election = "raft" }, validate.ErrInvalid},
+		{"no endpoints", func(c *Config) { c.EtcdEndpoints = nil }, validate.ErrInvalid},
+		{"endpoint without scheme", func(c *Config) { c.EtcdEndpoints = []string{"10.0.0.1:2379"} }, validate.ErrInvalid},
+		{"cert without key", func(c *Config) { c.EtcdCert = exists }, validate.ErrInvalid},
+		{"missing ca file", func(c *Config) { c.EtcdCACert = filepath.Join(dir, "nope.crt") }, validate.ErrInvalid},
+		{"vip lifetime below a second", func(c *Config) { c.VIPLifetime = 500 * time.Millisecond }, validate.ErrInvalid},
+		{"vip lifetime not whole seconds", func(c *Config) { c.VIPLifetime = 1500 * time.Millisecond }, validate.ErrInvalid},
 		{"vip lifetime one second", func(c *Config) { c.VIPLifetime = time.Second }, nil},
-		{"node name localhost", func(c *Config) { c.NodeName = "localhost" }, ErrConfig},
-		{"node name localhost.localdomain", func(c *Config) { c.NodeName = "localhost.localdomain" }, ErrConfig},
-		{"node name with spaces", func(c *Config) { c.NodeName = " cp1" }, ErrConfig},
-		{"renew deadline not below lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, election.ErrInvalidConfig},
-		{"margin below 100ms", func(c *Config) { c.RenewDeadline = c.LeaseDuration - 50*time.Millisecond }, election.ErrInvalidConfig},
+		{"node name localhost", func(c *Config) { c.NodeName = "localhost" }, validate.ErrInvalid},
+		{"node name localhost.localdomain", func(c *Config) { c.NodeName = "localhost.localdomain" }, validate.ErrInvalid},
+		{"node name with spaces", func(c *Config) { c.NodeName = " cp1" }, validate.ErrInvalid},
+		{"renew deadline not below lease", func(c *Config) { c.RenewDeadline = c.LeaseDuration }, validate.ErrInvalid},
+		{"margin below 100ms", func(c *Config) { c.RenewDeadline = c.LeaseDuration - 50*time.Millisecond }, validate.ErrInvalid},
 		{"with load balancer", func(c *Config) { c.LBPort, c.Backends, c.HealthCA = 8443, []string{"10.0.0.1:6443"}, exists }, nil},
-		{"lb port out of range", func(c *Config) { c.LBPort = 70000 }, ErrConfig},
-		{"backend port out of range", func(c *Config) { c.BackendPort = 0 }, ErrConfig},
-		{"health port out of range", func(c *Config) { c.HealthPort = -1 }, ErrConfig},
-		{"unknown lb policy", func(c *Config) { c.LBPolicy = "random" }, ErrConfig},
-		{"static backend without port", func(c *Config) { c.Backends = []string{"10.0.0.1"} }, ErrConfig},
-		{"malformed health path", func(c *Config) { c.HealthPath = "readyz" }, ErrConfig},
-		{"health ca and insecure", func(c *Config) { c.HealthCA, c.HealthInsecure = exists, true }, ErrConfig},
-		{"missing health ca", func(c *Config) { c.HealthCA = filepath.Join(dir, "nope.crt") }, ErrConfig},
-		{"negative grace", func(c *Config) { c.HealthGrace = -time.Second }, ErrConfig},
-		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9558" }, ErrConfig},
-		{"prune-after shorter than a reboot", func(c *Config) { c.PruneAfter = time.Second }, ErrConfig},
+		{"lb port out of range", func(c *Config) { c.LBPort = 70000 }, validate.ErrInvalid},
+		{"backend port out of range", func(c *Config) { c.BackendPort = 0 }, validate.ErrInvalid},
+		{"health port out of range", func(c *Config) { c.HealthPort = -1 }, validate.ErrInvalid},
+		{"unknown lb policy", func(c *Config) { c.LBPolicy = "random" }, validate.ErrInvalid},
+		{"static backend without port", func(c *Config) { c.Backends = []string{"10.0.0.1"} }, validate.ErrInvalid},
+		{"malformed health path", func(c *Config) { c.HealthPath = "readyz" }, validate.ErrInvalid},
+		{"health ca and insecure", func(c *Config) { c.HealthCA, c.HealthInsecure = exists, true }, validate.ErrInvalid},
+		{"missing health ca", func(c *Config) { c.HealthCA = filepath.Join(dir, "nope.crt") }, validate.ErrInvalid},
+		{"negative grace", func(c *Config) { c.HealthGrace = -time.Second }, validate.ErrInvalid},
+		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9558" }, validate.ErrInvalid},
+		{"prune-after shorter than a reboot", func(c *Config) { c.PruneAfter = time.Second }, validate.ErrInvalid},
 		{"prune-after on", func(c *Config) { c.PruneAfter = 10 * time.Minute }, nil},
-		{"negative drain timeout", func(c *Config) { c.LBDrainTimeout = -time.Second }, ErrConfig},
-		{"max conns below -1", func(c *Config) { c.LBMaxConns = -2 }, ErrConfig},
-		{"per-source above total", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = 100, 200 }, ErrConfig},
-		{"negative idle timeout", func(c *Config) { c.LBIdleTimeout = -time.Second }, ErrConfig},
+		{"negative drain timeout", func(c *Config) { c.LBDrainTimeout = -time.Second }, validate.ErrInvalid},
+		{"max conns below -1", func(c *Config) { c.LBMaxConns = -2 }, validate.ErrInvalid},
+		{"per-source above total", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = 100, 200 }, validate.ErrInvalid},
+		{"negative idle timeout", func(c *Config) { c.LBIdleTimeout = -time.Second }, validate.ErrInvalid},
 		{"no connection limits", func(c *Config) { c.LBMaxConns, c.LBMaxConnsPerSource = -1, -1 }, nil},
 		{"two ports", func(c *Config) {
 			c.LBPort, c.MorePorts, c.PortChecks = 6443, []PortSpec{{Port: 9345, BackendPort: 9345}}, []string{"9345=/ping", "6443=tcp"}
 		}, nil},
-		{"a port given twice", func(c *Config) { c.LBPort, c.MorePorts = 6443, []PortSpec{{Port: 6443, BackendPort: 6443}} }, ErrConfig},
+		{"a port given twice", func(c *Config) { c.LBPort, c.MorePorts = 6443, []PortSpec{{Port: 6443, BackendPort: 6443}} }, validate.ErrInvalid},
 		{"a further port as the listen port", func(c *Config) {
 			c.LBPort, c.LBListenPort, c.MorePorts = 6443, 16443, []PortSpec{{Port: 16443, BackendPort: 9345}}
-		}, ErrConfig},
-		{"further ports without a first", func(c *Config) { c.MorePorts = []PortSpec{{Port: 9345, BackendPort: 9345}} }, ErrConfig},
-		{"further port out of range", func(c *Config) { c.LBPort, c.MorePorts = 6443, []PortSpec{{Port: 9345, BackendPort: 0}} }, ErrConfig},
-		{"a check of a port not balanced", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"9345=tcp"} }, ErrConfig},
-		{"a port checked twice", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"6443=tcp", "6443=/readyz"} }, ErrConfig},
-		{"a bad check", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"6443=http"} }, ErrConfig},
-		{"a check beside --health-path", func(c *Config) { c.LBPort, c.HealthPath, c.PortChecks = 6443, "/livez", []string{"6443=/ping"} }, ErrConfig},
+		}, validate.ErrInvalid},
+		{"further ports without a first", func(c *Config) { c.MorePorts = []PortSpec{{Port: 9345, BackendPort: 9345}} }, validate.ErrInvalid},
+		{"further port out of range", func(c *Config) { c.LBPort, c.MorePorts = 6443, []PortSpec{{Port: 9345, BackendPort: 0}} }, validate.ErrInvalid},
+		{"a check of a port not balanced", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"9345=tcp"} }, validate.ErrInvalid},
+		{"a port checked twice", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"6443=tcp", "6443=/readyz"} }, validate.ErrInvalid},
+		{"a bad check", func(c *Config) { c.LBPort, c.PortChecks = 6443, []string{"6443=http"} }, validate.ErrInvalid},
+		{"a check beside --health-path", func(c *Config) { c.LBPort, c.HealthPath, c.PortChecks = 6443, "/livez", []string{"6443=/ping"} }, validate.ErrInvalid},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,8 +202,8 @@ func TestValidateKubernetesElection(t *testing.T) {
 			return c
 		}(),
 	} {
-		if err := c.Validate(); !errors.Is(err, ErrConfig) {
-			t.Errorf("%s: err = %v, want ErrConfig", name, err)
+		if err := c.Validate(); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("%s: err = %v, want validate.ErrInvalid", name, err)
 		}
 	}
 	// An unreadable kubeconfig is caught when the client is built.
@@ -210,8 +211,8 @@ func TestValidateKubernetesElection(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("not: [yaml"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kube.NewClient(bad); !errors.Is(err, kube.ErrConfig) {
-		t.Fatalf("kube.NewClient(garbage) err = %v, want kube.ErrConfig", err)
+	if _, err := kube.NewClient(bad); !errors.Is(err, validate.ErrInvalid) {
+		t.Fatalf("kube.NewClient(garbage) err = %v, want validate.ErrInvalid", err)
 	}
 }
 
@@ -308,7 +309,7 @@ func TestValidateAnnounce(t *testing.T) {
 		c := bgpConfig()
 		mutate(&c)
 		err := c.Validate()
-		if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+		if err == nil || !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: Validate() = %v", want, err)
 		}
 		if err != nil && strings.Count(err.Error(), "invalid") > 1 {
@@ -345,13 +346,13 @@ func TestSetLBPorts(t *testing.T) {
 		t.Fatalf("the default: %v, %d, %v", err, c.LBPort, c.MorePorts)
 	}
 	c.BackendPort = 7000
-	if err := c.SetLBPorts([]string{"8443:6443"}, true); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--backend-port") {
+	if err := c.SetLBPorts([]string{"8443:6443"}, true); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "--backend-port") {
 		t.Fatalf("PORT:BACKENDPORT against --backend-port: %v", err)
 	}
 	for _, bad := range [][]string{{"x"}, {"6443", "0"}, {"6443", "9345:"}, {"70000"}} {
 		c := validConfig()
-		if err := c.SetLBPorts(bad, false); !errors.Is(err, ErrConfig) {
-			t.Errorf("SetLBPorts(%q) = %v, want ErrConfig", bad, err)
+		if err := c.SetLBPorts(bad, false); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("SetLBPorts(%q) = %v, want validate.ErrInvalid", bad, err)
 		}
 	}
 }

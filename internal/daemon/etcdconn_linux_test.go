@@ -97,12 +97,7 @@ func TestOneEtcdConnectionPerMember(t *testing.T) {
 	// a connection of its own, and three clients each kept their own).
 	before := memberListRPCs(t, p.A, urls)
 	start := time.Now()
-	for time.Since(start) < 10*time.Second {
-		if n := etcdConns(t, p.A, vigil.Process.Pid); n != 3 {
-			t.Fatalf("vigil run has %d connections to etcd, want 3 (one per member)", n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testkit.Always(t, 10*time.Second, "one connection to each of the 3 etcd members", func() bool { return etcdConns(t, p.A, vigil.Process.Pid) == 3 })
 	rpcs := memberListRPCs(t, p.A, urls) - before
 	window := time.Since(start)
 	// One read per 2 s interval, sent to each of the 3 members: 15 in 10 s.

@@ -39,10 +39,7 @@ func TestGuardFencesStoppedHolder(t *testing.T) {
 	// The guard acts 600 ms after the last renewal began; 3 s is generous.
 	testkit.WaitFor(t, 3*time.Second, "the guard to remove the VIP of the stopped holder", func() bool { return !hasVIP(t, p.A) })
 	t.Logf("VIP gone %v after SIGSTOP", time.Since(stopped).Round(10*time.Millisecond))
-	time.Sleep(time.Second)
-	if hasVIP(t, p.A) {
-		t.Fatal("the VIP came back while vigil was stopped")
-	}
+	testkit.Always(t, time.Second, "without the VIP while vigil is stopped", func() bool { return !hasVIP(t, p.A) })
 	// Resumed, vigil steps down, campaigns, and takes its own lock again.
 	if err := vigil.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
@@ -93,10 +90,8 @@ func TestNoGuardNoVIP(t *testing.T) {
 	testkit.WaitFor(t, 20*time.Second, "vigil to say why it does not campaign", func() bool {
 		return strings.Contains(statusOK(bin, p.A).Ineligible, "not connected to the VIP guard")
 	})
-	time.Sleep(time.Second) // several retry periods
-	if hasVIP(t, p.A) {
-		t.Fatal("vigil took the VIP with no guard listening")
-	}
+	// Several retry periods.
+	testkit.Always(t, time.Second, "without the VIP while no guard listens", func() bool { return !hasVIP(t, p.A) })
 	guardArgs := []string{"guard", "--listen", sock, "--vip", testVIP + "/24", "--interface", "a0"}
 	guard := startIn(t, p.A, "guard.log", bin, guardArgs...)
 	testkit.WaitFor(t, 10*time.Second, "the VIP once the guard listens", func() bool { return hasVIP(t, p.A) })
@@ -122,6 +117,18 @@ func statusOK(bin, ns string) Report {
 		_ = json.Unmarshal(out, &r)
 	}
 	return r
+}
+
+// waitProbedAfter waits until the node in ns has finished a VIP conflict
+// probe after after: the probe that follows a takeover (once
+// conflictSettle has passed).
+func waitProbedAfter(t *testing.T, ns string, after time.Time) {
+	t.Helper()
+	bin := nstest.Binary(t, "vigil")
+	testkit.WaitFor(t, 10*time.Second, "a conflict probe after the takeover", func() bool {
+		lp := statusOK(bin, ns).Conflict.LastProbe
+		return lp != nil && lp.After(after)
+	})
 }
 
 // The address follows the role: a VIP deleted on the holder comes back, a
@@ -169,10 +176,7 @@ func TestHolderWithoutItsInterfaceStepsDown(t *testing.T) {
 	if hasVIP(t, p.A) {
 		t.Fatal("VIP still on a0 without carrier")
 	}
-	time.Sleep(2 * time.Second)
-	if h := lockHolder(t, p.A); h != "" {
-		t.Fatalf("%s took the lock while its interface had no carrier", h)
-	}
+	testkit.Always(t, 2*time.Second, "the lock free while the interface has no carrier", func() bool { return lockHolder(t, p.A) == "" })
 	nstest.IP(t, "-n", p.B, "link", "set", "b0", "up")
 	testkit.WaitFor(t, 10*time.Second, "the VIP back once carrier returns", func() bool { return hasVIP(t, p.A) })
 
@@ -277,7 +281,7 @@ func TestConflictReported(t *testing.T) {
 	startEtcdIn(t, p.A)
 	startVigilA(t, p.A)
 	testkit.WaitFor(t, 20*time.Second, "the VIP on a0", func() bool { return hasVIP(t, p.A) })
-	time.Sleep(2 * time.Second) // past the probe after the takeover
+	waitProbedAfter(t, p.A, time.Now().Add(conflictSettle))
 	// B runs no vigil: a foreign host given the VIP by mistake.
 	nstest.IP(t, "-n", p.B, "addr", "add", testVIP+"/32", "dev", "b0")
 	added := time.Now()
@@ -318,7 +322,7 @@ func TestConflictReportedOnEitherFamily(t *testing.T) {
 		out := nstest.IP(t, "-n", p.A, "addr", "show", "dev", "a0")
 		return strings.Contains(out, " "+testVIP+"/") && strings.Contains(out, " "+vip6+"/64 ")
 	})
-	time.Sleep(2 * time.Second) // past the probe after the takeover
+	waitProbedAfter(t, p.A, time.Now().Add(conflictSettle))
 	nstest.IP(t, "-n", p.B, "addr", "add", vip6+"/128", "dev", "b0", "nodad")
 	bmac := strings.Fields(nstest.IP(t, "-n", p.B, "-br", "link", "show", "b0"))[2]
 	status := func() string { return nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status") }
@@ -427,13 +431,7 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 			if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(1500 * time.Millisecond)
-			for time.Now().Before(deadline) {
-				if hasVIP(t, p.A) {
-					t.Fatal("the VIP came back with the guard stopped")
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			testkit.Always(t, 1500*time.Millisecond, "without the VIP while the guard is stopped", func() bool { return !hasVIP(t, p.A) })
 			_ = vigil.Process.Signal(syscall.SIGCONT)
 			if err := guard.Signal(syscall.SIGCONT); err != nil {
 				t.Fatal(err)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/handoff"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // handoffNode is one candidate as vigil run wires it: an elector whose
@@ -110,17 +112,14 @@ func holderOf(t *testing.T, lock *election.EtcdLock) string {
 
 func waitHolder(t *testing.T, lock *election.EtcdLock, d time.Duration, ok func(string) bool, what string) string {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		h := holderOf(t, lock)
-		if ok(h) {
-			return h
+	var h string
+	testkit.WaitNil(t, d, "the holder "+what, func() error {
+		if h = holderOf(t, lock); !ok(h) {
+			return fmt.Errorf("the holder is %q", h)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v the holder is %q; want %s", d, h, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return h
 }
 
 // A request moves the lock off its holder to the named peer, not to the
@@ -143,19 +142,15 @@ func TestHandoffMovesTheLock(t *testing.T) {
 	t.Logf("%s -> %s in %v", first, to, time.Since(start).Round(time.Millisecond))
 	// The status is written by the old holder's poll loop, which may
 	// come round a moment after the new holder took the lock.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testkit.WaitNil(t, 10*time.Second, "t1's status released", func() error {
 		st, err := store.StatusOf(ctx, "t1")
-		if err == nil && st != nil && st.Phase == handoff.Released {
-			break
+		if err == nil && (st == nil || st.Phase != handoff.Released) {
+			err = fmt.Errorf("status %+v", st)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status of t1 = %+v, %v; want released", st, err)
-		}
-	}
-	time.Sleep(2 * time.Second) // well past a lease: nobody takes it back
-	if h := holderOf(t, lock); h != to {
-		t.Fatalf("holder %s after the handoff settled, want %s", h, to)
-	}
+		return err
+	})
+	// Well past a lease: nobody takes it back.
+	testkit.Always(t, 2*time.Second, to+" holding after the handoff settled", func() bool { return holderOf(t, lock) == to })
 	if err := store.End(ctx, "t1"); err != nil {
 		t.Fatal(err)
 	}
@@ -173,10 +168,7 @@ func TestHandoffMovesTheLock(t *testing.T) {
 		}
 	}
 	waitHolder(t, lock, 10*time.Second, func(h string) bool { return h == "" }, "the lock released by the stopped nodes")
-	time.Sleep(2 * time.Second)
-	if h := holderOf(t, lock); h != "" {
-		t.Fatalf("%s took the lock while held out", h)
-	}
+	testkit.Always(t, 2*time.Second, "the lock free while every node is held out", func() bool { return holderOf(t, lock) == "" })
 	if had, err := store.Release(ctx, to); err != nil || !had {
 		t.Fatalf("Release = %v, %v", had, err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/observe"
+	"github.com/vigil-ha/vigil/internal/validate"
 	"github.com/vigil-ha/vigil/internal/vip"
 )
 
@@ -136,7 +137,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	}
 	if cfg.Announce == AnnounceBGP {
 		if n.speaker, err = bgp.New(cfg.BGP, log); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+			return nil, validate.Invalid(err)
 		}
 		// Runs from Run; closed (CEASE to every peer) after the VIP is gone.
 		n.onClose(n.speaker.Close)
@@ -183,7 +184,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		},
 		Metrics: hreg,
 	}, log); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	n.onClose(n.checker.Close)
 	for _, p := range n.more {
@@ -197,7 +198,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 			OnChange: p.bal.Update,
 			Metrics:  portRegisterer(n.m.reg, p.spec.Port),
 		}, log.With("port", p.spec.Port)); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+			return nil, validate.Invalid(err)
 		}
 		n.onClose(p.checker.Close)
 	}
@@ -314,7 +315,7 @@ func (n *node) newBalancer(listen, port int, serverFirst bool, onDialError func(
 		Standby:           true,
 	}, log)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	n.onClose(bal.Close)
 	return bal, nil
@@ -389,7 +390,7 @@ func (n *node) connect(tc *tls.Config) error {
 	if cfg.Kubeconfig != "" {
 		kc, err := kube.NewClient(cfg.Kubeconfig)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return validate.Invalid(err)
 		}
 		n.kc = kc
 		ref := kube.NodeRef(cfg.NodeName)
@@ -426,7 +427,7 @@ func (n *node) newDiscovery() error {
 	if cfg.discovers(DiscoveryKubernetes) {
 		hc, err := kube.HTTPClient(cfg.Kubeconfig)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return validate.Invalid(err)
 		}
 		dcfg.Published = kubelite.NewAPIServers(hc, func([]string) { n.disc.PublishedChanged() }, n.log)
 	}
@@ -435,7 +436,7 @@ func (n *node) newDiscovery() error {
 	}
 	d, err := discovery.New(dcfg, n.log)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return validate.Invalid(err)
 	}
 	n.disc = d
 	return nil
@@ -454,7 +455,7 @@ func (n *node) newObserver() error {
 	}
 	members, err := membership.New(membership.Config{Etcd: n.etcd}, mlog)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return validate.Invalid(err)
 	}
 	n.onClose(func() { _ = members.Close() })
 	w := &memberWatch{m: n.m, disc: n.disc, events: n.events, cfg: cfg, log: mlog}
@@ -539,7 +540,7 @@ func (n *node) newElector() error {
 	}
 	el, err := election.New(ecfg, n.log)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return validate.Invalid(err)
 	}
 	n.el = el
 	n.m.registerElector(el)

@@ -18,6 +18,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // nodeMetrics are the daemon's own metrics; the balancer and the checker
@@ -401,7 +402,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func listenMetrics(addr string) (net.Listener, error) {
 	ln, err := observe.Listen(addr, "--metrics-address")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		return nil, validate.Invalid(err)
 	}
 	return ln, nil
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // readyz is a /readyz server on addr whose health a test switches.
@@ -57,32 +59,25 @@ func TestPlacement(t *testing.T) {
 	}
 	stays := func(d time.Duration, want bool) {
 		t.Helper()
-		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if _, y := p.yield(); y != want {
-				t.Fatalf("yield = %v, want %v throughout", y, want)
-			}
-		}
+		testkit.Always(t, d, fmt.Sprintf("yield = %v", want), func() bool { _, y := p.yield(); return y == want })
 	}
 	becomes := func(d time.Duration, want bool) string {
 		t.Helper()
-		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if r, y := p.yield(); y == want {
-				return r
-			}
-		}
-		t.Fatalf("yield never became %v", want)
-		return ""
+		var r string
+		testkit.WaitFor(t, d, fmt.Sprintf("yield = %v", want), func() bool {
+			var y bool
+			r, y = p.yield()
+			return y == want
+		})
+		return r
 	}
 	waitUp := func() {
 		t.Helper()
-		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if a, _ := c.Status(local); a.State == health.Up {
-				if b, _ := c.Status(peer); b.State == health.Up {
-					return
-				}
-			}
-		}
-		t.Fatal("backends never came up")
+		testkit.WaitFor(t, 3*time.Second, "both backends up", func() bool {
+			a, _ := c.Status(local)
+			b, _ := c.Status(peer)
+			return a.State == health.Up && b.State == health.Up
+		})
 	}
 	waitUp()
 	stays(200*time.Millisecond, false)

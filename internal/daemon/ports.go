@@ -52,7 +52,7 @@ func (c *Config) SetLBPorts(values []string, backendPortGiven bool) error {
 	for i, v := range values {
 		port, backend, err := validate.LBPort(v)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return validate.Invalid(err)
 		}
 		if i > 0 {
 			if backend == 0 {
@@ -64,7 +64,7 @@ func (c *Config) SetLBPorts(values []string, backendPortGiven bool) error {
 		c.LBPort = port
 		if backend != 0 {
 			if backendPortGiven && c.BackendPort != backend {
-				return fmt.Errorf("%w: --lb-port %s sends to port %d, --backend-port says %d: give one of them", ErrConfig, v, backend, c.BackendPort)
+				return fmt.Errorf("%w: --lb-port %s sends to port %d, --backend-port says %d: give one of them", validate.ErrInvalid, v, backend, c.BackendPort)
 			}
 			c.BackendPort = backend
 		}
@@ -78,7 +78,7 @@ func (c *Config) SetLBPorts(values []string, backendPortGiven bool) error {
 // each. A check for the first port replaces --health-path.
 func (c *Config) validatePorts() error {
 	if len(c.MorePorts) > 0 && c.LBPort == 0 {
-		return fmt.Errorf("%w: more than one --lb-port, yet no first one", ErrConfig)
+		return fmt.Errorf("%w: more than one --lb-port, yet no first one", validate.ErrInvalid)
 	}
 	seen := map[int]string{}
 	use := func(port int, as string) error {
@@ -86,7 +86,7 @@ func (c *Config) validatePorts() error {
 			return nil
 		}
 		if prev, ok := seen[port]; ok {
-			return fmt.Errorf("%w: port %d given twice (%s and %s): each load-balanced port is served once", ErrConfig, port, prev, as)
+			return fmt.Errorf("%w: port %d given twice (%s and %s): each load-balanced port is served once", validate.ErrInvalid, port, prev, as)
 		}
 		seen[port] = as
 		return nil
@@ -99,7 +99,7 @@ func (c *Config) validatePorts() error {
 	}
 	for i, p := range c.MorePorts {
 		if p.Port < 1 || p.Port > 65535 || p.BackendPort < 1 || p.BackendPort > 65535 {
-			return fmt.Errorf("%w: --lb-port %s is out of range 1-65535", ErrConfig, p)
+			return fmt.Errorf("%w: --lb-port %s is out of range 1-65535", validate.ErrInvalid, p)
 		}
 		if err := use(p.Port, "--lb-port"); err != nil {
 			return err
@@ -112,21 +112,21 @@ func (c *Config) validatePorts() error {
 	for _, v := range c.PortChecks {
 		port, check, err := validate.PortCheck(v)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return validate.Invalid(err)
 		}
 		if check != CheckTCP {
 			if err := health.ValidatePath(check); err != nil {
-				return fmt.Errorf("%w: --lb-port-check %q: want PORT=tcp or PORT=/PATH: %w", ErrConfig, v, err)
+				return fmt.Errorf("%w: --lb-port-check %q: want PORT=tcp or PORT=/PATH: %w", validate.ErrInvalid, v, err)
 			}
 		}
 		if checked[port] {
-			return fmt.Errorf("%w: --lb-port-check for port %d given twice", ErrConfig, port)
+			return fmt.Errorf("%w: --lb-port-check for port %d given twice", validate.ErrInvalid, port)
 		}
 		checked[port] = true
 		switch i := slices.IndexFunc(c.MorePorts, func(p PortSpec) bool { return p.Port == port }); {
 		case port != 0 && port == c.LBPort:
 			if c.HealthPath != "" && c.HealthPath != health.DefaultPath && c.HealthPath != check {
-				return fmt.Errorf("%w: --lb-port-check %q and --health-path %s both say how port %d is checked: give one", ErrConfig, v, c.HealthPath, port)
+				return fmt.Errorf("%w: --lb-port-check %q and --health-path %s both say how port %d is checked: give one", validate.ErrInvalid, v, c.HealthPath, port)
 			}
 			c.HealthTCP = check == CheckTCP
 			if !c.HealthTCP {
@@ -135,7 +135,7 @@ func (c *Config) validatePorts() error {
 		case i >= 0:
 			c.MorePorts[i].Check = check
 		default:
-			return fmt.Errorf("%w: --lb-port-check %q: port %d is not an --lb-port", ErrConfig, v, port)
+			return fmt.Errorf("%w: --lb-port-check %q: port %d is not an --lb-port", validate.ErrInvalid, v, port)
 		}
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // The shedder takes raft leadership off its member, and takes it off again
@@ -42,13 +43,10 @@ func TestRaftShedderKeepsLeadershipOff(t *testing.T) {
 		// Bounded by a check (shedInterval), a move that times out
 		// (shedTimeout: seen when the hand-back below was the transfer
 		// just before) and the backoff after it (shedBackoff), twice over.
-		deadline := time.Now().Add(2 * (shedInterval + shedTimeout + shedBackoff))
-		for c.Leader() == lead || c.Leader() < 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("raft leadership still on %s %s", c.Names[lead], what)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		testkit.WaitFor(t, 2*(shedInterval+shedTimeout+shedBackoff), "raft leadership off "+c.Names[lead]+" "+what, func() bool {
+			l := c.Leader()
+			return l != lead && l >= 0
+		})
 	}
 	off("with the shedder running")
 	// Hand it back, as an etcd election might.

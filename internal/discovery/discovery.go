@@ -23,7 +23,6 @@ package discovery
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -36,10 +35,10 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/etcdmember"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
-// ErrInvalidConfig wraps every configuration error of this package.
-var ErrInvalidConfig = errors.New("discovery: invalid configuration")
+// validate.ErrInvalid wraps every configuration error of this package.
 
 // DefaultInterval is how often the member list is read. Membership changes
 // are rare and deliberate; two seconds makes a change visible "within
@@ -120,17 +119,17 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 		cfg.Interval = DefaultInterval
 	}
 	if cfg.Port < 1 || cfg.Port > 65535 {
-		return nil, fmt.Errorf("%w: backend port %d is out of range 1-65535", ErrInvalidConfig, cfg.Port)
+		return nil, fmt.Errorf("%w: backend port %d is out of range 1-65535", validate.ErrInvalid, cfg.Port)
 	}
 	for _, s := range cfg.Static {
 		if _, err := netip.ParseAddrPort(s); err != nil {
 			if host, port, err := net.SplitHostPort(s); err != nil || host == "" || !validPort(port) {
-				return nil, fmt.Errorf("%w: backend %q must be HOST:PORT", ErrInvalidConfig, s)
+				return nil, fmt.Errorf("%w: backend %q must be HOST:PORT", validate.ErrInvalid, s)
 			}
 		}
 	}
 	if cfg.Members == nil && cfg.Published == nil && len(cfg.Static) == 0 {
-		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", validate.ErrInvalid)
 	}
 	d := &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1), pokePub: make(chan struct{}, 1), sources: map[string]*SourceState{}}
 	if cfg.Members != nil {

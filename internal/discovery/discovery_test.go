@@ -19,6 +19,8 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdmember"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func TestFromMembers(t *testing.T) {
@@ -71,8 +73,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Port: 6443, Static: []string{"10.0.0.1"}}, // no port
 		{Port: 6443, Static: []string{"10.0.0.1:99999"}},
 	} {
-		if _, err := New(cfg, log); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		if _, err := New(cfg, log); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("New(%+v) = %v, want validate.ErrInvalid", cfg, err)
 		}
 	}
 }
@@ -100,13 +102,12 @@ func (s *sets) last() []string {
 
 func (s *sets) wait(t *testing.T, d time.Duration, want []string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !slices.Equal(s.last(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("backends %v, want %v", s.last(), want)
+	testkit.WaitNil(t, d, fmt.Sprintf("backends %v", want), func() error {
+		if got := s.last(); !slices.Equal(got, want) {
+			return fmt.Errorf("backends %v", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func run(t *testing.T, cfg Config) (*Discovery, *sets) {
@@ -177,10 +178,9 @@ func TestFollowsRealMembership(t *testing.T) {
 
 	// etcd down entirely: the last set stays.
 	c.Close()
-	time.Sleep(time.Second)
-	if got := s.last(); !slices.Equal(got, []string{backend(0), backend(2), backend(3)}) {
-		t.Fatalf("backends after etcd went away: %v", got)
-	}
+	testkit.Always(t, time.Second, "the last set kept after etcd went away", func() bool {
+		return slices.Equal(s.last(), []string{backend(0), backend(2), backend(3)})
+	})
 }
 
 // published is a Follower whose set the test sets.
@@ -263,10 +263,9 @@ func TestMergesPublishedWithMembers(t *testing.T) {
 	ml.fail(errors.New("etcd down"))
 	d.Refresh()
 	pub.publish()
-	time.Sleep(200 * time.Millisecond)
-	if got := s.last(); !slices.Equal(got, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"}) {
-		t.Fatalf("backends after both sources went quiet: %v", got)
-	}
+	testkit.Always(t, 200*time.Millisecond, "both last answers kept after both sources went quiet", func() bool {
+		return slices.Equal(s.last(), []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"})
+	})
 	pub.publish("10.0.0.21:6443")
 	s.wait(t, 5*time.Second, []string{"10.0.0.11:6443", "10.0.0.12:6443", "10.0.0.21:6443"})
 	pub.publish("10.0.0.22:6443")

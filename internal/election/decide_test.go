@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func rec(holder string, lease time.Duration) *Record {
@@ -140,8 +142,8 @@ func TestValidateTimings(t *testing.T) {
 			if (err == nil) != tc.ok {
 				t.Fatalf("ValidateTimings(%v, %v, %v) = %v, want ok=%v", tc.lease, tc.renew, tc.retry, err, tc.ok)
 			}
-			if err != nil && !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
+			if err != nil && !errors.Is(err, validate.ErrInvalid) {
+				t.Fatalf("error %v does not wrap validate.ErrInvalid", err)
 			}
 		})
 	}

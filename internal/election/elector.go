@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // MinSafetyMargin is the smallest LeaseDuration - RenewDeadline accepted. The
@@ -174,11 +176,11 @@ func (c Config) yieldNow() (reason string, yield bool) {
 func (c Config) Validate() error {
 	switch {
 	case c.Identity == "":
-		return fmt.Errorf("%w: identity (node name) is empty", ErrInvalidConfig)
+		return fmt.Errorf("%w: identity (node name) is empty", validate.ErrInvalid)
 	case c.Lock == nil:
-		return fmt.Errorf("%w: no lock", ErrInvalidConfig)
+		return fmt.Errorf("%w: no lock", validate.ErrInvalid)
 	case (c.Yield != nil || c.HandOff != nil) && c.YieldFor <= 0:
-		return fmt.Errorf("%w: yield needs a positive stand-by time", ErrInvalidConfig)
+		return fmt.Errorf("%w: yield needs a positive stand-by time", validate.ErrInvalid)
 	}
 	return ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod)
 }
@@ -187,13 +189,13 @@ func (c Config) Validate() error {
 func ValidateTimings(lease, renew, retry time.Duration) error {
 	switch {
 	case retry <= 0:
-		return fmt.Errorf("%w: retry period %v must be positive", ErrInvalidConfig, retry)
+		return fmt.Errorf("%w: retry period %v must be positive", validate.ErrInvalid, retry)
 	case renew <= retry:
-		return fmt.Errorf("%w: renew deadline %v must be longer than the retry period %v, or one slow renewal makes the leader step down", ErrInvalidConfig, renew, retry)
+		return fmt.Errorf("%w: renew deadline %v must be longer than the retry period %v, or one slow renewal makes the leader step down", validate.ErrInvalid, renew, retry)
 	case renew >= lease:
-		return fmt.Errorf("%w: renew deadline %v must be shorter than the lease duration %v, or two nodes could hold the VIP at once", ErrInvalidConfig, renew, lease)
+		return fmt.Errorf("%w: renew deadline %v must be shorter than the lease duration %v, or two nodes could hold the VIP at once", validate.ErrInvalid, renew, lease)
 	case lease-renew < MinSafetyMargin:
-		return fmt.Errorf("%w: lease duration %v minus renew deadline %v leaves %v; at least %v is needed to step down safely", ErrInvalidConfig, lease, renew, lease-renew, MinSafetyMargin)
+		return fmt.Errorf("%w: lease duration %v minus renew deadline %v leaves %v; at least %v is needed to step down safely", validate.ErrInvalid, lease, renew, lease-renew, MinSafetyMargin)
 	}
 	return nil
 }
@@ -240,7 +242,7 @@ type Elector struct {
 	beat atomic.Int64 // unix nanoseconds of the last turn of a campaign or renewal loop
 }
 
-// New returns an Elector, or an error wrapping ErrInvalidConfig.
+// New returns an Elector, or an error wrapping validate.ErrInvalid.
 func New(cfg Config, log *slog.Logger) (*Elector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

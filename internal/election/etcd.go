@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // DefaultEtcdKey is where the VIP lock record lives.
@@ -69,7 +70,7 @@ var (
 // errors from Get and Write.
 func NewEtcdLock(cfg EtcdConfig, log *slog.Logger) (*EtcdLock, error) {
 	if len(cfg.Endpoints) == 0 {
-		return nil, fmt.Errorf("%w: no etcd endpoints", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: no etcd endpoints", validate.ErrInvalid)
 	}
 	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.Endpoints, TLS: cfg.TLS}, log)
 	if err != nil {

@@ -80,15 +80,12 @@ func (tr *tracker) leader() string {
 
 func (tr *tracker) waitLeader(t *testing.T, d time.Duration, not string) string {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if l := tr.leader(); l != "" && l != not {
-			return l
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("no leader (other than %q) within %v", not, d)
-	return ""
+	var l string
+	testkit.WaitFor(t, d, fmt.Sprintf("a leader other than %q", not), func() bool {
+		l = tr.leader()
+		return l != "" && l != not
+	})
+	return l
 }
 
 // checkHandover waits for a new leader after holder was cut off from the
@@ -239,13 +236,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 		t.Fatalf("holder = %q, want a", first.Holder)
 	}
 	// Renewals keep changing the record while the holder stays.
-	deadline := time.Now().Add(5 * time.Second)
-	for readRecord(t, c.Endpoints).Nonce == first.Nonce {
-		if time.Now().After(deadline) {
-			t.Fatal("the leader never renewed")
-		}
-		time.Sleep(tRetry)
-	}
+	testkit.WaitFor(t, 5*time.Second, "a renewal", func() bool { return readRecord(t, c.Endpoints).Nonce != first.Nonce })
 	// OnRenew runs once the renew loop has the answer, a moment after the
 	// write is visible: a stop in between would leave it unreported (a
 	// warm hack/test.sh run failed so).
@@ -332,10 +323,8 @@ func TestHolderKeepsLockThroughEtcdLeaderElection(t *testing.T) {
 			c.Kill(raftLeader)
 			newLeader := c.WaitLeader(15 * time.Second)
 			t.Logf("etcd elected %s", c.Names[newLeader])
-			time.Sleep(2 * tLease) // the holder must renew through the new raft leader
-			if got := tr.leader(); got != holder {
-				t.Fatalf("leader is %q after the etcd election, want %q to have kept it (stops: %v)", got, holder, tr.reasons)
-			}
+			// The holder must renew through the new raft leader.
+			testkit.Always(t, 2*tLease, holder+" leading through the etcd election", func() bool { return tr.leader() == holder })
 			tr.mu.Lock()
 			defer tr.mu.Unlock()
 			if len(tr.stops[holder]) != 0 {
@@ -375,13 +364,7 @@ func TestForeignWriteMakesLeaderStepDown(t *testing.T) {
 	if _, err := cli.Put(context.Background(), "/test/leader", string(b)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for tr.leader() != "" {
-		if time.Now().After(deadline) {
-			t.Fatal("the leader kept leading after somebody else took the lock")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 5*time.Second, "the leader to step down once somebody else took the lock", func() bool { return tr.leader() == "" })
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	if want := `lock taken by "intruder"`; tr.reasons["a"][0] != want {
@@ -396,10 +379,7 @@ func TestEtcdStartsLater(t *testing.T) {
 	ep := fmt.Sprintf("http://%s:%d", testaddr.Loopback(t), cp)
 	tr := newTracker(t)
 	startCandidate(t, "a", []string{ep}, tr, tLease, tRenew, tRetry)
-	time.Sleep(2 * time.Second)
-	if l := tr.leader(); l != "" {
-		t.Fatalf("%s leads without etcd", l)
-	}
+	testkit.Always(t, 2*time.Second, "leaderless without etcd", func() bool { return tr.leader() == "" })
 	cfg := etcdtest.Config(t, "late", cp, pp, fmt.Sprintf("late=http://%s:%d", testaddr.Loopback(t), pp))
 	e, err := startEmbedded(cfg)
 	if err != nil {
@@ -493,10 +473,7 @@ func TestYield(t *testing.T) {
 		t.Fatalf("a took the lock %v after b left, before its stand-by of %v", waited, yieldFor)
 	}
 	// ...and keeps it although still sick: no flapping.
-	time.Sleep(4 * tLease)
-	if l := tr.leader(); l != "a" {
-		t.Fatalf("leader %q, want a to keep the tenure it took while yielding", l)
-	}
+	testkit.Always(t, 4*tLease, "a holding the tenure it took while yielding", func() bool { return tr.leader() == "a" })
 	_ = a
 }
 
@@ -557,12 +534,7 @@ func TestDuplicateIdentity(t *testing.T) {
 	}
 	// The twin saw a renewal land in etcd; the holder's OnLease for it
 	// runs once its write returns, which may be just after.
-	for end := time.Now().Add(5 * time.Second); deadlines.Load() < 2 && time.Now().Before(end); {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if deadlines.Load() < 2 {
-		t.Fatalf("OnLease ran %d times, want once per renewal", deadlines.Load())
-	}
+	testkit.WaitFor(t, 5*time.Second, "OnLease once per renewal (twice)", func() bool { return deadlines.Load() >= 2 })
 }
 
 // A record left by an earlier process of this node (another instance) is

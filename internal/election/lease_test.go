@@ -190,13 +190,7 @@ func TestLease(t *testing.T) {
 		if err != nil || *lease.Spec.HolderIdentity != "a" || *lease.Spec.LeaseDurationSeconds != 1 || lease.Spec.RenewTime == nil {
 			t.Fatalf("lease object: %+v, %v", lease, err)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for readLease(t, s).Revision == first.Revision {
-			if time.Now().After(deadline) {
-				t.Fatal("the leader never renewed")
-			}
-			time.Sleep(tRetry)
-		}
+		testkit.WaitFor(t, 5*time.Second, "a renewal", func() bool { return readLease(t, s).Revision != first.Revision })
 		a.stop()
 		if h := readLease(t, s).Holder(); h != "" {
 			t.Fatalf("after a clean stop the holder is %q, want the lease released", h)
@@ -228,10 +222,8 @@ func TestLease(t *testing.T) {
 		tr := newTracker(t)
 		addr := fmt.Sprintf("%s:%d", testaddr.Loopback(t), testaddr.Port(t))
 		startLeaseCandidate(t, s, "https://"+addr, "late", tr)
-		time.Sleep(2 * time.Second) // several failed reads, with backoff
-		if l := tr.leader(); l != "" {
-			t.Fatalf("%s leads while the API server is unreachable", l)
-		}
+		// Several failed reads, with backoff.
+		testkit.Always(t, 2*time.Second, "leaderless while the API server is unreachable", func() bool { return tr.leader() == "" })
 		newCutProxyOn(t, addr, s.URL[len("https://"):])
 		tr.waitLeader(t, 10*time.Second, "")
 	})
@@ -264,7 +256,7 @@ func TestLease(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(5 * time.Second)
+		testkit.Always(t, 5*time.Second, holder+" holding the Lease with every API answer 500ms late", func() bool { return tr.leader() == holder })
 		tr.mu.Lock()
 		starts, stops := len(tr.starts[holder]), len(tr.stops[holder])
 		tr.mu.Unlock()

@@ -114,5 +114,4 @@ var ErrConflict = errors.New("election: lock record changed concurrently")
 // campaigns or leads under the same identity (node name).
 var ErrDuplicateIdentity = errors.New("election: another process uses this node name")
 
-// ErrInvalidConfig wraps every configuration error.
-var ErrInvalidConfig = errors.New("election: invalid configuration")
+// validate.ErrInvalid wraps every configuration error.

@@ -79,10 +79,7 @@ func TestRetireWaitsForTheHolderAndLocksOutCandidates(t *testing.T) {
 
 	// A candidate of the old election never takes it, and says why.
 	b := startCandidate(t, "b", c.Endpoints, tr, tLease, tRenew, tRetry)
-	time.Sleep(3 * tLease)
-	if l := tr.leader(); l != "" {
-		t.Fatalf("%s took the retired lock", l)
-	}
+	testkit.Always(t, 3*tLease, "nobody taking the retired lock", func() bool { return tr.leader() == "" })
 	if why := b.el.Status().Ineligible; !strings.Contains(why, "moved to lease kube-system/vigil") {
 		t.Fatalf("b's status says %q, want why it does not campaign", why)
 	}
@@ -161,7 +158,11 @@ func TestRetireRacingCandidates(t *testing.T) {
 				t.Fatalf("round %d: Retire did not land after every candidate stopped", round)
 			}
 		}
-		time.Sleep(2 * tLease)
+		testkit.Always(t, 2*tLease, "nobody leading after Retire returned", func() bool {
+			tr.mu.Lock()
+			defer tr.mu.Unlock()
+			return len(tr.leading) == 0
+		})
 		t.Logf("round %d: Retire landed after %d of 3 leaders stopped", round, len(tr.stops))
 		tr.mu.Lock()
 		for n, starts := range tr.starts {

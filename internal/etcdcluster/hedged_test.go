@@ -180,8 +180,9 @@ func TestPath(t *testing.T) {
 
 // tally counts the operations each member was asked.
 type tally struct {
-	mu    sync.Mutex
-	asked map[string]int
+	mu      sync.Mutex
+	asked   map[string]int
+	changed chan struct{} // a token after each add
 }
 
 func (t *tally) add(ep string) {
@@ -191,18 +192,36 @@ func (t *tally) add(ep string) {
 		t.asked = map[string]int{}
 	}
 	t.asked[ep]++
+	select {
+	case t.changes() <- struct{}{}:
+	default:
+	}
+}
+
+// changes is the add notification channel, made on first use (under mu).
+func (t *tally) changes() chan struct{} {
+	if t.changed == nil {
+		t.changed = make(chan struct{}, 1)
+	}
+	return t.changed
 }
 
 // wait waits up to 5 s until n members were asked in all (the goroutines of
 // members that lost the race count themselves a moment later), then returns
 // the counts and clears them.
 func (t *tally) wait(n int) map[string]int {
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	deadline := time.After(5 * time.Second)
+	for waiting := true; waiting; {
 		t.mu.Lock()
-		got := len(t.asked)
+		got, changed := len(t.asked), t.changes()
 		t.mu.Unlock()
-		if got >= n || time.Now().After(deadline) {
+		if got >= n {
 			break
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			waiting = false
 		}
 	}
 	t.mu.Lock()

@@ -2,6 +2,7 @@ package etcdmember
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -174,13 +175,12 @@ func TestListerKeepsOneConnection(t *testing.T) {
 
 func waitOpen(t *testing.T, c *countingServer, want int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for c.open() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d connections open, want %d", c.URL, c.open(), want)
+	testkit.WaitNil(t, 5*time.Second, fmt.Sprintf("%d connections open to %s", want, c.URL), func() error {
+		if n := c.open(); n != want {
+			return fmt.Errorf("%d open", n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // countingServer answers the member list, or 503 once fail is set, and

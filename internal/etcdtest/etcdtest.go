@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -24,6 +25,7 @@ type Cluster struct {
 	cfgs      []*embed.Config
 	stopped   []bool
 	distinct  bool
+	ready     time.Time // when every member first answered
 }
 
 func (c *Cluster) host(i int) string {
@@ -164,7 +166,21 @@ func startWith(t testing.TB, n int, distinct bool, front func(i int, listen stri
 			t.Fatal(err)
 		}
 	}
+	c.ready = time.Now()
 	return c
+}
+
+// reconfigAfter is how long etcd refuses membership changes after its
+// members connected ("unhealthy cluster"): every peer must have been
+// active for its HealthInterval (5 s), and a margin.
+const reconfigAfter = 5500 * time.Millisecond
+
+// WaitReconfigurable waits until the cluster accepts membership changes:
+// reconfigAfter since its members were first all up. etcd has no call that
+// tells (it answers only the change itself), so this is the one wait on a
+// clock in etcdtest.
+func (c *Cluster) WaitReconfigurable() {
+	time.Sleep(time.Until(c.ready.Add(reconfigAfter)))
 }
 
 // Bounds on an embedded member's start and stop. A member that takes
@@ -238,15 +254,14 @@ func (c *Cluster) Leader() int {
 // WaitLeader waits for a raft leader among the running members.
 func (c *Cluster) WaitLeader(d time.Duration) int {
 	c.t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if i := c.Leader(); i >= 0 {
-			return i
+	i := -1
+	testkit.WaitNilEvery(c.t, d, 10*time.Millisecond, "an etcd leader", func() error {
+		if i = c.Leader(); i < 0 {
+			return errors.New("none among the running members")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	c.t.Fatalf("no etcd leader within %v", d)
-	return -1
+		return nil
+	})
+	return i
 }
 
 // Kill stops member i without handing raft leadership over (like SIGKILL)
@@ -298,20 +313,11 @@ func (c *Cluster) Close() {
 	wg.Wait()
 }
 
-// Retry calls f until it succeeds or d has passed, then fails the test.
+// Retry calls f every 200 ms (testkit.WaitNilEvery) until it succeeds or d
+// has passed, then fails the test.
 // etcd refuses membership changes for a few seconds after members
 // (re)connect ("unhealthy cluster"), so tests that change membership retry.
 func Retry(t testing.TB, d time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testkit.WaitNilEvery(t, d, 200*time.Millisecond, what, f)
 }

@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
-// ErrInvalidConfig wraps every configuration error of this package.
-var ErrInvalidConfig = errors.New("health: invalid configuration")
+// validate.ErrInvalid wraps every configuration error of this package.
 
 // Defaults. They bound how long a backend that stops answering keeps getting
 // new connections:
@@ -111,15 +111,15 @@ func (c Config) Validate() error {
 	}
 	switch {
 	case c.Scheme != "https" && c.Scheme != "http" && c.Scheme != SchemeTCP:
-		return fmt.Errorf("%w: health check scheme %q must be https, http or tcp", ErrInvalidConfig, c.Scheme)
+		return fmt.Errorf("%w: health check scheme %q must be https, http or tcp", validate.ErrInvalid, c.Scheme)
 	case c.Port < 0 || c.Port > 65535:
-		return fmt.Errorf("%w: health check port %d is out of range 1-65535", ErrInvalidConfig, c.Port)
+		return fmt.Errorf("%w: health check port %d is out of range 1-65535", validate.ErrInvalid, c.Port)
 	case c.Interval <= 0:
-		return fmt.Errorf("%w: health check interval %v must be positive", ErrInvalidConfig, c.Interval)
+		return fmt.Errorf("%w: health check interval %v must be positive", validate.ErrInvalid, c.Interval)
 	case c.Timeout <= 0:
-		return fmt.Errorf("%w: health check timeout %v must be positive", ErrInvalidConfig, c.Timeout)
+		return fmt.Errorf("%w: health check timeout %v must be positive", validate.ErrInvalid, c.Timeout)
 	case c.Rise < 1 || c.Fall < 1:
-		return fmt.Errorf("%w: health check rise %d and fall %d must be at least 1", ErrInvalidConfig, c.Rise, c.Fall)
+		return fmt.Errorf("%w: health check rise %d and fall %d must be at least 1", validate.ErrInvalid, c.Rise, c.Fall)
 	}
 	return nil
 }
@@ -128,11 +128,11 @@ func (c Config) Validate() error {
 // /readyz or /readyz?exclude=etcd.
 func ValidatePath(p string) error {
 	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, " \t\r\n#") {
-		return fmt.Errorf("%w: health check path %q must be an absolute path such as /readyz", ErrInvalidConfig, p)
+		return fmt.Errorf("%w: health check path %q must be an absolute path such as /readyz", validate.ErrInvalid, p)
 	}
 	u, err := url.ParseRequestURI(p)
 	if err != nil || u.Host != "" || u.Scheme != "" {
-		return fmt.Errorf("%w: health check path %q must be an absolute path such as /readyz", ErrInvalidConfig, p)
+		return fmt.Errorf("%w: health check path %q must be an absolute path such as /readyz", validate.ErrInvalid, p)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/testaddr"
 	"github.com/vigil-ha/vigil/internal/testkit"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -240,8 +241,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{Interval: -1},
 		{Rise: -1},
 	} {
-		if _, err := New(cfg, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		if _, err := New(cfg, slog.New(slog.DiscardHandler)); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("New(%+v) = %v, want validate.ErrInvalid", cfg, err)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -10,16 +9,16 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vigil-ha/vigil/internal/kubelite"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
-// ErrConfig wraps every configuration error of this package.
-var ErrConfig = errors.New("kube: invalid configuration")
+// validate.ErrInvalid wraps every configuration error of this package.
 
 // load reads a kubeconfig file; errors name the flag.
 func load(kubeconfig string) (*rest.Config, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", validate.ErrInvalid, kubeconfig, err)
 	}
 	return rc, nil
 }
@@ -56,7 +55,7 @@ func HTTPClient(kubeconfig string) (*kubelite.Client, error) {
 	rc.UserAgent = "vigil"
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, kubeconfig, err)
+		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", validate.ErrInvalid, kubeconfig, err)
 	}
 	return &kubelite.Client{Server: strings.TrimSuffix(rc.Host, "/"), HTTP: hc}, nil
 }
@@ -66,7 +65,7 @@ func newClient(rc *rest.Config, what string) (kubernetes.Interface, error) {
 	rc.UserAgent = "vigil"
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrConfig, what, err)
+		return nil, fmt.Errorf("%w: %s: %w", validate.ErrInvalid, what, err)
 	}
 	return cs, nil
 }

@@ -29,8 +29,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
-// ErrConfig wraps every configuration error of this package.
-var ErrConfig = errors.New("kubelite: invalid configuration")
+// validate.ErrInvalid wraps every configuration error of this package.
 
 // ServiceAccountDir is where a pod's service-account token and CA are
 // mounted.
@@ -132,15 +131,15 @@ func FromServiceAccount(dir, server, serverName string) (*Client, error) {
 	tf, caFile := filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")
 	for _, f := range []string{tf, caFile} {
 		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("%w: service-account credentials: %w (is the pod's service-account token mounted?)", ErrConfig, err)
+			return nil, fmt.Errorf("%w: service-account credentials: %w (is the pod's service-account token mounted?)", validate.ErrInvalid, err)
 		}
 	}
 	pool, err := certPool(caFile, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: service account: %w", ErrConfig, err)
+		return nil, fmt.Errorf("%w: service account: %w", validate.ErrInvalid, err)
 	}
 	if _, err := url.Parse(server); err != nil {
-		return nil, fmt.Errorf("%w: server %q: %w", ErrConfig, server, err)
+		return nil, fmt.Errorf("%w: server %q: %w", validate.ErrInvalid, server, err)
 	}
 	tok := &tokenFile{path: tf}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: serverName}
@@ -194,7 +193,7 @@ type kubeconfig struct {
 func FromKubeconfig(path string) (*Client, error) {
 	c, err := fromKubeconfig(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", ErrConfig, path, err)
+		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", validate.ErrInvalid, path, err)
 	}
 	return c, nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestBGPLab runs the failover drills in the routed lab: the client reaches
@@ -31,32 +32,31 @@ func TestBGPLab(t *testing.T) {
 	// holds it, and (unless allowStale) holds no other node's route.
 	routedTo := func(t *testing.T, allowStale bool, within time.Duration) string {
 		t.Helper()
-		var last string
-		for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var holder string
+		testkit.WaitNilEvery(t, within, 50*time.Millisecond, "the router to forward the VIP to its one holder", func() error {
 			st, err := l.Status(ctx)
 			if err != nil {
-				last = err.Error()
-				continue
+				return err
 			}
-			last = fmt.Sprintf("holders %v, router %+v", st.Holders, st.Router)
+			stuck := fmt.Errorf("holders %v, router %+v", st.Holders, st.Router)
 			if len(st.Holders) != 1 || st.Router == nil {
-				continue
+				return stuck
 			}
 			n, err := l.node(st.Holders[0])
 			if err != nil {
-				t.Fatal(err)
+				return err
 			}
 			ip := n.IP.String()
 			if st.Router.NextHop != ip || !slices.Contains(st.Router.Learned, ip) {
-				continue
+				return stuck
 			}
 			if !allowStale && len(st.Router.Learned) != 1 {
-				continue // a route from a node that no longer holds the VIP
+				return stuck // a route from a node that no longer holds the VIP
 			}
-			return st.Holders[0]
-		}
-		t.Fatalf("the router does not forward the VIP to its one holder: %s", last)
-		return ""
+			holder = st.Holders[0]
+			return nil
+		})
+		return holder
 	}
 	routedTo(t, false, 10*time.Second)
 	for _, kind := range []string{DrillKillLeader, DrillGraceful, DrillKillDaemon, DrillPartitionLeader, DrillKillEtcdLeader} {
@@ -89,15 +89,13 @@ func TestBGPLab(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = l.signal(ctx, n, roleVigil, syscall.SIGCONT, 0) }()
-		for deadline := frozen.Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		testkit.WaitNilEvery(t, 5*time.Second, 20*time.Millisecond, "the router to drop frozen "+holder+"'s route", func() error {
 			r, err := l.VIPRoute(ctx)
-			if err == nil && !slices.Contains(r.Learned, n.IP.String()) {
-				break
+			if err == nil && slices.Contains(r.Learned, n.IP.String()) {
+				err = fmt.Errorf("it has %+v", r)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the router still has frozen %s's route 5 s after the freeze (%+v, %v)", holder, r, err)
-			}
-		}
+			return err
+		})
 		took := time.Since(frozen)
 		t.Logf("the router dropped frozen %s's route %v after the freeze (BFD %v x 3)", holder, took.Round(time.Millisecond), BFDInterval)
 		if took > 2*time.Second {
@@ -114,19 +112,13 @@ func TestBGPLab(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Every session is down: no node may announce, so none holds.
-		var holders []string
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		testkit.WaitNilEvery(t, 10*time.Second, 100*time.Millisecond, "no holder once the router went away", func() error {
 			st, err := l.Status(ctx)
-			if err != nil {
-				t.Fatal(err)
+			if err == nil && len(st.Holders) != 0 {
+				err = fmt.Errorf("%v hold the VIP", st.Holders)
 			}
-			if holders = st.Holders; len(holders) == 0 {
-				break
-			}
-		}
-		if len(holders) != 0 {
-			t.Fatalf("%v still hold the VIP 10 s after the router went away", holders)
-		}
+			return err
+		})
 		if err := l.startRouter(); err != nil {
 			t.Fatal(err)
 		}

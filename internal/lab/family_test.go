@@ -2,9 +2,12 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestIPFamilyLabs runs the failover drills in an IPv6-only lab, a
@@ -54,14 +57,17 @@ func TestIPFamilyLabs(t *testing.T) {
 				if !s.has4() {
 					want = nodeIP6(n.Index)
 				}
-				for deadline := time.Now().Add(10 * time.Second); st.Router == nil || st.Router.NextHop != want.String(); time.Sleep(100 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatalf("router: %+v; want the VIP forwarded to %s (%s)", st.Router, want, n.Name)
+				testkit.WaitNilEvery(t, 10*time.Second, 100*time.Millisecond, fmt.Sprintf("the router to forward the VIP to %s (%s)", want, n.Name), func() error {
+					if st.Router != nil && st.Router.NextHop == want.String() {
+						return nil
 					}
+					stuck := fmt.Errorf("router: %+v", st.Router)
+					var err error
 					if st, err = l.Status(ctx); err != nil {
 						t.Fatal(err)
 					}
-				}
+					return stuck
+				})
 			}
 			for _, kind := range []string{DrillKillLeader, DrillGraceful, DrillPartitionLeader, DrillKillDaemon, DrillKillEtcdLeader} {
 				t.Run(kind, func(t *testing.T) {

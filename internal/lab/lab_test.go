@@ -25,6 +25,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubetest"
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestDrills builds the real lab (etcd processes, vigil processes) and runs
@@ -271,16 +272,7 @@ func TestKubeadmLab(t *testing.T) {
 		}
 		return nil
 	}
-	for deadline := time.Now().Add(2 * time.Minute); ; {
-		err := podsReady()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vigil pods not Ready after 2m: %v", err)
-		}
-		time.Sleep(time.Second)
-	}
+	testkit.WaitNilEvery(t, 2*time.Minute, time.Second, "vigil pods Ready", podsReady)
 	// The rule is on the holder, and on no other node.
 	dnatOn := func() (holder string, with []string, err error) {
 		for _, n := range l.st.Nodes {
@@ -555,35 +547,29 @@ func TestLeaseLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testkit.WaitNilEvery(t, 15*time.Second, 200*time.Millisecond, "a BecameLeader Event from "+r.After+" on the Lease", func() error {
 		evs, err := cs.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=vigil,reason=BecameLeader"})
-		found := err == nil && slices.ContainsFunc(evs.Items, func(e corev1.Event) bool { return e.Source.Host == r.After })
-		if found {
-			break
+		if err == nil && !slices.ContainsFunc(evs.Items, func(e corev1.Event) bool { return e.Source.Host == r.After }) {
+			err = fmt.Errorf("none among %d", len(evs.Items))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no BecameLeader Event from %s on the Lease (err %v)", r.After, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 	// The killed node came back with the heal (a reboot after the power
 	// cut); its API server publishes itself again once it is up.
-	var addrs []string
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-		addrs = addrs[:0]
-		if sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{}); err == nil {
-			for _, ep := range sl.Endpoints {
-				addrs = append(addrs, ep.Addresses...)
-			}
+	testkit.WaitNilEvery(t, 60*time.Second, 500*time.Millisecond, "the 3 nodes in the kubernetes EndpointSlice", func() error {
+		sl, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-		if len(addrs) == 3 {
-			break
+		var addrs []string
+		for _, ep := range sl.Endpoints {
+			addrs = append(addrs, ep.Addresses...)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kubernetes EndpointSlice addresses %v, want the 3 nodes", addrs)
+		if len(addrs) != 3 {
+			return fmt.Errorf("addresses %v", addrs)
 		}
-	}
+		return nil
+	})
 }
 
 // TestChaos runs `vigil-lab chaos` for a few minutes with every fault type

@@ -11,11 +11,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // Errors.
 var (
-	ErrInvalidConfig = errors.New("lb: invalid configuration")
 	// ErrPortInUse: something else listens on the VIP's port already; with
 	// kubeadm that is a kube-apiserver bound to 0.0.0.0.
 	ErrPortInUse = errors.New("lb: port in use")
@@ -182,7 +183,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 		}}).DialContext
 	}
 	if cfg.DialTimeout < 0 || cfg.Attempts < 1 || cfg.DrainTimeout < 0 || cfg.HalfCloseTimeout < 0 || cfg.UnreachableGrace < 0 {
-		return nil, fmt.Errorf("%w: dial timeout, attempts, drain and half-close timeouts and unreachable grace must be positive", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: dial timeout, attempts, drain and half-close timeouts and unreachable grace must be positive", validate.ErrInvalid)
 	}
 	if err := CheckLimits(cfg.MaxConns, cfg.MaxConnsPerSource, cfg.IdleTimeout); err != nil {
 		return nil, err
@@ -227,7 +228,7 @@ func New(cfg Config, log *slog.Logger) (*Balancer, error) {
 func openListener(addr string, cfg Config) (net.Listener, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {
-		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", ErrInvalidConfig, addr)
+		return nil, fmt.Errorf("%w: listen address %q must be IP:PORT", validate.ErrInvalid, addr)
 	}
 	ln, err := listen(addr, cfg.FreeBind, cfg.ReusePort, !cfg.ServerSpeaksFirst)
 	if err != nil {

@@ -18,6 +18,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/testkit"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // testLoops is Config.Loops for the balancers the tests start.
@@ -495,28 +497,24 @@ func TestNewErrors(t *testing.T) {
 		t.Fatalf("listen on a busy port: %v, want ErrPortInUse", err)
 	}
 	for _, l := range []string{"", "6443", "127.0.0.1", ":6443"} {
-		if _, err := New(Config{Listen: l}, log); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("New(Listen %q) = %v, want ErrInvalidConfig", l, err)
+		if _, err := New(Config{Listen: l}, log); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("New(Listen %q) = %v, want validate.ErrInvalid", l, err)
 		}
 	}
 }
 
 func waitConns(t *testing.T, b *Balancer, want int) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for {
+	testkit.WaitNil(t, 3*time.Second, "the connections tracked", func() error {
 		n := 0
 		for _, be := range b.Backends() {
 			n += be.Connections
 		}
-		if n == want {
-			return
+		if n != want {
+			return fmt.Errorf("%d tracked, want %d", n, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections tracked, want %d", n, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestStandbyAndSetServing(t *testing.T) {
@@ -549,10 +547,10 @@ func TestBusy(t *testing.T) {
 		t.Fatalf("no connections: busy %d of %d", busy, total)
 	}
 	c, r := dialTo(t, b, "echo") // greeted: the backend answered last
-	time.Sleep(20 * time.Millisecond)
-	if busy, total := b.Busy(10 * time.Millisecond); busy != 0 || total != 1 {
-		t.Fatalf("answered and quiet: busy %d of %d", busy, total)
-	}
+	testkit.WaitFor(t, time.Second, "answered and quiet: one connection, not busy", func() bool {
+		busy, total := b.Busy(10 * time.Millisecond)
+		return busy == 0 && total == 1
+	})
 	if _, err := io.WriteString(c, "ping\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -562,26 +560,27 @@ func TestBusy(t *testing.T) {
 	if _, err := r.ReadString('\n'); err != nil { // the echo
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
-	if busy, _ := b.Busy(10 * time.Millisecond); busy != 0 {
-		t.Fatalf("echoed and quiet: busy %d", busy)
-	}
+	testkit.WaitFor(t, time.Second, "echoed and quiet: not busy", func() bool {
+		busy, _ := b.Busy(10 * time.Millisecond)
+		return busy == 0
+	})
 	// A request that is never answered stays busy (for inFlight). Round
 	// robin sends one of two new connections to each backend.
 	b.SetBackends([]string{echo.addr(), hung.addr()})
 	b.Update(health.Status{Backend: hung.addr(), State: health.Up})
 	dial(t, b, false)
 	dial(t, b, false)
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, total := b.Busy(0); total == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the two new connections were not proxied")
-		}
-	}
-	time.Sleep(50 * time.Millisecond)
-	if busy, _ := b.Busy(10 * time.Millisecond); busy != 1 {
-		t.Fatalf("a request to a hung backend: busy %d, want 1", busy)
-	}
+	testkit.WaitFor(t, 2*time.Second, "the two new connections proxied", func() bool {
+		_, total := b.Busy(0)
+		return total == 3
+	})
+	// Quiet for longer than 10 ms, and still busy: its request is in flight.
+	testkit.WaitFor(t, time.Second, "a request to a hung backend, busy", func() bool {
+		busy, _ := b.Busy(10 * time.Millisecond)
+		return busy == 1
+	})
+	testkit.Always(t, 100*time.Millisecond, "a request to a hung backend, busy", func() bool {
+		busy, _ := b.Busy(10 * time.Millisecond)
+		return busy == 1
+	})
 }

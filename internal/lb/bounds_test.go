@@ -15,6 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/vigil-ha/vigil/internal/testkit"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // Connections beyond the total or the per-source limit are reset at once;
@@ -97,10 +99,12 @@ func TestQuietConnectionsStayAndHoldNoBuffer(t *testing.T) {
 		}
 		rs = append(rs, c)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if n := buffersInUse.Load(); n != 0 {
-		t.Fatalf("%d copy buffers held by 20 idle connections, want 0", n)
-	}
+	testkit.WaitNil(t, 3*time.Second, "20 idle connections to hold no copy buffer", func() error {
+		if n := buffersInUse.Load(); n != 0 {
+			return fmt.Errorf("%d held", n)
+		}
+		return nil
+	})
 	waitConns(t, b, 20)
 	for _, c := range rs {
 		if _, err := io.WriteString(c, "still here\n"); err != nil {
@@ -134,11 +138,11 @@ func TestLimitConfigErrors(t *testing.T) {
 	} {
 		cfg.Listen = "127.0.0.1:0"
 		b, err := New(cfg, log)
-		if !errors.Is(err, ErrInvalidConfig) {
+		if !errors.Is(err, validate.ErrInvalid) {
 			if b != nil {
 				b.Close()
 			}
-			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+			t.Errorf("New(%+v) = %v, want validate.ErrInvalid", cfg, err)
 		} else if !strings.Contains(err.Error(), "--lb-") && !strings.Contains(err.Error(), "timeout") {
 			t.Errorf("error %q names neither the flag nor the timeout", err)
 		}
@@ -240,19 +244,15 @@ func checkFairShare(t *testing.T, b *Balancer, sources int, dial func(i int) (ne
 // waitAdmitted waits until the balancer has admitted n client connections.
 func waitAdmitted(t *testing.T, b *Balancer, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testkit.WaitNil(t, 5*time.Second, "the connections admitted", func() error {
 		b.mu.Lock()
 		got := len(b.clients)
 		b.mu.Unlock()
-		if got == n {
-			return
+		if got != n {
+			return fmt.Errorf("%d admitted, want %d", got, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections admitted, want %d", got, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func isTimeout(err error) bool {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/testaddr"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestDualStackListeners: a balancer on an IPv4 and an IPv6 address serves
@@ -116,9 +117,8 @@ func TestEventLoopPaths(t *testing.T) {
 	if name != "a" {
 		t.Fatalf("greeted by %q", name)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for b.eventLoops() == 0 && testLoops == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
+	if testLoops == 0 {
+		testkit.WaitFor(t, 5*time.Second, "the event loops to start", func() bool { return b.eventLoops() > 0 })
 	}
 	if got := b.eventLoops(); (got > 0) != (testLoops == 0) {
 		t.Fatalf("%d event loops running with Loops %d", got, testLoops)

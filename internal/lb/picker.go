@@ -1,6 +1,10 @@
 package lb
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vigil-ha/vigil/internal/validate"
+)
 
 // Candidate is what a Picker sees of one backend.
 type Candidate struct {
@@ -46,7 +50,7 @@ func ParsePolicy(s string) (Picker, error) {
 	case "round-robin":
 		return RoundRobin(), nil
 	}
-	return nil, fmt.Errorf("%w: unknown balancing policy %q (least-conn or round-robin)", ErrInvalidConfig, s)
+	return nil, fmt.Errorf("%w: unknown balancing policy %q (least-conn or round-robin)", validate.ErrInvalid, s)
 }
 
 type leastConn struct{ next int }

@@ -2,6 +2,7 @@ package lb
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/netns"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // A holder whose lease ran out loses the VIP first and resets its clients
@@ -50,19 +52,15 @@ func TestResetsReachClientsAfterTheVIPIsGone(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Proxied: the backend holds the connection.
-			deadline := time.Now().Add(5 * time.Second)
-			for {
+			testkit.WaitNil(t, 5*time.Second, "the backend to hold the connection", func() error {
 				be.mu.Lock()
 				n := len(be.conns)
 				be.mu.Unlock()
-				if n == 1 {
-					break
+				if n != 1 {
+					return fmt.Errorf("it has %d, want 1", n)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the backend has %d connections, want 1", n)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return nil
+			})
 			nstest.IP(t, "-n", p.A, "addr", "del", tc.vip+tc.prefix, "dev", "a0")
 			b.SetServing(false)
 			_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/nstest"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // silentBackend listens but never accepts, with its accept queue full, so
@@ -66,11 +67,8 @@ func TestSilentBackendTimesOutAndIsRetried(t *testing.T) {
 			slow++
 		}
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for errs.count(silent) == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if slow == 0 || errs.count(silent) == 0 {
+	testkit.WaitFor(t, 2*time.Second, "a failed attempt reported for the silent backend", func() bool { return errs.count(silent) > 0 })
+	if slow == 0 {
 		t.Fatalf("%d connections waited for the dial timeout, %d failed attempts reported for the silent backend; want both above 0", slow, errs.count(silent))
 	}
 }

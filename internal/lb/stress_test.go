@@ -3,6 +3,7 @@ package lb
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // TestStress runs many clients at once through the balancer, each a
@@ -75,8 +77,7 @@ func TestStress(t *testing.T) {
 			}
 			t.Logf("%d of %d exchanges failed", failed.Load(), workers*each)
 			// Everything must be released.
-			deadline := time.Now().Add(10 * time.Second)
-			for {
+			testkit.WaitNil(t, 10*time.Second, "every client closed and nothing held", func() error {
 				b.mu.Lock()
 				clients, sources := len(b.clients), len(b.sources)
 				active, conns := 0, 0
@@ -85,15 +86,11 @@ func TestStress(t *testing.T) {
 					conns += len(be.conns)
 				}
 				b.mu.Unlock()
-				if clients == 0 && sources == 0 && active == 0 && conns == 0 {
-					break
+				if clients != 0 || sources != 0 || active != 0 || conns != 0 {
+					return fmt.Errorf("%d clients, %d sources, %d backend slots, %d connections still held", clients, sources, active, conns)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("after every client closed: %d clients, %d sources, %d backend slots, %d connections still held",
-						clients, sources, active, conns)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+				return nil
+			})
 		})
 	}
 	run("clean", false, 48, 20)

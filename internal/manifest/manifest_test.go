@@ -23,6 +23,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/daemon"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/kubetest"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -196,8 +197,8 @@ func TestBGP(t *testing.T) {
 		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "ospf"},
 		{VIPs: []string{"10.0.0.100"}, Interface: "eth0", BGPLocalAS: 65001},
 	} {
-		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
-			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
+		if _, err := Pod(o); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("Pod(%+v): err = %v, want validate.ErrInvalid", o, err)
 		}
 	}
 }
@@ -217,13 +218,13 @@ func TestDualStack(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	for _, o := range []PodOptions{{Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "10.0.0.2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1", "fd00::1", "fd00::2"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.100"}}, {VIPs: []string{"10.0.0.300"}, Interface: "eth0"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBPort: 70000}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", EtcdEndpoints: []string{"127.0.0.1:2379"}}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", Kubeconfig: "vigil.conf"}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", PruneAfter: 5 * time.Second}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBListenPort: 16443}, {VIPs: []string{"10.0.0.1"}, Interface: "eth0", LBPort: 6443, LBListenPort: 6443}} {
-		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
-			t.Errorf("Pod(%+v): err = %v, want ErrInvalid", o, err)
+		if _, err := Pod(o); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("Pod(%+v): err = %v, want validate.ErrInvalid", o, err)
 		}
 	}
 	for _, o := range []DaemonSetOptions{{}, {Server: "http://10.0.0.1:6443"}, {Server: "https://10.0.0.1:6443", Listen: "6443"}} {
-		if _, err := DaemonSet(o); !errors.Is(err, ErrInvalid) {
-			t.Errorf("DaemonSet(%+v): err = %v, want ErrInvalid", o, err)
+		if _, err := DaemonSet(o); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("DaemonSet(%+v): err = %v, want validate.ErrInvalid", o, err)
 		}
 	}
 }
@@ -330,7 +331,7 @@ func TestSeveralPortsPassedOn(t *testing.T) {
 		if bad.LBPort == -1 {
 			o.LBPort = 0
 		}
-		if _, err := Pod(o); !errors.Is(err, ErrInvalid) {
+		if _, err := Pod(o); !errors.Is(err, validate.ErrInvalid) {
 			t.Errorf("%+v accepted: %v", bad, err)
 		}
 	}
@@ -364,7 +365,7 @@ func TestBGPSettingsPassedOn(t *testing.T) {
 	} {
 		o := base
 		mutate(&o)
-		if _, err := Pod(o); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		if _, err := Pod(o); err == nil || !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: Pod = %v", want, err)
 		}
 	}

@@ -41,8 +41,15 @@ func WaitFor(t testing.TB, d time.Duration, what string, cond func() bool) time.
 // with f's last error.
 func WaitNil(t testing.TB, d time.Duration, what string, f func() error) {
 	t.Helper()
+	WaitNilEvery(t, d, pollEvery(d), what, f)
+}
+
+// WaitNilEvery is WaitNil looking every tick: for an f that costs (runs a
+// command, asks a server several things).
+func WaitNilEvery(t testing.TB, d, tick time.Duration, what string, f func() error) {
+	t.Helper()
 	start := time.Now()
-	for tick := pollEvery(d); ; time.Sleep(tick) {
+	for ; ; time.Sleep(tick) {
 		err := f()
 		if err == nil {
 			return
@@ -105,4 +112,20 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		w.buf.Write(p)
 	}
 	return len(p), nil
+}
+
+// Always checks, for d, that cond keeps holding, and fails the test at the
+// first look where it does not: the way to assert that something does not
+// happen for a while (rather than sleeping, then looking once).
+func Always(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	start := time.Now()
+	for tick := pollEvery(d); ; time.Sleep(tick) {
+		if !cond() {
+			t.Fatalf("after %v: no longer %s", time.Since(start).Round(time.Millisecond), what)
+		}
+		if time.Since(start) > d {
+			return
+		}
+	}
 }

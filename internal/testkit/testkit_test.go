@@ -88,3 +88,16 @@ func TestLogWriterKeepsTheEndAndDropsAfterDone(t *testing.T) {
 		t.Fatalf("a write after the test: %d, %v, buffer %d -> %d bytes", k, err, n, w.buf.Len())
 	}
 }
+
+func TestAlways(t *testing.T) {
+	var n atomic.Int32
+	Always(t, 50*time.Millisecond, "below 1000 looks", func() bool { return n.Add(1) < 1000 })
+	if n.Load() < 2 {
+		t.Fatalf("looked %d times in 50ms", n.Load())
+	}
+	n.Store(0)
+	msg := run(t, func(tb testing.TB) { Always(tb, 5*time.Second, "below 3 looks", func() bool { return n.Add(1) < 3 }) })
+	if !strings.Contains(msg, "no longer below 3 looks") || n.Load() != 3 {
+		t.Fatalf("Fatalf said %q after %d looks", msg, n.Load())
+	}
+}

@@ -2,7 +2,8 @@
 // that `vigil run`, `vigil agent`, `vigil members` and `vigil manifest`
 // accept and refuse the same things, with the same words. Each function
 // returns an error that names the bad value and shows a good one; callers
-// wrap it with their own sentinel (ErrConfig, ErrInvalid) and flag name.
+// mark it as invalid configuration (Invalid, ErrInvalid: the one sentinel
+// of the tree) and name the flag.
 package validate
 
 import (
@@ -89,4 +90,19 @@ func hostPortURL(s string, schemes ...string) error {
 		return errors.New("nothing may follow HOST:PORT")
 	}
 	return nil
+}
+
+// ErrInvalid is the one sentinel of invalid configuration, in every
+// package: errors.Is(err, ErrInvalid) tells a setting that is wrong (the
+// command exits at once, nothing half-configured) from a failure at run
+// time.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Invalid marks err as invalid configuration, once: an error that already
+// is one is returned as it is, so a message never says it twice.
+func Invalid(err error) error {
+	if err == nil || errors.Is(err, ErrInvalid) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrInvalid, err)
 }

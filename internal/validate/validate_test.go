@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -101,5 +102,19 @@ func TestLBPortAndPortCheck(t *testing.T) {
 		if _, _, err := PortCheck(v); err == nil {
 			t.Errorf("PortCheck(%q) accepted", v)
 		}
+	}
+}
+
+func TestInvalidSaysItOnce(t *testing.T) {
+	if Invalid(nil) != nil {
+		t.Fatal("Invalid(nil) is not nil")
+	}
+	inner := errors.New("--lb-port 0 is out of range")
+	once := Invalid(inner)
+	if !errors.Is(once, ErrInvalid) || !errors.Is(once, inner) || once.Error() != "invalid configuration: --lb-port 0 is out of range" {
+		t.Fatalf("Invalid(inner) = %q", once)
+	}
+	if twice := Invalid(once); twice != once {
+		t.Fatalf("Invalid of an invalid-configuration error = %q, want it unchanged", twice)
 	}
 }

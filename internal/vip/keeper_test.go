@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // memLink is an in-memory interface: it records the address and can be told
@@ -84,13 +86,7 @@ func TestKeeperFencesAtTheDeadline(t *testing.T) {
 	}
 	// Nothing renews: the keeper's own timer removes it, with no Run, no
 	// ticker and no elector involved.
-	deadline := time.Now().Add(2 * time.Second)
-	for l.isPresent() {
-		if time.Now().After(deadline) {
-			t.Fatal("the VIP outlived its lease deadline")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(t, 2*time.Second, "the VIP gone at its lease deadline", func() bool { return !l.isPresent() })
 	if k.Valid() {
 		t.Fatal("Valid after the deadline")
 	}
