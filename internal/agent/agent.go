@@ -108,6 +108,8 @@ type Config struct {
 	EventLoops int
 	// MetricsAddress serves /metrics, /healthz and /status; empty for none.
 	MetricsAddress string
+	// Pprof adds /debug/pprof/ there.
+	Pprof bool
 	// LocalAddrs lists this host's addresses (nil: the interfaces'); a
 	// backend on one of them is preferred.
 	LocalAddrs func() ([]net.IP, error)
@@ -343,7 +345,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { a.rankLoop(ctx) })
 	if a.metricsLn != nil {
-		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, observe.Probes{Ready: a.Ready}, a.log)
+		done := observe.Serve(ctx, a.metricsLn, a.reg, func() any { return a.Status() }, observe.Probes{Ready: a.Ready}, observe.Options{Pprof: a.cfg.Pprof}, a.log)
 		defer func() { <-done }()
 	}
 	// Start-up is over: give back the executable pages only it needed.
@@ -448,6 +450,9 @@ func (c *Config) withDefaults() error {
 	}
 	if err := lb.CheckLoops(c.EventLoops); err != nil {
 		return err
+	}
+	if c.Pprof && c.MetricsAddress == "" {
+		return fmt.Errorf("%w: --pprof serves on --metrics-address, which is empty", validate.ErrInvalid)
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
 		return validate.Invalid(err)

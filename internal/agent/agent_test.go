@@ -471,6 +471,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad health path", func(c *Config) { c.HealthPath = "readyz" }, "--health-path"},
 		{"tiny discovery interval", func(c *Config) { c.DiscoveryInterval = time.Millisecond }, "--discovery-interval"},
 		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9559" }, "--metrics-address"},
+		{"pprof without a metrics address", func(c *Config) { c.Pprof, c.MetricsAddress = true, "" }, "--pprof serves on --metrics-address"},
 		{"unwritable cache dir", func(c *Config) { c.CacheDir = "/proc/vigil-agent" }, "--cache-dir"},
 		{"per-source above total", func(c *Config) { c.MaxConns, c.MaxConnsPerSource = 10, 20 }, "--lb-max-conns-per-source 20 is above --lb-max-conns 10"},
 		{"negative idle timeout", func(c *Config) { c.IdleTimeout = -time.Second }, "--lb-idle-timeout"},

@@ -147,6 +147,7 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 	f.IntVar(&cfg.EventLoops, "lb-event-loops", 0, "event loops (epoll) serving each local endpoint's connections: 0, one per CPU up to 4; 1 to 64, that many; -1 serves every connection with goroutines instead")
 	f.DurationVar(&cfg.DrainTimeout, "lb-drain-timeout", lb.DefaultDrainTimeout, "connections to a backend that answers but fails its check (shutting down) are closed after this at the latest")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", DefaultMetricsAddress, "serve /metrics, /healthz and /status here (empty: off)")
+	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-address (off: a profile shows memory and code paths to whoever reaches the address)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	return cmd

@@ -163,6 +163,8 @@ type Config struct {
 
 	// MetricsAddress serves /metrics, /healthz and /status; "" disables.
 	MetricsAddress string
+	// Pprof adds /debug/pprof/ there.
+	Pprof bool
 
 	// PruneAfter, when not 0, makes the VIP holder remove etcd members
 	// unreachable for longer than this (membership.Prune's rules).
@@ -624,6 +626,9 @@ func (c *Config) validateLB() error {
 	}
 	if err := lb.CheckLoops(c.LBEventLoops); err != nil {
 		return err
+	}
+	if c.Pprof && c.MetricsAddress == "" {
+		return fmt.Errorf("%w: --pprof serves on --metrics-address, which is empty", validate.ErrInvalid)
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
 		return validate.Invalid(err)

@@ -600,7 +600,7 @@ func (n *node) Run(ctx context.Context) error {
 	}
 	if n.metricsLn != nil {
 		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return n.report() },
-			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, log)
+			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, observe.Options{Pprof: cfg.Pprof}, log)
 		defer func() { stopParts(); <-done }()
 	}
 	// Listeners are open and the parts run: ready as far as systemd is

@@ -1,7 +1,7 @@
 // Package observe serves a process's metrics and status over HTTP: /metrics
 // (Prometheus), /livez, /readyz (and /healthz, the same as /livez),
-// /status (JSON) and /debug/pprof/. vigil run and vigil agent both use it,
-// on a localhost address by default.
+// /status (JSON), and, only when asked for (--pprof), /debug/pprof/. vigil
+// run and vigil agent both use it, on a localhost address by default.
 package observe
 
 import (
@@ -29,6 +29,14 @@ import (
 type Probes struct {
 	Live  func(now time.Time) error
 	Ready func(now time.Time) error
+}
+
+// Options are what Serve serves beyond metrics, probes and status.
+type Options struct {
+	// Pprof serves Go's profiles under /debug/pprof/. Off by default: a
+	// profile shows the process's memory and code paths to whoever reaches
+	// the address, and a CPU profile costs CPU while it runs.
+	Pprof bool
 }
 
 // RegisterBuildInfo adds vigil_build_info{version,revision,goversion}, always
@@ -68,19 +76,21 @@ func Listen(addr, flag string) (net.Listener, error) {
 	return ln, nil
 }
 
-// Serve serves /metrics, /livez, /readyz, /healthz and /status on ln until
-// ctx is cancelled; the returned channel closes when the server has
-// stopped. status returns the value /status encodes as JSON.
-func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, status func() any, probes Probes, log *slog.Logger) <-chan struct{} {
+// Serve serves /metrics, /livez, /readyz, /healthz and /status (and what
+// opts add) on ln until ctx is cancelled; the returned channel closes when
+// the server has stopped. status returns the value /status encodes as JSON.
+func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, status func() any, probes Probes, opts Options, log *slog.Logger) <-chan struct{} {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /livez", probe(probes.Live, "live"))
 	mux.HandleFunc("GET /healthz", probe(probes.Live, "live")) // the name before /livez; probes and scripts use it
 	mux.HandleFunc("GET /readyz", probe(probes.Ready, "ready"))
-	// Profiles, for a process that uses more CPU than it should. The
-	// address is localhost by default; whoever can reach it can see these.
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	// Profiles, for a process that uses more CPU than it should: only
+	// when asked for.
+	if opts.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	}
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -100,6 +110,6 @@ func Serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, statu
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	})
-	log.Info("serving /metrics, /livez, /readyz and /status", "address", ln.Addr().String())
+	log.Info("serving /metrics, /livez, /readyz and /status", "address", ln.Addr().String(), "pprof", opts.Pprof)
 	return done
 }
