@@ -81,7 +81,8 @@ Lease election").`,
 	f.StringVar(&o.BGPMode, "bgp-mode", "", "vigil run --bgp-mode: single (default) or ecmp")
 	f.DurationVar(&o.BGPBFDInterval, "bgp-bfd-interval", 0, "vigil run --bgp-bfd-interval (0: its default, 300ms)")
 	f.IntVar(&o.BGPBFDMultiplier, "bgp-bfd-multiplier", 0, "vigil run --bgp-bfd-multiplier (0: its default, 3)")
-	f.StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "vigil run --bgp-peer ADDRESS,AS[,password=SECRET][,port=N], repeatable (--announce bgp); the router ID defaults, per node, to its address towards the first peer")
+	f.StringArrayVar(&o.BGPPeers, "bgp-peer", nil, "vigil run --bgp-peer ADDRESS,AS[,password-file=PATH][,port=N], repeatable (--announce bgp); the router ID defaults, per node, to its address towards the first peer; each password file is mounted read-only from the host")
+	f.StringVar(&o.BGPPasswordFile, "bgp-password-file", "", "vigil run --bgp-password-file: a file on every node whose first line is the peers' TCP MD5 password, mounted read-only into the pod (--announce bgp)")
 	f.DurationVar(&o.PruneAfter, "prune-after", 0, "vigil run --prune-after: the VIP holder removes etcd members that a majority of the vigils have seen unreachable for this long, so a replacement's kubeadm join passes (0: off; at least 10s; see vigil run --help)")
 	return cmd
 }

@@ -18,6 +18,8 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,8 +98,11 @@ func FormatCommunity(c uint32) string {
 type Peer struct {
 	Address  netip.Addr
 	AS       uint32
-	Password string // TCP MD5 password ("" for none)
-	Port     uint16 // 179 when 0
+	Password string // TCP MD5 password ("" for none), read from a file
+	// PasswordFile is where Password comes from: password-file=PATH, or
+	// --bgp-password-file for every peer without one (LoadPassword).
+	PasswordFile string
+	Port         uint16 // 179 when 0
 }
 
 // String is the peer as --bgp-peer takes it, without the password.
@@ -109,11 +114,14 @@ func (p Peer) String() string {
 	return s
 }
 
-// ParsePeer parses --bgp-peer's ADDRESS,AS[,password=SECRET][,port=N].
+// ParsePeer parses --bgp-peer's ADDRESS,AS[,password-file=PATH][,port=N].
+// A password itself (password=SECRET) is refused: on a command line every
+// process of the node can read it (ps), and in a static pod so can anyone
+// who may read the mirror pod.
 func ParsePeer(s string) (Peer, error) {
 	parts := strings.Split(s, ",")
 	bad := func(format string, a ...any) (Peer, error) {
-		return Peer{}, fmt.Errorf("%w: --bgp-peer %q: %s (want ADDRESS,AS[,password=SECRET][,port=N])", validate.ErrInvalid, redact(s), fmt.Sprintf(format, a...))
+		return Peer{}, fmt.Errorf("%w: --bgp-peer %q: %s (want ADDRESS,AS[,password-file=PATH][,port=N])", validate.ErrInvalid, redact(s), fmt.Sprintf(format, a...))
 	}
 	if len(parts) < 2 {
 		return bad("no AS number")
@@ -135,10 +143,12 @@ func ParsePeer(s string) (Peer, error) {
 		case !ok:
 			return bad("%q is not KEY=VALUE", kv)
 		case k == "password":
-			if v == "" {
-				return bad("empty password")
+			return bad("a password on the command line can be read by every process on the node (ps) and in the mirror pod; put it in a file readable by vigil alone and give password-file=PATH, or --bgp-password-file PATH for every peer")
+		case k == "password-file":
+			if !filepath.IsAbs(v) {
+				return bad("password-file %q: give an absolute path", v)
 			}
-			p.Password = v
+			p.PasswordFile = v
 		case k == "port":
 			n, err := strconv.ParseUint(v, 10, 16)
 			if err != nil || n == 0 {
@@ -146,10 +156,40 @@ func ParsePeer(s string) (Peer, error) {
 			}
 			p.Port = uint16(n)
 		default:
-			return bad("unknown key %q (password or port)", k)
+			return bad("unknown key %q (password-file or port)", k)
 		}
 	}
 	return p, nil
+}
+
+// maxPasswordLen is the longest TCP MD5 key Linux takes
+// (TCP_MD5SIG_MAXKEYLEN).
+const maxPasswordLen = 80
+
+// LoadPassword reads the peer's TCP MD5 password from its PasswordFile, or,
+// without one, from fallback (--bgp-password-file; "" for none): the
+// file's first line, without its line end.
+func (p *Peer) LoadPassword(fallback string) error {
+	if p.PasswordFile == "" {
+		p.PasswordFile = fallback
+	}
+	if p.PasswordFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(p.PasswordFile)
+	if err != nil {
+		return fmt.Errorf("%w: the BGP password of peer %s: %w", validate.ErrInvalid, p.Address, err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	line = strings.TrimSuffix(line, "\r")
+	switch {
+	case line == "":
+		return fmt.Errorf("%w: the BGP password of peer %s: %s holds no password on its first line", validate.ErrInvalid, p.Address, p.PasswordFile)
+	case len(line) > maxPasswordLen:
+		return fmt.Errorf("%w: the BGP password of peer %s in %s is %d bytes; TCP MD5 keys are %d at most", validate.ErrInvalid, p.Address, p.PasswordFile, len(line), maxPasswordLen)
+	}
+	p.Password = line
+	return nil
 }
 
 // redact hides a password in s, for error messages and logs.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +21,9 @@ func TestParsePeer(t *testing.T) {
 	}{
 		{in: "10.0.0.1,65000", want: Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000}},
 		{in: "fd00::1,4200000000,port=1790", want: Peer{Address: netip.MustParseAddr("fd00::1"), AS: 4200000000, Port: 1790}},
-		{in: "10.0.0.1,65000,password=s3cret,port=179", want: Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000, Password: "s3cret", Port: 179}},
+		{in: "10.0.0.1,65000,password-file=/etc/vigil/bgp,port=179", want: Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000, PasswordFile: "/etc/vigil/bgp", Port: 179}},
+		{in: "10.0.0.1,65000,password=s3cret", err: "password-file=PATH"},
+		{in: "10.0.0.1,65000,password-file=bgp", err: "absolute path"},
 		{in: "10.0.0.1", err: "no AS number"},
 		{in: "router1,65000", err: "not an IP address"},
 		{in: "fe80::1%eth0,65000", err: "not an IP address"},
@@ -28,7 +32,6 @@ func TestParsePeer(t *testing.T) {
 		{in: "10.0.0.1,as65000", err: "1 to 4294967294"},
 		{in: "10.0.0.1,65000,port=0", err: "port"},
 		{in: "10.0.0.1,65000,port=70000", err: "port"},
-		{in: "10.0.0.1,65000,password=", err: "empty password"},
 		{in: "10.0.0.1,65000,md5", err: "not KEY=VALUE"},
 		{in: "10.0.0.1,65000,ttl=2", err: "unknown key"},
 	}
@@ -143,6 +146,40 @@ func TestParseCommunity(t *testing.T) {
 	for _, c := range []uint32{65001<<16 | 100, 0xFFFFFF01, 0xFFFFFF03} {
 		if got, err := ParseCommunity(FormatCommunity(c)); err != nil || got != c {
 			t.Errorf("FormatCommunity(%#x) = %q, which parses to %#x, %v", c, FormatCommunity(c), got, err)
+		}
+	}
+}
+
+func TestLoadPassword(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	own, every := write("own", "s3cret\r\nignored\n"), write("every", "hunter2")
+	p := Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000, PasswordFile: own}
+	if err := p.LoadPassword(every); err != nil || p.Password != "s3cret" {
+		t.Fatalf("the peer's own file: %q, %v", p.Password, err)
+	}
+	p = Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000}
+	if err := p.LoadPassword(every); err != nil || p.Password != "hunter2" || p.PasswordFile != every {
+		t.Fatalf("--bgp-password-file: %+v, %v", p, err)
+	}
+	p = Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000}
+	if err := p.LoadPassword(""); err != nil || p.Password != "" {
+		t.Fatalf("no file: %+v, %v", p, err)
+	}
+	for name, file := range map[string]string{
+		"holds no password": write("empty", "\nsecond line\n"),
+		"80 at most":        write("long", strings.Repeat("x", 81)),
+		"no such file":      filepath.Join(dir, "none"),
+	} {
+		p := Peer{Address: netip.MustParseAddr("10.0.0.1"), AS: 65000, PasswordFile: file}
+		if err := p.LoadPassword(""); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v", file, err)
 		}
 	}
 }

@@ -26,6 +26,8 @@ import (
 // half; BIRD's control socket is a file, reachable from both.
 const childEnv = "VIGIL_BGP_TEST_BIRD_SOCKET"
 
+// TestSpeakerAgainstBIRD: sessions over IPv4 (with a TCP MD5 password, read
+// from a file) and IPv6; advertise, withdraw, close.
 func TestSpeakerAgainstBIRD(t *testing.T) {
 	if sock := os.Getenv(childEnv); sock != "" {
 		speakerChild(t, sock)
@@ -38,6 +40,7 @@ protocol device { }
 protocol bgp vigil {
 	local 192.0.2.2 as 65000;
 	neighbor 192.0.2.1 as 65001;
+	password "`+birdPassword+`";
 	hold time 9;
 	connect retry time 1;
 	ipv4 { import all; export none; };
@@ -59,15 +62,28 @@ protocol bgp vigil6 {
 	}
 }
 
+// birdPassword is the TCP MD5 password of the IPv4 session of
+// TestSpeakerAgainstBIRD: BIRD takes no segment without it.
+const birdPassword = "vigil-md5-s3cret"
+
 // speakerChild is the speaker's half, run inside namespace A.
 func speakerChild(t *testing.T, sock string) {
 	vip := netip.MustParseAddr("198.51.100.10")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// The IPv4 peer's password from a file, as vigil run reads it.
+	pw := filepath.Join(t.TempDir(), "bgp-password")
+	if err := os.WriteFile(pw, []byte(birdPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v4 := Peer{Address: netip.MustParseAddr("192.0.2.2"), AS: 65000}
+	if err := v4.LoadPassword(pw); err != nil {
+		t.Fatal(err)
+	}
 	sp, err := New(Config{
 		LocalAS:  65001,
 		RouterID: netip.MustParseAddr("192.0.2.1"),
 		Peers: []Peer{
-			{Address: netip.MustParseAddr("192.0.2.2"), AS: 65000},
+			v4,
 			{Address: netip.MustParseAddr("fd00:192::2"), AS: 65000},
 		},
 	}, log)

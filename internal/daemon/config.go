@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,6 +77,9 @@ type Config struct {
 	BGPLocalAS  int
 	BGPRouterID string
 	BGPPeers    []string
+	// BGPPasswordFile holds the TCP MD5 password of every peer that names
+	// no password-file of its own ("" for none).
+	BGPPasswordFile string
 	// BGPHoldTime, BGPKeepalive, BGPMultihop, BGPSourceAddress,
 	// BGPCommunities, BGPLocalPref and BGPGracefulRestart are the
 	// sessions' timers and the VIP route's policy (--bgp-hold-time and the
@@ -375,7 +379,7 @@ func (c *Config) dnatRules() []dnat.Rule {
 // validateAnnounce checks --announce and the --bgp-* flags, and fills in
 // c.BGP.
 func (c *Config) validateAnnounce() error {
-	bgpFlags := c.BGPLocalAS != 0 || c.BGPRouterID != "" || len(c.BGPPeers) > 0
+	bgpFlags := c.BGPLocalAS != 0 || c.BGPRouterID != "" || len(c.BGPPeers) > 0 || c.BGPPasswordFile != ""
 	policy := (c.BGPHoldTime != 0 && c.BGPHoldTime != bgp.DefaultHoldTime) || (c.BGPKeepalive != 0 && c.BGPKeepalive != bgp.DefaultKeepalive) ||
 		c.BGPMultihop != 0 || c.BGPSourceAddress != "" || len(c.BGPCommunities) > 0 || c.BGPLocalPref != 0 || c.BGPGracefulRestart || c.BGPBFD
 	switch c.BGPMode {
@@ -392,7 +396,7 @@ func (c *Config) validateAnnounce() error {
 			return fmt.Errorf("%w: --bgp-mode ecmp needs --announce bgp: only routers can spread the VIP's flows across nodes; on a shared segment one node answers ARP for it", validate.ErrInvalid)
 		}
 		if bgpFlags {
-			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id and --bgp-peer need --announce bgp", validate.ErrInvalid)
+			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id, --bgp-peer and --bgp-password-file need --announce bgp", validate.ErrInvalid)
 		}
 		if policy {
 			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref, --bgp-graceful-restart and --bgp-bfd need --announce bgp", validate.ErrInvalid)
@@ -448,9 +452,15 @@ func (c *Config) validateAnnounce() error {
 		}
 		cfg.SourceAddress = a.Unmap()
 	}
+	if c.BGPPasswordFile != "" && !filepath.IsAbs(c.BGPPasswordFile) {
+		return fmt.Errorf("%w: --bgp-password-file %q: give an absolute path", validate.ErrInvalid, c.BGPPasswordFile)
+	}
 	for _, s := range c.BGPPeers {
 		p, err := bgp.ParsePeer(s)
 		if err != nil {
+			return err
+		}
+		if err := p.LoadPassword(c.BGPPasswordFile); err != nil {
 			return err
 		}
 		cfg.Peers = append(cfg.Peers, p)

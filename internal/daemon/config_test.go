@@ -218,6 +218,10 @@ func TestValidateKubernetesElection(t *testing.T) {
 }
 
 func TestValidateAnnounce(t *testing.T) {
+	// The peers' TCP MD5 passwords come from files: the peer's own, or
+	// --bgp-password-file for the others.
+	dir := t.TempDir()
+	own, every := filepath.Join(dir, "own"), filepath.Join(dir, "every")
 	bgpConfig := func() Config {
 		c := validConfig()
 		c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/32")}
@@ -225,15 +229,41 @@ func TestValidateAnnounce(t *testing.T) {
 		c.Announce = AnnounceBGP
 		c.BGPLocalAS = 65001
 		c.BGPRouterID = "10.250.0.11"
-		c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.253,65000,password=x"}
+		c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.253,65000,password-file=" + own}
 		return c
 	}
+	if err := os.WriteFile(own, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(every, []byte("y"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	c := bgpConfig()
+	c.BGPPasswordFile = every
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if len(c.BGP.Peers) != 2 || c.BGP.LocalAS != 65001 || c.BGP.RouterID != netip.MustParseAddr("10.250.0.11") || c.BGP.Peers[1].Password != "x" {
+	if len(c.BGP.Peers) != 2 || c.BGP.LocalAS != 65001 || c.BGP.RouterID != netip.MustParseAddr("10.250.0.11") || c.BGP.Peers[0].Password != "y" || c.BGP.Peers[1].Password != "x" {
 		t.Fatalf("BGP config = %+v", c.BGP)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"a password on the command line", func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000,password=x"} }, "password-file=PATH"},
+		{"a missing password file", func(c *Config) { c.BGPPasswordFile = filepath.Join(dir, "none") }, "no such file"},
+		{"a relative password file", func(c *Config) { c.BGPPasswordFile = "bgp-password" }, "absolute path"},
+		{"an empty password file", func(c *Config) { c.BGPPasswordFile = own + ".empty"; _ = os.WriteFile(c.BGPPasswordFile, nil, 0o600) }, "holds no password"},
+		{"a password file without bgp", func(c *Config) {
+			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPPasswordFile = AnnounceARP, 0, "", nil, every
+		}, "need --announce bgp"},
+	} {
+		c := bgpConfig()
+		tc.edit(&c)
+		if err := c.Validate(); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an invalid configuration saying %q", tc.name, err, tc.want)
+		}
 	}
 	arp := validConfig()
 	if err := arp.Validate(); err != nil || arp.Announce != AnnounceARP {

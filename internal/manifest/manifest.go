@@ -16,6 +16,7 @@ import (
 	"math"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -86,12 +87,15 @@ type PodOptions struct {
 	// through them (docs/kubeadm.md, "Moving to the Lease election").
 	Election string
 	// Announce is vigil run's --announce ("" or "arp", or "bgp" with
-	// BGPLocalAS and BGPPeers, each ADDRESS,AS[,password=…][,port=…]; the
+	// BGPLocalAS and BGPPeers, each ADDRESS,AS[,password-file=…][,port=…]; the
 	// router ID is left to vigil run's default, the node's address towards
 	// the first peer, so one manifest fits every node).
 	Announce   string
 	BGPLocalAS int
 	BGPPeers   []string
+	// BGPPasswordFile is vigil run's --bgp-password-file: a path on every
+	// node, mounted read-only (as is each peer's password-file).
+	BGPPasswordFile string
 	// BGP's timers, route policy and BFD, as vigil run's --bgp-* flags of
 	// the same names (zero values: vigil run's defaults). The source
 	// address is left out: it differs per node.
@@ -105,6 +109,21 @@ type PodOptions struct {
 	BGPBFDMultiplier          int
 	// BGPMode is vigil run --bgp-mode ("": single).
 	BGPMode string
+}
+
+// bgpPasswordFiles are the files the BGP passwords come from, each once:
+// --bgp-password-file and the peers' password-file.
+func (o PodOptions) bgpPasswordFiles() []string {
+	var files []string
+	if o.BGPPasswordFile != "" {
+		files = append(files, o.BGPPasswordFile)
+	}
+	for _, s := range o.BGPPeers {
+		if p, err := bgp.ParsePeer(s); err == nil && p.PasswordFile != "" && !slices.Contains(files, p.PasswordFile) {
+			files = append(files, p.PasswordFile)
+		}
+	}
+	return files
 }
 
 // bgpTuned tells whether any of the BGP timer, policy or BFD options is
@@ -128,7 +147,7 @@ const minPruneAfter = 10 * time.Second
 func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	switch o.Announce {
 	case "", "arp":
-		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 || o.bgpTuned() {
+		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 || o.BGPPasswordFile != "" || o.bgpTuned() {
 			return nil, fmt.Errorf("%w: --bgp-local-as, --bgp-peer and the other --bgp-* flags need --announce bgp", validate.ErrInvalid)
 		}
 		return nil, nil
@@ -165,6 +184,12 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 		}
 		cfg.Peers = append(cfg.Peers, p)
 		args = append(args, "--bgp-peer", s)
+	}
+	if o.BGPPasswordFile != "" {
+		if !path.IsAbs(o.BGPPasswordFile) {
+			return nil, fmt.Errorf("%w: --bgp-password-file %q must be an absolute path on the host", validate.ErrInvalid, o.BGPPasswordFile)
+		}
+		args = append(args, "--bgp-password-file", o.BGPPasswordFile)
 	}
 	if o.BGPMultihop < 0 || o.BGPMultihop > 255 || o.BGPLocalPref < 0 || o.BGPLocalPref > math.MaxUint32 || o.BGPBFDMultiplier < 0 || o.BGPBFDMultiplier > 255 {
 		return nil, fmt.Errorf("%w: --bgp-multihop (0-255), --bgp-local-pref (0-4294967295) or --bgp-bfd-multiplier (1-255) out of range", validate.ErrInvalid)
@@ -314,6 +339,11 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 		args = append(args, "--kubeconfig", o.Kubeconfig)
 		mounts = append(mounts, corev1.VolumeMount{Name: "kubeconfig", MountPath: o.Kubeconfig, ReadOnly: true})
 		volumes = append(volumes, hostPath("kubeconfig", o.Kubeconfig, corev1.HostPathFile))
+	}
+	for i, f := range o.bgpPasswordFiles() {
+		name := fmt.Sprintf("bgp-password-%d", i)
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: f, ReadOnly: true})
+		volumes = append(volumes, hostPath(name, f, corev1.HostPathFile))
 	}
 	labels := map[string]string{appLabel: DaemonName, componentLabel: "control-plane-vip"}
 	return &corev1.Pod{

@@ -178,13 +178,21 @@ func TestPruneAfter(t *testing.T) {
 // vigil run checks them.
 func TestBGP(t *testing.T) {
 	p, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/32"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001,
-		BGPPeers: []string{"10.0.1.1,65000", "10.0.2.1,65000,password=x"}})
+		BGPPeers: []string{"10.0.1.1,65000", "10.0.2.1,65000,password-file=/etc/vigil/bgp-peer2"}, BGPPasswordFile: "/etc/vigil/bgp-password"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := strings.Join(p.Spec.Containers[0].Args, " ")
-	if !strings.Contains(args, "--announce bgp --bgp-local-as 65001 --bgp-peer 10.0.1.1,65000 --bgp-peer 10.0.2.1,65000,password=x") {
+	if !strings.Contains(args, "--announce bgp --bgp-local-as 65001 --bgp-peer 10.0.1.1,65000 --bgp-peer 10.0.2.1,65000,password-file=/etc/vigil/bgp-peer2 --bgp-password-file /etc/vigil/bgp-password") {
 		t.Fatalf("args %q lack the BGP flags", args)
+	}
+	// Both password files reach the pod, read-only, from the host.
+	for _, f := range []string{"/etc/vigil/bgp-password", "/etc/vigil/bgp-peer2"} {
+		mounted := slices.ContainsFunc(p.Spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == f && m.ReadOnly })
+		fromHost := slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == f })
+		if !mounted || !fromHost {
+			t.Errorf("%s: mounted read-only %v, a host path %v", f, mounted, fromHost)
+		}
 	}
 	if _, err := Pod(PodOptions{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}}); err != nil {
 		t.Fatalf("a bare address is a host address: %v", err)
@@ -196,6 +204,9 @@ func TestBGP(t *testing.T) {
 		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1"}},
 		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "ospf"},
 		{VIPs: []string{"10.0.0.100"}, Interface: "eth0", BGPLocalAS: 65001},
+		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000,password=x"}},
+		{VIPs: []string{"10.0.0.100"}, Interface: "lo", Announce: "bgp", BGPLocalAS: 65001, BGPPeers: []string{"10.0.1.1,65000"}, BGPPasswordFile: "bgp-password"},
+		{VIPs: []string{"10.0.0.100"}, Interface: "eth0", BGPPasswordFile: "/etc/vigil/bgp-password"},
 	} {
 		if _, err := Pod(o); !errors.Is(err, validate.ErrInvalid) {
 			t.Errorf("Pod(%+v): err = %v, want validate.ErrInvalid", o, err)
