@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -26,6 +29,10 @@ import (
 	"github.com/vigil-ha/vigil/internal/manifest"
 	"github.com/vigil-ha/vigil/internal/testkit"
 )
+
+// refusedNode is the worker Node vigil tries to delete, and the admission
+// policy of vigil manifest rbac refuses.
+const refusedNode = "worker1"
 
 // access is one kind of request: who, on what, how.
 type access struct{ user, group, resource, namespace, verb string }
@@ -102,7 +109,8 @@ func TestRBACIsWhatVigilUses(t *testing.T) {
 	}
 	// Deleting a pruned member's Node: the check, the node Lease, the
 	// deletion of a dead one.
-	node, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp3"}}, metav1.CreateOptions{})
+	node, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp3",
+		Labels: map[string]string{manifest.ControlPlaneLabel: ""}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +131,25 @@ func TestRBACIsWhatVigilUses(t *testing.T) {
 	}
 	if got, err := kube.DeleteDeadNode(ctx, vigilCS, "cp3"); err != nil || got != kube.NodeDeleted {
 		t.Fatalf("DeleteDeadNode = %v, %v", got, err)
+	}
+	// A worker's Node: RBAC would let vigil delete it, the admission policy
+	// does not; the administrator still may.
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: refusedNode}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The policy takes effect once the API server has loaded it.
+	testkit.WaitNil(t, 30*time.Second, "vigil's deletion of a worker Node refused", func() error {
+		err := vigilCS.CoreV1().Nodes().Delete(ctx, refusedNode, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "only control-plane Nodes") {
+			return fmt.Errorf("a dry-run deletion answered %v", err)
+		}
+		return nil
+	})
+	if err := vigilCS.CoreV1().Nodes().Delete(ctx, refusedNode, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("vigil deleted worker Node %s: %v", refusedNode, err)
+	}
+	if err := admin.CoreV1().Nodes().Delete(ctx, refusedNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("the administrator could not delete worker Node %s: %v", refusedNode, err)
 	}
 
 	used, denied := audited(t, s.AuditLog)
@@ -160,6 +187,10 @@ func applyRBAC(ctx context.Context, t *testing.T, cs kubernetes.Interface) {
 			_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
 		case *rbacv1.ClusterRoleBinding:
 			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
 		default:
 			t.Fatalf("vigil manifest rbac has a %T", o)
 		}
@@ -240,7 +271,7 @@ func audited(t *testing.T, path string) (used []access, denied []string) {
 			Verb  string
 			User  struct{ Username string }
 			Obj   *struct {
-				Resource, Namespace, APIGroup string
+				Resource, Namespace, APIGroup, Name string
 			} `json:"objectRef"`
 			ResponseStatus *struct{ Code int } `json:"responseStatus"`
 		}
@@ -252,6 +283,9 @@ func audited(t *testing.T, path string) (used []access, denied []string) {
 		}
 		a := access{e.User.Username, e.Obj.APIGroup, e.Obj.Resource, e.Obj.Namespace, e.Verb}
 		if e.ResponseStatus != nil && e.ResponseStatus.Code == 403 {
+			if a.resource == "nodes" && e.Obj.Name == refusedNode {
+				continue // refused on purpose, by the admission policy
+			}
 			denied = append(denied, a.String())
 			continue
 		}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -695,6 +697,10 @@ func applyYAML(ctx context.Context, c *kubernetes.Clientset, y []byte) error {
 			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
 		case *appsv1.DaemonSet:
 			_, err = c.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, opts)
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, opts)
 		default:
 			return fmt.Errorf("unexpected %T in vigil's manifests", obj)
 		}

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -512,6 +514,11 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 //     cluster-wide grant: they have no namespace.
 //   - vigil agent (ServiceAccount kube-system/vigil-agent, or the user
 //     "vigil-agent"): the EndpointSlices in default (list, watch).
+//
+// RBAC cannot grant the deletion of some Nodes only, so a
+// ValidatingAdmissionPolicy (and its binding) narrows vigil run's: its
+// identities may delete only Nodes labelled as control-plane
+// (NodePolicyName).
 func RBAC() []runtime.Object {
 	daemonSubjects := []rbacv1.Subject{
 		{Kind: rbacv1.ServiceAccountKind, Name: DaemonName, Namespace: Namespace},
@@ -552,7 +559,62 @@ func RBAC() []runtime.Object {
 			Subjects:   daemonSubjects,
 		})
 	out = append(out, role(AgentName, ServiceNamespace, agentSubjects, sliceRule)...)
+	out = append(out, nodePolicy(daemonSubjects)...)
 	return out
+}
+
+// NodePolicyName names the ValidatingAdmissionPolicy and binding that let
+// vigil run's identities delete control-plane Nodes only.
+const NodePolicyName = DaemonName + "-control-plane-nodes-only"
+
+// ControlPlaneLabel marks a control-plane Node (kubeadm sets it).
+const ControlPlaneLabel = "node-role.kubernetes.io/control-plane"
+
+// nodePolicy is the admission policy on vigil's Node deletions: vigil
+// removes the Node of a pruned etcd member, always a control-plane node,
+// and nothing in the cluster should let a bug or a stolen credential of
+// vigil's delete a worker. The policy matches the identities of subjects
+// only; everyone else's deletions pass untouched.
+func nodePolicy(subjects []rbacv1.Subject) []runtime.Object {
+	var users []string
+	for _, s := range subjects {
+		name := s.Name
+		if s.Kind == rbacv1.ServiceAccountKind {
+			name = "system:serviceaccount:" + s.Namespace + ":" + s.Name
+		}
+		users = append(users, fmt.Sprintf("request.userInfo.username == %q", name))
+	}
+	labels := map[string]string{appLabel: DaemonName}
+	fail, deny := admissionregistrationv1.Fail, admissionregistrationv1.Deny
+	return []runtime.Object{
+		&admissionregistrationv1.ValidatingAdmissionPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: NodePolicyName, Labels: labels},
+			Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+				FailurePolicy: &fail,
+				MatchConstraints: &admissionregistrationv1.MatchResources{
+					ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
+						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}},
+					}}},
+				},
+				MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "vigil", Expression: strings.Join(users, " || ")}},
+				Validations: []admissionregistrationv1.Validation{{
+					Expression: fmt.Sprintf("has(oldObject.metadata.labels) && %q in oldObject.metadata.labels", ControlPlaneLabel),
+					Message:    "vigil may delete only control-plane Nodes (labelled " + ControlPlaneLabel + "); this Node is not one",
+					Reason:     ptr(metav1.StatusReasonForbidden),
+				}},
+			},
+		},
+		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingAdmissionPolicyBinding"},
+			ObjectMeta: metav1.ObjectMeta{Name: NodePolicyName, Labels: labels},
+			Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName:        NodePolicyName,
+				ValidationActions: []admissionregistrationv1.ValidationAction{deny},
+			},
+		},
+	}
 }
 
 // ServiceNamespace holds the kubernetes Service, its EndpointSlices, and

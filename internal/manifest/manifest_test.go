@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -287,6 +289,10 @@ func dryRunCreate(cs kubernetes.Interface, obj runtime.Object) error {
 		_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, opts)
 	case *rbacv1.ClusterRoleBinding:
 		_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, opts)
+	case *admissionregistrationv1.ValidatingAdmissionPolicy:
+		_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, opts)
+	case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+		_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, opts)
 	default:
 		err = errors.New("no dry-run case for this type")
 	}
