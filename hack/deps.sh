@@ -21,6 +21,7 @@ for cmd in "$@"; do
     ip) need+=(iproute2) ;;
     nft) need+=(nftables) ;;
     bird) need+=(bird2) ;;
+    promtool) need+=(prometheus) ;;  # the alert rules' tests
     chrt | setsid) need+=(util-linux) ;;
     *) need+=("$cmd") ;;
   esac
@@ -32,7 +33,22 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Packages that ship a service (prometheus, for promtool) must not start
+  # it: the tests need the tools, not the daemons. policy-rc.d tells
+  # Debian's maintainer scripts so, for this install only.
+  policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+  fi
+  rc=0
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || rc=$?
+  [ -z "$policy" ] || rm -f "$policy"
+  [ "$rc" = 0 ] || { echo "hack/deps.sh: apt-get install ${need[*]} failed" >&2; exit "$rc"; }
+  if [[ " ${need[*]} " == *" prometheus "* ]] && command -v systemctl >/dev/null; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 if ! command -v go >/dev/null; then
   for d in /usr/local/go/bin /usr/lib/go/bin; do

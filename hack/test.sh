@@ -15,11 +15,13 @@
 # table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh ip nft containerd runc conntrack cni cgo bird chrt
+source hack/deps.sh ip nft containerd runc conntrack cni cgo bird chrt promtool
 export GOTOOLCHAIN=local
 # Root-only tests fail here instead of skipping: this script runs as root
 # with every tool, so a skip would be a test that silently stopped running.
 export VIGIL_REQUIRE_ROOT=1
+# The alert rules' tests need promtool (installed above): fail, not skip.
+export VIGIL_REQUIRE_PROMTOOL=1
 begin=$SECONDS
 log=$(mktemp -d)
 buildpid= fetchpid=

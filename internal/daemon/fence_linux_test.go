@@ -131,6 +131,22 @@ func waitProbedAfter(t *testing.T, ns string, after time.Time) {
 	})
 }
 
+// metricsOf is what vigil run in ns serves on /metrics ("" if it does not
+// answer).
+func metricsOf(t *testing.T, ns string) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return netns.Dialer(ns)(ctx, addr) },
+	}}
+	resp, err := hc.Get("http://127.0.0.1:9558/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
 // The address follows the role: a VIP deleted on the holder comes back, a
 // VIP added on a node that does not lead goes, both at once.
 func TestAddressFollowsRole(t *testing.T) {
@@ -289,19 +305,7 @@ func TestConflictReported(t *testing.T) {
 	status := func() string { return nstest.IP(t, "netns", "exec", p.A, nstest.Binary(t, "vigil"), "status") }
 	testkit.WaitFor(t, 5*time.Second, "the conflict in vigil status", func() bool { return strings.Contains(status(), "VIP CONFLICT: "+bmac) })
 	t.Logf("conflict reported %v after B took the VIP", time.Since(added).Round(10*time.Millisecond))
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return netns.Dialer(p.A)(ctx, addr) },
-	}}
-	resp, err := hc.Get("http://127.0.0.1:9558/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics := string(body)
+	metrics := metricsOf(t, p.A)
 	for _, want := range []string{"vigil_vip_conflicts_total 1", "vigil_vip_conflict 1"} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %q", want)
@@ -411,6 +415,9 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 			if mode == "child" {
 				guardPID = childOf(t, vigil.Process.Pid)
 			}
+			if m := metricsOf(t, p.A); !strings.Contains(m, "\nvigil_guard_up 1\n") {
+				t.Fatalf("metrics with a guard that answers lack vigil_guard_up 1:\n%s", m)
+			}
 			guard, err := os.FindProcess(guardPID)
 			if err != nil {
 				t.Fatal(err)
@@ -427,6 +434,9 @@ func TestStoppedGuardStepsDown(t *testing.T) {
 			testkit.WaitFor(t, 5*time.Second, "vigil to say its guard does not answer", func() bool {
 				return strings.Contains(statusOK(bin, p.A).Ineligible, "guard does not answer")
 			})
+			if m := metricsOf(t, p.A); !strings.Contains(m, "\nvigil_guard_up 0\n") {
+				t.Fatalf("metrics with a stopped guard lack vigil_guard_up 0:\n%s", m)
+			}
 			// vigil stopped too: nothing may bring the VIP back.
 			if err := vigil.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)

@@ -360,6 +360,7 @@ func (n *node) startGuard() error {
 	}
 	g := n.guard
 	n.onClose(func() { stopGuard(); g.Close() })
+	n.m.registerGuard(g)
 	return nil
 }
 

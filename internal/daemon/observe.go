@@ -192,6 +192,15 @@ func (m *nodeMetrics) registerEtcd(c *etcdcluster.Cluster) {
 	}, func() float64 { return float64(len(c.Foreign(foreignWindow))) }))
 }
 
+// registerGuard adds vigil_guard_up, read from the guard at each scrape
+// (the metric is absent without a guard).
+func (m *nodeMetrics) registerGuard(g *guardProc) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vigil_guard_up",
+		Help: "1 while the VIP guard answers within its bound, 0 while it does not (stopped, starved or wedged: the node does not campaign, and a holder steps down).",
+	}, func() float64 { return boolFloat(g.Eligible() == nil) }))
+}
+
 // registerElector adds the gauges read from the elector at each scrape.
 func (m *nodeMetrics) registerElector(el *election.Elector) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
