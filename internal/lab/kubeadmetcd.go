@@ -61,14 +61,14 @@ func (l *Lab) kubeadmEtcdClientOf(nodes []*Node) (*clientv3.Client, error) {
 }
 
 // withKubeadmEtcd runs f with a client of the kubeadm cluster's etcd and a
-// 5 s context.
+// 10 s context (a member removal waits for the quorum's answer).
 func (l *Lab) withKubeadmEtcd(ctx context.Context, f func(context.Context, *clientv3.Client) error) error {
 	cli, err := l.kubeadmEtcdClient()
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return f(ctx, cli)
 }
@@ -121,17 +121,12 @@ func (l *Lab) removeMemberByHand(ctx context.Context, name string) error {
 	if !ok {
 		return nil
 	}
-	cli, err := l.kubeadmEtcdClient()
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := cli.MemberRemove(ctx, id); err != nil {
-		return fmt.Errorf("lab: remove member %s by hand: %w", name, err)
-	}
-	return nil
+	return l.withKubeadmEtcd(ctx, func(ctx context.Context, cli *clientv3.Client) error {
+		if _, err := cli.MemberRemove(ctx, id); err != nil {
+			return fmt.Errorf("lab: remove member %s by hand: %w", name, err)
+		}
+		return nil
+	})
 }
 
 // preflightLine sums a preflight up for the drill's phases.

@@ -48,13 +48,7 @@ func (l *evloop) handOver(p *lpair, pending []byte, up, bulk bool) {
 	}
 	pc := p.pc
 	b.mu.Lock()
-	a, admitted := b.clients[p] // not when evicted meanwhile
-	ok := !b.closed && b.serving && admitted
-	if ok {
-		delete(b.clients, p)
-		b.clients[client] = a
-		b.wg.Add(1)
-	}
+	ok := b.adoptLocked(p, client)
 	b.mu.Unlock()
 	if !ok {
 		// Stopped serving meanwhile: as closePair with a reset.
@@ -105,13 +99,8 @@ func (l *evloop) handOverClient(p *lpair) {
 		return
 	}
 	b.mu.Lock()
-	a, admitted := b.clients[p] // not when evicted meanwhile
-	ok := !b.closed && b.serving && admitted
-	if ok {
-		delete(b.clients, p)
-		b.clients[client] = a
-		b.wg.Add(1)
-	} else {
+	ok := b.adoptLocked(p, client)
+	if !ok {
 		b.releaseLocked(p, p.src)
 	}
 	b.mu.Unlock()
@@ -177,4 +166,18 @@ func fdQueued(fd int, sent bool) bool {
 		return err == nil && out > 0
 	}
 	return false
+}
+
+// adoptLocked moves pair p's admission to client, the connection a
+// goroutine serves from now on, and counts the goroutine; false when the
+// balancer stopped serving or evicted p meanwhile (the caller closes it).
+func (b *Balancer) adoptLocked(p *lpair, client net.Conn) bool {
+	a, admitted := b.clients[p]
+	if b.closed || !b.serving || !admitted {
+		return false
+	}
+	delete(b.clients, p)
+	b.clients[client] = a
+	b.wg.Add(1)
+	return true
 }
