@@ -608,9 +608,8 @@ func TestChaos(t *testing.T) {
 	for _, s := range rep.Summary {
 		t.Log(s)
 	}
-	if err != nil {
-		t.Fatalf("chaos (seed %d) failed: %v\n%s", seed, err, stderr.String())
-	}
+	// Every failed fault's logs first: chaos exits non-zero whenever one
+	// failed, and the logs go with the test's temporary directory.
 	counts := map[string]int{}
 	for _, r := range rep.Faults {
 		counts[r.Kind]++
@@ -621,6 +620,9 @@ func TestChaos(t *testing.T) {
 		if r.Kind != FaultFreeze && r.DualSamples > 0 {
 			t.Errorf("two holders: %s", r)
 		}
+	}
+	if err != nil {
+		t.Fatalf("chaos (seed %d) failed: %v\n%s", seed, err, stderr.String())
 	}
 	for _, k := range ChaosFaults {
 		want := 2
