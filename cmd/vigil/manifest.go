@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -71,6 +72,7 @@ Lease election").`,
 	f.StringArrayVar(&o.PortChecks, "lb-port-check", nil, "vigil run --lb-port-check PORT=tcp or PORT=/PATH, repeatable")
 	f.IntVar(&o.LBListenPort, "lb-listen-port", 0, "vigil run --lb-listen-port: the balancer listens on VIP:PORT and the holder sends VIP:--lb-port to it, so kube-apiserver keeps kubeadm's default bind address")
 	f.StringSliceVar(&o.EtcdEndpoints, "etcd-endpoints", []string{manifest.DefaultEtcdURL}, "etcd client URLs")
+	f.StringVar(&o.MetricsAddress, "metrics-address", "", "vigil run --metrics-address (default 127.0.0.1:9558); 0.0.0.0:9558 lets Prometheus scrape it (a container port named metrics, which vigil manifest monitoring's PodMonitor finds)")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", "", "host path of a kubeconfig for Events and EndpointSlice discovery (vigil run --kubeconfig); it must exist when the pod starts, so add it after kubeadm init (docs/kubeadm.md)")
 	f.StringVar(&o.Election, "election", manifest.ElectionEtcd, "vigil run --election: etcd (works before kubeadm init is done) or kubernetes (the Lease election, after init; needs --kubeconfig for this node's own API server, and retires the etcd election safely: see docs/kubeadm.md)")
 	f.StringVar(&o.Announce, "announce", "arp", "vigil run --announce: arp, or bgp with --bgp-local-as and --bgp-peer (then --vip as a host address and --interface lo; docs/bgp.md)")
@@ -109,6 +111,7 @@ func newManifestDaemonSetCmd() *cobra.Command {
 	f.StringVar(&o.Server, "server", "", "API server URL the agents start from, https://VIP:PORT (required)")
 	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
 	f.StringVar(&o.Listen, "apiserver-listen", "127.0.0.1:6443", "local API server endpoint on each worker")
+	f.StringVar(&o.MetricsAddress, "metrics-address", "", "the agent's --metrics-address (default 127.0.0.1:9559); 0.0.0.0:9559 lets Prometheus scrape it (a container port named metrics, which vigil manifest monitoring's PodMonitor finds)")
 	return cmd
 }
 
@@ -125,28 +128,46 @@ func newManifestRBACCmd() *cobra.Command {
 
 func newManifestMonitoringCmd() *cobra.Command {
 	var (
-		rulesFile bool
-		runbook   string
+		rulesFile, dashboard bool
+		runbook              string
 	)
 	cmd := &cobra.Command{
 		Use:   "monitoring",
-		Short: "vigil's alerts: a PrometheusRule, or a plain Prometheus rules file",
-		Long: `Print vigil's alerting rules: by default as a PrometheusRule (the Prometheus
-Operator's) in kube-system; with --rules-file as a plain Prometheus rules file,
-for rule_files in prometheus.yml. Every alert names its severity and links its
-runbook, a section of docs/operations.md under the alert's name.
+		Short: "vigil's alerts and scrape targets (Prometheus Operator), a rules file, or a Grafana dashboard",
+		Long: `Print vigil's monitoring. By default, for the Prometheus Operator: a
+PrometheusRule with vigil's alerts, and a PodMonitor each for vigil run's static
+pods and the agent's DaemonSet. With --rules-file: the alerts as a plain
+Prometheus rules file, for rule_files in prometheus.yml. With --dashboard: a
+Grafana dashboard (JSON; import it and pick the Prometheus data source). Every
+alert names its severity and links its runbook, a section of docs/operations.md
+under the alert's name.
 
 The alerts: no VIP holder; a VIP conflict; more than one node claiming the
 lock; renewals near their deadline; a slow lock store; no healthy backend
 behind the holder's load balancer; a flapping backend; a member pruned; a Node
 deleted; a BGP session down; a guard not answering; a worker agent with no
 usable backend. They read the metrics vigil run and vigil agent serve on
---metrics-address (a localhost address by default: give one Prometheus can
-reach). promtool check rules and promtool test rules pass on them (tested).`,
+--metrics-address. That is a localhost address by default: give the manifests
+one Prometheus can reach (vigil manifest pod --metrics-address 0.0.0.0:9558,
+vigil manifest daemonset --metrics-address 0.0.0.0:9559), which also declares
+the container port named metrics that the PodMonitors scrape. promtool check
+rules and promtool test rules pass on the alerts (tested).`,
 		Example: `  vigil manifest monitoring | kubectl apply -f -
-  vigil manifest monitoring --rules-file > /etc/prometheus/vigil.rules.yml`,
+  vigil manifest monitoring --rules-file > /etc/prometheus/vigil.rules.yml
+  vigil manifest monitoring --dashboard > vigil-dashboard.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rulesFile && dashboard {
+				return fmt.Errorf("%w: --rules-file and --dashboard exclude each other", validate.ErrInvalid)
+			}
+			if dashboard {
+				b, err := json.MarshalIndent(manifest.Dashboard(), "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+				return err
+			}
 			if rulesFile {
 				b, err := yaml.Marshal(manifest.Rules(runbook))
 				if err != nil {
@@ -155,10 +176,12 @@ reach). promtool check rules and promtool test rules pass on them (tested).`,
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "# vigil alerts: generated by vigil manifest monitoring --rules-file\n%s", b)
 				return err
 			}
-			return printObjects(cmd, "vigil alerts: generated by vigil manifest monitoring", manifest.PrometheusRule(runbook))
+			return printObjects(cmd, "vigil alerts and scrape targets: generated by vigil manifest monitoring",
+				append([]runtime.Object{manifest.PrometheusRule(runbook)}, manifest.PodMonitors()...)...)
 		},
 	}
-	cmd.Flags().BoolVar(&rulesFile, "rules-file", false, "print a plain Prometheus rules file instead of a PrometheusRule")
+	cmd.Flags().BoolVar(&rulesFile, "rules-file", false, "print the alerts as a plain Prometheus rules file instead")
+	cmd.Flags().BoolVar(&dashboard, "dashboard", false, "print a Grafana dashboard (JSON) instead")
 	cmd.Flags().StringVar(&runbook, "runbook-url", manifest.DefaultRunbookURL, "the page of the runbooks; each alert links to its section, #ALERTNAME in lower case")
 	return cmd
 }

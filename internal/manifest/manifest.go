@@ -56,9 +56,12 @@ const (
 
 // PodOptions configures the static pod.
 type PodOptions struct {
-	VIPs      []string // address, or address/prefix; one, or one per family (dual-stack)
-	Interface string
-	Image     string
+	// MetricsAddress is vigil run's --metrics-address ("": its default,
+	// 127.0.0.1:9558). Give 0.0.0.0:9558 for Prometheus to scrape it.
+	MetricsAddress string
+	VIPs           []string // address, or address/prefix; one, or one per family (dual-stack)
+	Interface      string
+	Image          string
 	// LBPort runs vigil's load balancer on VIP:LBPort (0: none).
 	LBPort int
 	// BackendPort is vigil run --backend-port (0: its default, 6443).
@@ -334,6 +337,11 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 		mounts = append(mounts, corev1.VolumeMount{Name: f.volume, MountPath: PKIDir + "/" + f.path, ReadOnly: true})
 		volumes = append(volumes, hostPath(f.volume, PKIDir+"/"+f.path, corev1.HostPathFile))
 	}
+	m, err := metricsEndpoint(o.MetricsAddress, metricsPortDaemon)
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, m.args...)
 	if o.Kubeconfig != "" {
 		if !path.IsAbs(o.Kubeconfig) {
 			return nil, fmt.Errorf("%w: --kubeconfig %q must be an absolute path on the host", validate.ErrInvalid, o.Kubeconfig)
@@ -370,9 +378,10 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 				},
 				Resources:                resources("50m", "32Mi", "128Mi"),
 				Env:                      goMemLimit("100MiB"),
-				StartupProbe:             startup(metricsPortDaemon),
-				LivenessProbe:            probe(metricsPortDaemon, "/livez", 10, 3),
-				ReadinessProbe:           probe(metricsPortDaemon, "/readyz", 5, 3),
+				Ports:                    m.ports,
+				StartupProbe:             m.startup(),
+				LivenessProbe:            m.probe("/livez", 10, 3),
+				ReadinessProbe:           m.probe("/readyz", 5, 3),
 				VolumeMounts:             mounts,
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}, {
@@ -414,6 +423,9 @@ type DaemonSetOptions struct {
 	Server string // https://VIP:6443
 	Image  string
 	Listen string // --apiserver-listen
+	// MetricsAddress is the agent's --metrics-address ("": its default,
+	// 127.0.0.1:9559). Give 0.0.0.0:9559 for Prometheus to scrape it.
+	MetricsAddress string
 }
 
 // DaemonSet runs vigil-agent on every node that is not a control-plane
@@ -433,6 +445,10 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 	}
 	if _, err := netip.ParseAddrPort(o.Listen); err != nil {
 		return nil, fmt.Errorf("%w: --apiserver-listen %q must be IP:PORT", validate.ErrInvalid, o.Listen)
+	}
+	m, err := metricsEndpoint(o.MetricsAddress, metricsPortAgent)
+	if err != nil {
+		return nil, err
 	}
 	labels := map[string]string{appLabel: AgentName, componentLabel: "worker-endpoint"}
 	return &appsv1.DaemonSet{
@@ -465,7 +481,7 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 						// The worker's own binary, beside vigil in the
 						// image: no client-go, no gRPC, a third less memory.
 						Command: []string{"/usr/local/bin/vigil-agent"},
-						Args: []string{
+						Args: append([]string{
 							"--server", o.Server,
 							"--apiserver-listen", o.Listen,
 							"--cache-dir", DefaultAgentCache,
@@ -473,7 +489,7 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 							// The API servers from the EndpointSlices, with
 							// the service-account token mounted below.
 							"--in-cluster",
-						},
+						}, m.args...),
 						SecurityContext: &corev1.SecurityContext{
 							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 							AllowPrivilegeEscalation: ptr(false),
@@ -481,9 +497,10 @@ func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 						},
 						Resources:      resources("10m", "24Mi", "64Mi"),
 						Env:            goMemLimit("50MiB"),
-						StartupProbe:   startup(metricsPortAgent),
-						LivenessProbe:  probe(metricsPortAgent, "/livez", 10, 3),
-						ReadinessProbe: probe(metricsPortAgent, "/readyz", 5, 3),
+						Ports:          m.ports,
+						StartupProbe:   m.startup(),
+						LivenessProbe:  m.probe("/livez", 10, 3),
+						ReadinessProbe: m.probe("/readyz", 5, 3),
 						VolumeMounts: []corev1.VolumeMount{
 							{Name: "ca", MountPath: PKIDir + "/ca.crt", ReadOnly: true},
 							{Name: "cache", MountPath: DefaultAgentCache},
@@ -707,10 +724,10 @@ func resources(cpu, mem, memLimit string) corev1.ResourceRequirements {
 //     (etcd or the Lease unreadable), or while no agent endpoint has a
 //     healthy backend. The pods use host networking and no Service selects
 //     them, so readiness only reports, in kubectl get pods and in alerts.
-func probe(port int, path string, period, failures int32) *corev1.Probe {
+func (m metrics) probe(path string, period, failures int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-			Host: "127.0.0.1", Path: path, Port: intstr.FromInt32(int32(port)),
+			Host: m.host, Path: path, Port: intstr.FromInt32(int32(m.port)),
 		}},
 		PeriodSeconds: period, FailureThreshold: failures, TimeoutSeconds: 2,
 	}
@@ -718,7 +735,44 @@ func probe(port int, path string, period, failures int32) *corev1.Probe {
 
 // startup holds liveness back until the metrics server answers, for up to
 // a minute: a slow start is not a stuck process.
-func startup(port int) *corev1.Probe { return probe(port, "/livez", 1, 60) }
+func (m metrics) startup() *corev1.Probe { return m.probe("/livez", 1, 60) }
+
+// MetricsPortName names the container port of the metrics endpoint, which
+// the PodMonitors of vigil manifest monitoring scrape.
+const MetricsPortName = "metrics"
+
+// metrics is where a container serves /metrics and its probes: what the
+// probes ask, the flag that moves it, and the container port a PodMonitor
+// finds it by (none on loopback, where no Prometheus reaches).
+type metrics struct {
+	host  string
+	port  int
+	args  []string
+	ports []corev1.ContainerPort
+}
+
+// metricsEndpoint checks a manifest's --metrics-address: "" keeps the
+// command's default (127.0.0.1:def); otherwise IP:PORT. The probes ask
+// 127.0.0.1 when the address is loopback or every address, the address
+// itself otherwise.
+func metricsEndpoint(addr string, def int) (metrics, error) {
+	if addr == "" {
+		return metrics{host: "127.0.0.1", port: def}, nil
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" {
+		return metrics{}, fmt.Errorf("%w: --metrics-address %q must be IP:PORT, such as 0.0.0.0:%d for Prometheus to scrape it", validate.ErrInvalid, addr, def)
+	}
+	m := metrics{host: "127.0.0.1", port: int(ap.Port()), args: []string{"--metrics-address", addr}}
+	a := ap.Addr().Unmap()
+	if !a.IsLoopback() && !a.IsUnspecified() {
+		m.host = a.String()
+	}
+	if !a.IsLoopback() {
+		m.ports = []corev1.ContainerPort{{Name: MetricsPortName, ContainerPort: int32(ap.Port()), Protocol: corev1.ProtocolTCP}}
+	}
+	return m, nil
+}
 
 // daemonPKIFiles are the files of /etc/kubernetes/pki that vigil run
 // reads: the etcd CA and the API server's etcd client pair for the

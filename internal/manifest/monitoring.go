@@ -138,6 +138,98 @@ func PrometheusRule(runbook string) runtime.Object {
 	}}
 }
 
+// PodMonitors are the Prometheus Operator's PodMonitors for vigil run's
+// static pods and the agent's DaemonSet: the container port named
+// MetricsPortName, which the manifests declare when given a
+// --metrics-address Prometheus can reach. Each target's instance label is
+// its node's name, which the alerts name.
+func PodMonitors() []runtime.Object {
+	pm := func(name string) runtime.Object {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "monitoring.coreos.com/v1",
+			"kind":       "PodMonitor",
+			"metadata": map[string]any{
+				"name":      name,
+				"namespace": Namespace,
+				"labels":    map[string]any{appLabel: name},
+			},
+			"spec": map[string]any{
+				"selector":          map[string]any{"matchLabels": map[string]any{appLabel: name}},
+				"namespaceSelector": map[string]any{"matchNames": []any{Namespace}},
+				"podMetricsEndpoints": []any{map[string]any{
+					"port": MetricsPortName,
+					"relabelings": []any{map[string]any{
+						"sourceLabels": []any{"__meta_kubernetes_pod_node_name"},
+						"targetLabel":  "instance",
+					}},
+				}},
+			},
+		}}
+	}
+	return []runtime.Object{pm(DaemonName), pm(AgentName)}
+}
+
+// Panel is one graph of the Grafana dashboard: a title and the queries it
+// draws.
+type Panel struct {
+	Title string
+	Unit  string // Grafana's unit: "short", "s", "bool"
+	Exprs []string
+}
+
+// DashboardPanels are the dashboard's graphs, in order.
+func DashboardPanels() []Panel {
+	return []Panel{
+		{"VIP held, by node", "bool", []string{`max by (instance) (vigil_vip_held)`}},
+		{"Election lock held, by node", "bool", []string{`max by (instance) (vigil_leader)`}},
+		{"Holder changes (5 min)", "short", []string{`max(increase(vigil_leader_transitions_total[5m]))`}},
+		{"Lock renewal time, p99", "s", []string{`histogram_quantile(0.99, sum by (instance, le) (rate({__name__=~"vigil_(etcd|lease)_request_duration_seconds_bucket", op="renew"}[5m])))`}},
+		{"Lease left at each renewal's answer", "s", []string{`vigil_lock_renew_margin_seconds > 0`}},
+		{"Usable API servers behind the VIP", "short", []string{`max by (instance) (vigil_lb_backends_usable{upstream=""})`}},
+		{"Connections through the VIP", "short", []string{`sum by (instance) (vigil_lb_connections_active{upstream=""})`}},
+		{"Guard answering, by node", "bool", []string{`vigil_guard_up`}},
+		{"BGP sessions established, by node", "short", []string{`vigil_bgp_sessions_established`}},
+		{"VIP conflicts", "short", []string{`max by (instance) (vigil_vip_conflict)`}},
+		{"Agents with no usable API server", "short", []string{`count(max by (instance) (vigil_lb_backends_usable{upstream="apiserver"}) == 0) or vector(0)`}},
+		{"etcd members unreachable, as each node sees them", "s", []string{`max by (instance, member) (vigil_member_unreachable_seconds) > 0`}},
+	}
+}
+
+// Dashboard is a Grafana dashboard (JSON model) of DashboardPanels, two
+// panels a row, on a data source chosen at import (${DS_PROMETHEUS}).
+func Dashboard() map[string]any {
+	var panels []any
+	for i, p := range DashboardPanels() {
+		var targets []any
+		for j, e := range p.Exprs {
+			targets = append(targets, map[string]any{
+				"refId": string(rune('A' + j)), "expr": e, "legendFormat": "__auto",
+				"datasource": map[string]any{"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
+			})
+		}
+		panels = append(panels, map[string]any{
+			"id": i + 1, "type": "timeseries", "title": p.Title,
+			"gridPos":     map[string]any{"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i / 2)},
+			"datasource":  map[string]any{"type": "prometheus", "uid": "${DS_PROMETHEUS}"},
+			"fieldConfig": map[string]any{"defaults": map[string]any{"unit": p.Unit}, "overrides": []any{}},
+			"targets":     targets,
+		})
+	}
+	return map[string]any{
+		"__inputs": []any{map[string]any{
+			"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus",
+		}},
+		"title":         "vigil",
+		"uid":           "vigil",
+		"tags":          []any{"vigil", "kubernetes", "control-plane"},
+		"timezone":      "browser",
+		"schemaVersion": 39,
+		"refresh":       "30s",
+		"time":          map[string]any{"from": "now-1h", "to": "now"},
+		"panels":        panels,
+	}
+}
+
 func toAny(m map[string]string) map[string]any {
 	out := make(map[string]any, len(m))
 	for k, v := range m {

@@ -1,6 +1,9 @@
 package manifest
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vigil-ha/vigil/internal/validate"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 )
 
@@ -144,6 +150,119 @@ func TestAlertRunbooks(t *testing.T) {
 	for _, r := range Rules("").Groups[0].Rules {
 		if !slices.Contains(headings, r.Alert) {
 			t.Errorf("docs/operations.md has no section \"### %s\", the runbook of alert %s", r.Alert, r.Alert)
+		}
+	}
+}
+
+// The dashboard is valid JSON with a query in every panel, and every query
+// is PromQL the real promtool accepts (each checked as a recording rule).
+func TestDashboard(t *testing.T) {
+	bin := promtool(t)
+	b, err := json.Marshal(Dashboard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Title  string `json:"title"`
+		Panels []struct {
+			ID      int    `json:"id"`
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Title != "vigil" || len(d.Panels) != len(DashboardPanels()) {
+		t.Fatalf("dashboard %q with %d panels", d.Title, len(d.Panels))
+	}
+	var rules []map[string]string
+	ids := map[int]bool{}
+	for _, p := range d.Panels {
+		if len(p.Targets) == 0 || ids[p.ID] {
+			t.Errorf("panel %d %q: %d queries, id seen before %v", p.ID, p.Title, len(p.Targets), ids[p.ID])
+		}
+		ids[p.ID] = true
+		for _, q := range p.Targets {
+			rules = append(rules, map[string]string{"record": fmt.Sprintf("vigil:dashboard:%d", len(rules)), "expr": q.Expr})
+		}
+	}
+	y, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "dashboard.rules.yaml")
+	if err := os.WriteFile(f, y, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules of the dashboard's queries: %v\n%s", err, out)
+	}
+}
+
+// The PodMonitors select what the manifests run, by the port the manifests
+// name when their metrics address is reachable.
+func TestPodMonitorsSelectTheManifests(t *testing.T) {
+	pod, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/24"}, Interface: "eth0", MetricsAddress: "0.0.0.0:9558"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := DaemonSet(DaemonSetOptions{Server: "https://10.0.0.100:6443", MetricsAddress: "0.0.0.0:9559"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podLabels := map[string]map[string]string{DaemonName: pod.Labels, AgentName: ds.Spec.Template.Labels}
+	ports := map[string][]corev1.ContainerPort{DaemonName: pod.Spec.Containers[0].Ports, AgentName: ds.Spec.Template.Spec.Containers[0].Ports}
+	for _, o := range PodMonitors() {
+		u := o.(*unstructured.Unstructured)
+		want, _, _ := unstructured.NestedStringMap(u.Object, "spec", "selector", "matchLabels")
+		for k, v := range want {
+			if podLabels[u.GetName()][k] != v {
+				t.Errorf("PodMonitor %s selects %s=%s; the pods have %v", u.GetName(), k, v, podLabels[u.GetName()])
+			}
+		}
+		if !slices.ContainsFunc(ports[u.GetName()], func(p corev1.ContainerPort) bool { return p.Name == MetricsPortName }) {
+			t.Errorf("PodMonitor %s scrapes port %q; the container has %+v", u.GetName(), MetricsPortName, ports[u.GetName()])
+		}
+	}
+}
+
+// --metrics-address in the manifests: passed on, probed where it listens,
+// and a container port only where a Prometheus can reach it.
+func TestMetricsAddress(t *testing.T) {
+	for _, tc := range []struct {
+		addr     string
+		host     string
+		port     int32
+		withPort bool
+	}{
+		{"", "127.0.0.1", 9558, false},
+		{"0.0.0.0:9558", "127.0.0.1", 9558, true},
+		{"127.0.0.1:9600", "127.0.0.1", 9600, false},
+		{"10.0.0.11:9600", "10.0.0.11", 9600, true},
+		{"[::]:9558", "127.0.0.1", 9558, true},
+	} {
+		p, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/24"}, Interface: "eth0", MetricsAddress: tc.addr})
+		if err != nil {
+			t.Fatalf("%q: %v", tc.addr, err)
+		}
+		c := p.Spec.Containers[0]
+		g := c.LivenessProbe.HTTPGet
+		if g.Host != tc.host || g.Port.IntVal != tc.port || (len(c.Ports) > 0) != tc.withPort {
+			t.Errorf("%q: probe %s:%d, ports %+v", tc.addr, g.Host, g.Port.IntVal, c.Ports)
+		}
+		if has := strings.Contains(strings.Join(c.Args, " "), "--metrics-address "+tc.addr); has != (tc.addr != "") {
+			t.Errorf("%q: args %v", tc.addr, c.Args)
+		}
+	}
+	for _, bad := range []string{"9558", "eth0:9558", "0.0.0.0:0", "0.0.0.0"} {
+		if _, err := Pod(PodOptions{VIPs: []string{"10.0.0.100/24"}, Interface: "eth0", MetricsAddress: bad}); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("pod --metrics-address %q: %v", bad, err)
+		}
+		if _, err := DaemonSet(DaemonSetOptions{Server: "https://10.0.0.100:6443", MetricsAddress: bad}); !errors.Is(err, validate.ErrInvalid) {
+			t.Errorf("daemonset --metrics-address %q: %v", bad, err)
 		}
 	}
 }
