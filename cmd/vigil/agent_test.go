@@ -52,6 +52,7 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"agent", "--config", agentConf}, "unknown key agent.healthIntervall"},
 		{[]string{"agent", "--config", serverOnly}, "must be an https URL"}, // the file's value reaches the check
 		{[]string{"config", "print-defaults", "extra"}, "unknown command"},
+		{[]string{"config", "print-defaults", "--section", "agnet"}, `--section "agnet": want "run", "agent"`},
 		{[]string{"handoff", "--hold", "--release"}, "--hold and --release exclude each other"},
 		{[]string{"handoff", "--force"}, "--force goes with --hold"},
 		{[]string{"handoff", "--timeout", "0s"}, "--timeout 0s must be positive"},

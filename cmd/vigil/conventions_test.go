@@ -97,6 +97,23 @@ func TestPrintDefaultsReadsBack(t *testing.T) {
 		if err == nil || !strings.Contains(string(b), want) {
 			t.Errorf("vigil %s --config <defaults> = %v, %q; want it to stop at %q", cmd, err, b, want)
 		}
+		// One section alone (the Debian packages' files): the other's
+		// key is absent, and the command reads it the same.
+		one, err := exec.Command(bin, "config", "print-defaults", "--section", cmd).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := map[string]string{"run": "\nagent:\n", "agent": "\nrun:\n"}[cmd]
+		if !strings.Contains(string(one), "\n"+cmd+":\n") || strings.Contains(string(one), other) {
+			t.Errorf("print-defaults --section %s:\n%s", cmd, one)
+		}
+		path := filepath.Join(t.TempDir(), cmd+".yaml")
+		if err := os.WriteFile(path, one, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := exec.Command(bin, cmd, "--config", path).CombinedOutput(); err == nil || !strings.Contains(string(b), want) {
+			t.Errorf("vigil %s --config <its section> = %v, %q; want it to stop at %q", cmd, err, b, want)
+		}
 	}
 }
 
@@ -113,13 +130,14 @@ func TestSystemdUnitsVerify(t *testing.T) {
 		agentBin = bin // vigil agent is the same command
 	}
 	dir := t.TempDir()
+	config := map[string]string{"vigil.service": "--config /etc/vigil/config.yaml", "vigil-agent.service": "--config /etc/vigil/agent.yaml"}
 	for unit, exe := range map[string]string{"vigil.service": bin, "vigil-agent.service": agentBin} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "systemd", unit))
 		if err != nil {
 			t.Fatal(err)
 		}
 		text := string(b)
-		for _, want := range []string{"Type=notify", "WatchdogSec=", "--config /etc/vigil/config.yaml"} {
+		for _, want := range []string{"Type=notify", "WatchdogSec=", config[unit]} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s lacks %q", unit, want)
 			}
