@@ -36,19 +36,6 @@ func RBAC() []runtime.Object {
 		{Kind: rbacv1.ServiceAccountKind, Name: DaemonName, Namespace: Namespace},
 		{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: DaemonName},
 	}
-	agentSubjects := []rbacv1.Subject{
-		{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace},
-		{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: AgentName},
-	}
-	sliceRule := rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}
-	role := func(name, ns string, subjects []rbacv1.Subject, rules ...rbacv1.PolicyRule) []runtime.Object {
-		om := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{appLabel: DaemonName}}
-		return []runtime.Object{
-			&rbacv1.Role{TypeMeta: typeMeta("Role"), ObjectMeta: om, Rules: rules},
-			&rbacv1.RoleBinding{TypeMeta: typeMeta("RoleBinding"), ObjectMeta: om,
-				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects},
-		}
-	}
 	out := []runtime.Object{serviceAccount(DaemonName), serviceAccount(AgentName)}
 	out = append(out, role(DaemonName, Namespace, daemonSubjects, rbacv1.PolicyRule{
 		APIGroups: []string{leaseResourceGroup}, Resources: []string{"leases"}, Verbs: []string{"get", "watch", "create", "update", "patch"},
@@ -70,9 +57,35 @@ func RBAC() []runtime.Object {
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: DaemonName},
 			Subjects:   daemonSubjects,
 		})
-	out = append(out, role(AgentName, ServiceNamespace, agentSubjects, sliceRule)...)
+	out = append(out, agentRole()...)
 	out = append(out, nodePolicy(daemonSubjects)...)
 	return out
+}
+
+// AgentRBAC is the part of RBAC that vigil agent needs: its
+// ServiceAccount, and its Role and binding on the EndpointSlices. The
+// agent's Helm chart ships these alone.
+func AgentRBAC() []runtime.Object {
+	return append([]runtime.Object{serviceAccount(AgentName)}, agentRole()...)
+}
+
+func agentRole() []runtime.Object {
+	subjects := []rbacv1.Subject{
+		{Kind: rbacv1.ServiceAccountKind, Name: AgentName, Namespace: Namespace},
+		{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: AgentName},
+	}
+	return role(AgentName, ServiceNamespace, subjects, sliceRule)
+}
+
+var sliceRule = rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}
+
+func role(name, ns string, subjects []rbacv1.Subject, rules ...rbacv1.PolicyRule) []runtime.Object {
+	om := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{appLabel: DaemonName}}
+	return []runtime.Object{
+		&rbacv1.Role{TypeMeta: typeMeta("Role"), ObjectMeta: om, Rules: rules},
+		&rbacv1.RoleBinding{TypeMeta: typeMeta("RoleBinding"), ObjectMeta: om,
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects},
+	}
 }
 
 // NodePolicyName names the ValidatingAdmissionPolicy and binding that let
