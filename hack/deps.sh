@@ -22,6 +22,7 @@ for cmd in "$@"; do
     nft) need+=(nftables) ;;
     bird) need+=(bird2) ;;
     promtool) need+=(prometheus) ;;  # the alert rules' tests
+    systemd-analyze) need+=(systemd) ;;  # checks the units the packages install
     chrt | setsid) need+=(util-linux) ;;
     *) need+=("$cmd") ;;
   esac

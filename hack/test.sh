@@ -15,7 +15,7 @@
 # table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source hack/deps.sh ip nft containerd runc conntrack cni cgo bird chrt promtool
+source hack/deps.sh ip nft containerd runc conntrack cni cgo bird chrt promtool minisign systemd-analyze
 export GOTOOLCHAIN=local
 # Root-only tests fail here instead of skipping: this script runs as root
 # with every tool, so a skip would be a test that silently stopped running.
@@ -63,7 +63,8 @@ phase "vigil binaries (and the Kubernetes modules' download)"
 # The builds the later steps need, in the background, at idle priority, in
 # their own process group, in this order, each announced by a file in $log
 # when done: vigil's packages with the race detector (race.done), vigil's
-# image (image.done), the kube-apiserver (apiserver.done), then kubelet,
+# image (image.done), the kube-apiserver (apiserver.done), the release tests
+# with a real Helm (release.done), then kubelet,
 # kubeadm, the rest of the control plane and the images kubeadm runs
 # (all.done).
 # On two cores, cold, they are most of the run's CPU work; warm, seconds
@@ -85,6 +86,7 @@ GOGC=400 setsid chrt --idle 0 bash -c '
   stage "vigil packages with -race" race go build $race $(go list -f "{{if and .GoFiles (ne .Name \"main\")}}{{.ImportPath}}{{end}}" ./...)
   stage "vigil image (amd64)" image env VIGIL_IMAGE_ARCHES=amd64 hack/build-image.sh
   stage "kube-apiserver" apiserver hack/build-kube.sh
+  stage "release tests and Helm (hack/release, its own module)" release bash -c "go test -C hack/release -c -o /dev/null && go -C hack/release tool helm version >/dev/null"
   stage "kubelet, kubeadm, control plane, their images" all hack/build-kube-images.sh --no-vigil-image
 ' build "$log" "$race" >"$log/build.log" 2>&1 &
 buildpid=$!
@@ -174,6 +176,14 @@ fi
 # The Lease election against real kube-apiservers needs nothing more, so it
 # runs while the background build finishes the kubeadm binaries and images.
 labtest "lab: Lease" -run '^TestLeaseLab$'
+# The release: hack/release.sh twice (the same bytes), hack/verify-release.sh
+# on it and on tampered copies, the packages installed and purged with dpkg,
+# the agent's Helm chart linted and rendered by a real Helm. Its own module,
+# so not in the go test runs above.
+mark
+await release
+phase "waiting for the release tool's build"
+VIGIL_REQUIRE_RELEASE=1 gotest "release (packages, SBOMs, signatures, Helm chart)" -C hack/release -count=1 -timeout 10m .
 
 mark
 await all
