@@ -33,7 +33,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled, DrillPrometheus}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -117,6 +117,8 @@ type Result struct {
 	Handoff *HandoffResult `json:"handoff,omitempty"`
 	// ECMP is set by ecmp-node-killed.
 	ECMP *ECMPResult `json:"ecmp,omitempty"`
+	// Prometheus is set by the prometheus drill.
+	Prometheus *PromResult `json:"prometheus,omitempty"`
 	// Families is the outage of each VIP address, in labs with IPv6
 	// (OutageMillis is then the longest of them).
 	Families []FamilyResult `json:"families,omitempty"`
@@ -179,6 +181,9 @@ func (r Result) String() string {
 	}
 	if r.Prune != nil {
 		s += "\n    " + r.Prune.String()
+	}
+	if r.Prometheus != nil {
+		s += "\n    " + r.Prometheus.String()
 	}
 	if r.Recovery != nil {
 		s += "\n    " + r.Recovery.String()
@@ -284,6 +289,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillImpostorEtcd {
 		return l.impostorDrill(ctx, r)
+	}
+	if kind == DrillPrometheus {
+		return l.promDrill(ctx, r)
 	}
 	if kind == DrillAPIServerDown || kind == DrillAPIServerSlow {
 		return l.apiDrill(ctx, kind, r)

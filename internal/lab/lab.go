@@ -628,6 +628,10 @@ func (l *Lab) startEtcdWith(n *Node, cluster, clusterState string) error {
 	)
 }
 
+// labMetricsPort is vigil run's metrics port on every lab node (its
+// default, 9558).
+const labMetricsPort = 9558
+
 func (l *Lab) startVigil(n *Node) error {
 	s := l.st.Settings
 	election := ElectionEtcd
@@ -686,6 +690,14 @@ func (l *Lab) startVigil(n *Node) error {
 	if s.PruneAfter > 0 {
 		args = append(args, "--prune-after", s.PruneAfter.String())
 	}
+	// Metrics on every address, for the prometheus drill's scrapes from
+	// the client namespace (127.0.0.1:9558, where the lab reads /status,
+	// is among them).
+	metrics := fmt.Sprintf("0.0.0.0:%d", labMetricsPort)
+	if !s.has4() {
+		metrics = fmt.Sprintf("[::]:%d", labMetricsPort)
+	}
+	args = append(args, "--metrics-address", metrics)
 	return l.start(n, roleVigil, l.vigilBin, args...)
 }
 

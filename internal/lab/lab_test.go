@@ -99,8 +99,22 @@ func TestDrills(t *testing.T) {
 			continue // TestECMPLab
 		}
 		t.Run(kind, func(t *testing.T) {
+			if kind == DrillPrometheus {
+				if _, err := exec.LookPath("prometheus"); err != nil && os.Getenv("VIGIL_REQUIRE_PROMTOOL") == "" {
+					t.Skip("prometheus is not installed (Debian package prometheus: hack/deps.sh promtool)")
+				}
+			}
 			r := mustDrill(ctx, t, l, kind)
 			switch kind {
+			case DrillPrometheus:
+				// What an operator sees: the holder series moved, the
+				// no-holder alert silent through a failover, and firing
+				// once no node can hold the VIP, after its for: 15 s.
+				p := r.Prometheus
+				if p == nil || p.HeldBefore == p.HeldAfter || p.HeldAfter != r.After || p.FiredOnFailover ||
+					p.FiredAfterMillis < float64(noHolderFor.Milliseconds()) || p.FiredAfterMillis > 60000 {
+					t.Fatalf("%+v", p)
+				}
 			case DrillReplaceNode, DrillReplaceHealthy, DrillScale:
 				if len(r.Phases) < 3 {
 					t.Fatalf("phases: %+v", r.Phases)
