@@ -69,3 +69,17 @@ func BuildInfo() Build {
 func (b Build) String() string {
 	return fmt.Sprintf("%s (revision %s, %s)", b.Version, b.Revision, b.GoVersion)
 }
+
+// RecordFormat is the format of every record vigil keeps in etcd or a
+// Lease: the election lock, the node-name claim, the membership reports
+// and the handoff records each carry it ("format", or the annotation
+// vigil.dev/format on a Lease). Records of vigil 0.3.0 and before carry
+// none: format 0, the same fields.
+//
+// The policy (docs/operations.md, "Rolling upgrades"): a format only adds
+// fields, and every reader ignores the fields it does not know, so release
+// N reads N-1's records and N-1 reads N's, in any mix of nodes during a
+// rolling upgrade. A change that an older reader would get wrong is not a
+// new format of the same record: it is a new key, written beside the old
+// one until no reader of the old one can be running.
+const RecordFormat = 1

@@ -1,6 +1,7 @@
 package election
 
 import (
+	"encoding/json"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 )
 
@@ -41,6 +43,31 @@ const (
 	// rewrite of a live owner is not mistaken for death.
 	claimDeadAfter = 2*claimKeepAlive + 500*time.Millisecond
 )
+
+// claimRecord is a claim key's value: {"format":1,"instance":"..."}.
+// vigil 0.3.0 and before stored the bare instance (format 0), which
+// claimInstance still reads. Either way a process compares the instance
+// with its own, so the two formats never mistake one process for another.
+type claimRecord struct {
+	Format   int    `json:"format"`
+	Instance string `json:"instance"`
+}
+
+// claimValue is the value this version stores for instance; one instance
+// always gives the same bytes (the keep-alive compares them).
+func claimValue(instance string) string {
+	b, _ := json.Marshal(claimRecord{Format: vigil.RecordFormat, Instance: instance})
+	return string(b)
+}
+
+// claimInstance reads the instance from a claim of any format.
+func claimInstance(v []byte) string {
+	var r claimRecord
+	if len(v) > 0 && v[0] == '{' && json.Unmarshal(v, &r) == nil && r.Instance != "" {
+		return r.Instance
+	}
+	return string(v)
+}
 
 // Claim is a held name claim; Close revokes it.
 type Claim struct {
@@ -121,7 +148,7 @@ func (l *EtcdLock) tryClaim(ctx context.Context, key, instance string) (*Claim, 
 	}
 	resp, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
 		return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, instance, clientv3.WithLease(grant.ID))).
+			Then(clientv3.OpPut(key, claimValue(instance), clientv3.WithLease(grant.ID))).
 			Else(clientv3.OpGet(key)).Commit()
 	})
 	if err == nil && resp.Succeeded {
@@ -135,12 +162,12 @@ func (l *EtcdLock) tryClaim(ctx context.Context, key, instance string) (*Claim, 
 	if len(kvs) == 0 {
 		return nil, claimHolder{}, errors.New("claim key vanished during the claim")
 	}
-	if string(kvs[0].Value) == instance {
+	if claimInstance(kvs[0].Value) == instance {
 		// Our own create landed through one member while another member's
 		// answer came first.
 		return &Claim{l: l, key: key, instance: instance, lease: clientv3.LeaseID(kvs[0].Lease)}, claimHolder{}, nil
 	}
-	return nil, claimHolder{instance: string(kvs[0].Value), rev: kvs[0].ModRevision}, nil
+	return nil, claimHolder{instance: claimInstance(kvs[0].Value), rev: kvs[0].ModRevision}, nil
 }
 
 // watchClaim follows a claim held by another instance until it is rewritten
@@ -165,7 +192,7 @@ func (l *EtcdLock) watchClaim(ctx context.Context, key string, h claimHolder) (b
 			return false, fmt.Errorf("read %s: %w", key, err)
 		}
 		switch {
-		case len(resp.Kvs) == 0 || string(resp.Kvs[0].Value) != h.instance:
+		case len(resp.Kvs) == 0 || claimInstance(resp.Kvs[0].Value) != h.instance:
 			return false, nil // gone, or claimed by somebody else
 		case resp.Kvs[0].ModRevision != h.rev:
 			return true, nil // its owner rewrote it: alive
@@ -186,7 +213,7 @@ func (l *EtcdLock) takeOver(ctx context.Context, key, instance string, h claimHo
 	}
 	resp, err := etcdcluster.Do(ctx, l.cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
 		return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", h.rev)).
-			Then(clientv3.OpPut(key, instance, clientv3.WithLease(grant.ID))).Commit()
+			Then(clientv3.OpPut(key, claimValue(instance), clientv3.WithLease(grant.ID))).Commit()
 	})
 	if err != nil || !resp.Succeeded {
 		l.revoke(grant.ID)
@@ -224,8 +251,8 @@ func (c *Claim) start(log *slog.Logger) {
 				// The proof of life a newcomer looks for; only while the
 				// key is still ours.
 				_, err = etcdcluster.Via(kctx, c.l.cl, &c.l.claims, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.TxnResponse, error) {
-					return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(c.key), "=", c.instance)).
-						Then(clientv3.OpPut(c.key, c.instance, clientv3.WithLease(c.lease))).Commit()
+					return m.Client.Txn(ctx).If(clientv3.Compare(clientv3.Value(c.key), "=", claimValue(c.instance))).
+						Then(clientv3.OpPut(c.key, claimValue(c.instance), clientv3.WithLease(c.lease))).Commit()
 				})
 			}
 			cancelOnce()

@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
@@ -132,6 +133,7 @@ func (l *EtcdLock) Get(ctx context.Context) (Observation, error) {
 
 // Write implements Lock.
 func (l *EtcdLock) Write(ctx context.Context, rec Record, rev int64) (Observation, error) {
+	rec.Format = vigil.RecordFormat
 	val, err := json.Marshal(rec)
 	if err != nil {
 		return Observation{}, fmt.Errorf("encode lock record: %w", err)
@@ -185,6 +187,7 @@ func (l *EtcdLock) Renew(ctx context.Context, rec Record) (Observation, error) {
 	if rec.Tenure == "" {
 		return Observation{}, errors.New("election: a renewal needs the tenure of the lock it renews")
 	}
+	rec.Format = vigil.RecordFormat
 	val, err := json.Marshal(rec)
 	if err != nil {
 		return Observation{}, fmt.Errorf("encode lock record: %w", err)

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+
+	"github.com/vigil-ha/vigil"
 )
 
 // Kubernetes Lease defaults.
@@ -31,6 +33,8 @@ const (
 	macAnnotation      = "vigil.dev/mac"
 	// tenureAnnotation carries Record.Tenure.
 	tenureAnnotation = "vigil.dev/tenure"
+	// formatAnnotation carries Record.Format (vigil.RecordFormat).
+	formatAnnotation = "vigil.dev/format"
 )
 
 // ErrForbidden is returned when the API server refuses the Lease
@@ -194,6 +198,7 @@ func (l *LeaseLock) toLease(rec Record) *coordinationv1.Lease {
 				instanceAnnotation:    rec.Instance,
 				macAnnotation:         rec.MAC,
 				tenureAnnotation:      rec.Tenure,
+				formatAnnotation:      strconv.Itoa(vigil.RecordFormat),
 			},
 		},
 		Spec: coordinationv1.LeaseSpec{
@@ -231,6 +236,7 @@ func observeLease(lease *coordinationv1.Lease) (Observation, error) {
 	rec.Instance = lease.Annotations[instanceAnnotation]
 	rec.MAC = lease.Annotations[macAnnotation]
 	rec.Tenure = lease.Annotations[tenureAnnotation]
+	rec.Format, _ = strconv.Atoi(lease.Annotations[formatAnnotation]) // 0: vigil 0.3.0 or before, or another tool
 	if sp.AcquireTime != nil {
 		rec.AcquireTime = sp.AcquireTime.Time
 	}

@@ -41,6 +41,10 @@ type Record struct {
 	// Kubernetes Lease) for good: see Retire. Such a record names no node,
 	// and no candidate ever takes it.
 	MovedTo string `json:"movedTo,omitempty"`
+	// Format is vigil.RecordFormat when this version wrote the record, 0
+	// when vigil 0.3.0 or before did. It is the last field: the stored
+	// JSON must begin with the tenure, whatever the format (Renewer).
+	Format int `json:"format,omitempty"`
 }
 
 // LeaseDuration returns the record's lease duration.

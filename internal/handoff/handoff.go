@@ -25,6 +25,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 )
 
@@ -39,6 +40,9 @@ type Request struct {
 	To   string    `json:"to,omitempty"`
 	By   string    `json:"by"` // where the command ran
 	At   time.Time `json:"at"`
+	// Format is vigil.RecordFormat, set when written (0: vigil 0.3.0 or
+	// before). Readers ignore fields they do not know.
+	Format int `json:"format,omitempty"`
 }
 
 // Hold keeps Node from campaigning until Until (or --release). A holder
@@ -49,6 +53,8 @@ type Hold struct {
 	By    string    `json:"by"`
 	Until time.Time `json:"until"`
 	Force bool      `json:"force,omitempty"`
+	// Format: as Request's.
+	Format int `json:"format,omitempty"`
 }
 
 // Phase is where From's vigil is in a request (Status.Phase).
@@ -74,6 +80,8 @@ type Status struct {
 	Busy        int           `json:"busy"`
 	Total       int           `json:"total"`
 	ForcedAfter time.Duration `json:"forcedAfter,omitempty"`
+	// Format: as Request's.
+	Format int `json:"format,omitempty"`
 }
 
 // State is what the records say now.
@@ -228,6 +236,7 @@ var ErrBusy = errors.New("another handoff is under way")
 
 // Begin writes r, for ttl, unless another request exists.
 func (s *Store) Begin(ctx context.Context, r Request, ttl time.Duration) error {
+	r.Format = vigil.RecordFormat
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -288,6 +297,7 @@ func (s *Store) End(ctx context.Context, id string) error {
 
 // Report writes From's status for request st.ID; it expires with ttl.
 func (s *Store) Report(ctx context.Context, st Status, ttl time.Duration) error {
+	st.Format = vigil.RecordFormat
 	return s.put(ctx, s.statusKey(st.ID), st, ttl)
 }
 
@@ -308,6 +318,7 @@ func (s *Store) StatusOf(ctx context.Context, id string) (*Status, error) {
 
 // PutHold keeps h.Node out of the election until h.Until.
 func (s *Store) PutHold(ctx context.Context, h Hold) error {
+	h.Format = vigil.RecordFormat
 	return s.put(ctx, s.holdKey(h.Node), h, time.Until(h.Until))
 }
 

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
@@ -139,4 +142,53 @@ func TestStore(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Records of every format are read: vigil 0.3.0's (no format) and a later
+// one's with fields this version does not know; this version writes its
+// own format.
+func TestStoreReadsEveryFormat(t *testing.T) {
+	e := etcdtest.Start(t, 1)
+	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: e.Endpoints}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	s := NewStore(cl, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	until := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
+	for key, v := range map[string]string{
+		s.requestKey():    `{"id":"r1","from":"n1","to":"n2","by":"host","at":"2026-12-01T10:00:00Z"}`,
+		s.holdKey("n1"):   `{"node":"n1","by":"host","until":"` + until + `"}`,
+		s.holdKey("n2"):   `{"node":"n2","by":"host","until":"` + until + `","format":2,"reason":"kernel upgrade"}`,
+		s.statusKey("r1"): `{"id":"r1","phase":"released","at":"2026-12-01T10:00:01Z","busy":0,"total":4,"format":2,"drainedBytes":10}`,
+	} {
+		if _, err := cli.Put(ctx, key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := s.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Ignored) > 0 || st.Request == nil || st.Request.To != "n2" || len(st.Holds) != 2 || st.Holds["n2"].By != "host" {
+		t.Fatalf("read %+v", st)
+	}
+	status, err := s.StatusOf(ctx, "r1")
+	if err != nil || status == nil || status.Phase != Released || status.Total != 4 {
+		t.Fatalf("status = %+v, %v", status, err)
+	}
+	if err := s.PutHold(ctx, Hold{Node: "n3", By: "host", Until: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, s.holdKey("n3"))
+	if err != nil || len(resp.Kvs) != 1 || !strings.Contains(string(resp.Kvs[0].Value), `"format":1`) {
+		t.Fatalf("written hold = %v, %v", resp, err)
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
@@ -260,6 +261,7 @@ func (c *Cluster) Reports(ctx context.Context) ([]Report, error) {
 // Publish writes r as this process's report, on a lease it keeps alive
 // with every write, so the report of a vigil that died goes away.
 func (c *Cluster) Publish(ctx context.Context, r Report) error {
+	r.Format = vigil.RecordFormat
 	b, err := json.Marshal(r)
 	if err != nil {
 		return err

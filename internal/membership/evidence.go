@@ -46,6 +46,9 @@ type Report struct {
 	WatchingMillis int64 `json:"watchingMs"`
 	// Members maps member IDs (hexadecimal) to sightings.
 	Members map[string]Sighting `json:"members"`
+	// Format is vigil.RecordFormat, set by Publish (0: vigil 0.3.0 or
+	// before). Readers ignore fields they do not know.
+	Format int `json:"format,omitempty"`
 }
 
 // Tracker keeps, per member, since when this process has seen it
