@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -163,8 +164,9 @@ func processes(running map[string]bool) string {
 
 func newDrillCmd(g *globals) *cobra.Command {
 	var (
-		count  int
-		asJSON bool
+		count      int
+		asJSON     bool
+		from, repo string
 	)
 	cmd := &cobra.Command{
 		Use:   "drill " + strings.Join(lab.Drills, "|") + "|mixed",
@@ -248,6 +250,16 @@ func newDrillCmd(g *globals) *cobra.Command {
                      election is retired; never two holders. One-way: a lab
                      that moved is refused, and the other drills then run
                      under the Lease election
+  prometheus         a real Prometheus (Debian's) scrapes every vigil with the
+                     rules of vigil manifest monitoring; kill-leader under
+                     it: the holder series must move and VigilNoVIPHolder
+                     stay silent; then every etcd is stopped: it must fire
+  rolling-upgrade    (needs --from REV) every node restarted on vigil built
+                     from REV of this git repository, then node by node
+                     onto the lab's vigil: a non-holder first (the mixed
+                     state), then SIGKILL to the old holder, then the rest
+                     by SIGTERM; prints each step's outage; never two
+                     holders
   mixed              the failover, API server and watch drills in turn,
                      --count drills in all
 
@@ -262,12 +274,31 @@ or saw a split brain.`,
 			if count < 1 {
 				return fmt.Errorf("--count %d: must be at least 1", count)
 			}
+			if (from != "") != (args[0] == lab.DrillRollingUpgrade) {
+				return fmt.Errorf("--from goes with the drill %s, and %s needs it: the revision to upgrade from (a commit of --repo)", lab.DrillRollingUpgrade, lab.DrillRollingUpgrade)
+			}
 			l, err := g.open()
 			if err != nil {
 				return err
 			}
 			if err := l.Open(); err != nil {
 				return err
+			}
+			if from != "" {
+				cache, err := os.UserCacheDir()
+				if err != nil {
+					return err
+				}
+				dir := filepath.Join(cache, "vigil-lab", "upgrade-from")
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "building vigil at %s (from %s) ...\n", from, repo)
+				bin, err := lab.BuildRevision(cmd.Context(), repo, from, dir)
+				if err != nil {
+					return err
+				}
+				l.SetUpgradeFrom(bin)
 			}
 			kinds := []string{args[0]}
 			if args[0] == "mixed" {
@@ -289,6 +320,8 @@ or saw a split brain.`,
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "how many times to run the drill")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print results as JSON")
+	cmd.Flags().StringVar(&from, "from", "", "rolling-upgrade: the git revision of vigil to upgrade from (hack/previous-release names the previous release's)")
+	cmd.Flags().StringVar(&repo, "repo", ".", "rolling-upgrade: the git repository --from is a revision of")
 	return cmd
 }
 

@@ -33,7 +33,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled, DrillPrometheus}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled, DrillPrometheus, DrillRollingUpgrade}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -292,6 +292,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillPrometheus {
 		return l.promDrill(ctx, r)
+	}
+	if kind == DrillRollingUpgrade {
+		return l.rollingUpgrade(ctx, r)
 	}
 	if kind == DrillAPIServerDown || kind == DrillAPIServerSlow {
 		return l.apiDrill(ctx, kind, r)

@@ -298,6 +298,9 @@ type Node struct {
 	PIDs  map[string]int `json:"pids"`
 	// Cut is true while the node's switch port is down.
 	Cut bool `json:"cut"`
+	// VigilBin, when set, is the vigil binary this node runs instead of
+	// the lab's (the rolling-upgrade drill's old version).
+	VigilBin string `json:"vigilBin,omitempty"`
 }
 
 type state struct {
@@ -331,9 +334,11 @@ type Lab struct {
 	vigilBin string
 	agentBin string
 	selfBin  string
-	st       state
-	log      *slog.Logger
-	out      io.Writer
+	// upgradeFrom is the old vigil of the rolling-upgrade drill.
+	upgradeFrom string
+	st          state
+	log         *slog.Logger
+	out         io.Writer
 }
 
 // progress reports a step of a long operation.
@@ -698,7 +703,11 @@ func (l *Lab) startVigil(n *Node) error {
 		metrics = fmt.Sprintf("[::]:%d", labMetricsPort)
 	}
 	args = append(args, "--metrics-address", metrics)
-	return l.start(n, roleVigil, l.vigilBin, args...)
+	bin := l.vigilBin
+	if n.VigilBin != "" {
+		bin = n.VigilBin
+	}
+	return l.start(n, roleVigil, bin, args...)
 }
 
 // waitEtcdHealthy waits until every member answers and all follow one leader.

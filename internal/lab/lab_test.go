@@ -91,6 +91,29 @@ func TestDrills(t *testing.T) {
 	if err := l.Up(ctx, s); err == nil {
 		t.Fatal("a second up succeeded while the lab was up")
 	}
+	// The rolling-upgrade drill's old vigil, built beside the drills
+	// before it (at lower CPU priority), from the revision
+	// hack/previous-release names.
+	type built struct {
+		bin string
+		err error
+	}
+	previous := make(chan built, 1)
+	buildDir := t.TempDir()
+	bctx, stopBuild := context.WithCancel(ctx)
+	buildDone := make(chan struct{})
+	t.Cleanup(func() { stopBuild(); <-buildDone }) // before buildDir goes
+	go func() {
+		defer close(buildDone)
+		b, err := os.ReadFile(filepath.Join("..", "..", "hack", "previous-release"))
+		if err != nil {
+			previous <- built{err: err}
+			return
+		}
+		rev := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+		bin, err := BuildRevision(bctx, filepath.Join("..", ".."), rev, buildDir)
+		previous <- built{bin, err}
+	}()
 	for _, kind := range Drills {
 		if slices.Contains(KubeadmDrills, kind) {
 			continue // TestKubeadmLab
@@ -104,8 +127,35 @@ func TestDrills(t *testing.T) {
 					t.Skip("prometheus is not installed (Debian package prometheus: hack/deps.sh promtool)")
 				}
 			}
+			if kind == DrillRollingUpgrade {
+				b := <-previous
+				previous <- b
+				if b.err != nil && strings.Contains(b.err.Error(), "shallow clone") {
+					t.Skipf("the previous release is not in this clone: %v", b.err)
+				}
+				if b.err != nil {
+					t.Fatal(b.err)
+				}
+				l.SetUpgradeFrom(b.bin)
+			}
 			r := mustDrill(ctx, t, l, kind)
 			switch kind {
+			case DrillRollingUpgrade:
+				// N-1 and N side by side: each planned step's outage within
+				// 100 ms, the old holder's crash within a second, never two
+				// holders (mustDrill).
+				if len(r.Phases) < 3 {
+					t.Fatalf("phases: %+v", r.Phases)
+				}
+				for _, p := range r.Phases {
+					bound := 100.0
+					if strings.Contains(p.Name, "killed") {
+						bound = 1000
+					}
+					if p.Millis > bound {
+						t.Errorf("%s: outage %.0f ms, bound %.0f ms", p.Name, p.Millis, bound)
+					}
+				}
 			case DrillPrometheus:
 				// What an operator sees: the holder series moved, the
 				// no-holder alert silent through a failover, and firing

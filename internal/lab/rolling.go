@@ -1,0 +1,240 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DrillRollingUpgrade upgrades the lab's vigil node by node from an
+// earlier revision (vigil-lab drill rolling-upgrade --from REV; the lab's
+// own vigil is the new one), while the client probes the VIP:
+//  1. every node is restarted on the old vigil, one at a time, the holder
+//     last (not measured: the starting point);
+//  2. a node that does not hold the VIP is restarted on the new vigil: the
+//     mixed state, old and new records side by side;
+//  3. the holder, still old, gets SIGKILL (a crash in the mixed state) and
+//     comes back on the new vigil;
+//  4. every node still old is restarted on the new vigil, SIGTERM first
+//     (a holder among them hands the VIP over, old to new).
+//
+// Each step's outage is a phase; never two holders, sampled on every node.
+const DrillRollingUpgrade = "rolling-upgrade"
+
+// mixedDwell is how long the drill stays in the mixed state before it
+// kills the old holder: several renewals and reads of each version's
+// records by the other.
+const mixedDwell = 2 * time.Second
+
+// SetUpgradeFrom sets the vigil binary the rolling-upgrade drill upgrades
+// from (BuildRevision builds one).
+func (l *Lab) SetUpgradeFrom(bin string) { l.upgradeFrom = bin }
+
+var revRE = regexp.MustCompile(`^[0-9A-Za-z._/-]+$`)
+
+// BuildRevision builds cmd/vigil of revision rev of the git repository
+// repo into dir/vigil-<commit>, and returns its path; a binary already
+// built there is reused. The source is the commit's own tree (git
+// archive), built with this machine's Go and module cache, as hack/build.sh
+// builds it.
+func BuildRevision(ctx context.Context, repo, rev, dir string) (string, error) {
+	if !revRE.MatchString(rev) || strings.HasPrefix(rev, "-") {
+		return "", fmt.Errorf("--from %q: not a git revision", rev)
+	}
+	out, err := exec.CommandContext(ctx, "git", "-C", repo, "rev-parse", "--verify", "--quiet", rev+"^{commit}").Output()
+	if err != nil {
+		return "", fmt.Errorf("--from %s: no such commit in %s (a shallow clone lacks older commits: git fetch --unshallow)", rev, repo)
+	}
+	commit := strings.TrimSpace(string(out))
+	bin := filepath.Join(dir, "vigil-"+commit)
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	src, err := os.MkdirTemp(dir, "src-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(src)
+	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", repo, commit, src)
+	if b, err := archive.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("git archive %s: %w\n%s", commit, err, b)
+	}
+	// Below normal priority: the tests build it beside running drills.
+	build := exec.CommandContext(ctx, "nice", "-n", "10", "go", "build", "-trimpath", "-gcflags=all=-dwarf=false",
+		"-ldflags", "-w -X github.com/vigil-ha/vigil.revision="+commit, "-o", bin+".tmp", "./cmd/vigil")
+	build.Dir = src
+	build.Env = append(os.Environ(), "GOTOOLCHAIN=local", "CGO_ENABLED=0", "GOFLAGS=-mod=readonly")
+	if b, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build vigil at %s: %w\n%s", commit, err, b)
+	}
+	return bin, os.Rename(bin+".tmp", bin)
+}
+
+func (l *Lab) rollingUpgrade(ctx context.Context, r *Result) error {
+	s := l.st.Settings
+	if s.Impl != ImplVigil || s.Kubeadm || s.ecmp() {
+		return fmt.Errorf("drill %s needs a vigil lab with one holder", DrillRollingUpgrade)
+	}
+	if l.upgradeFrom == "" {
+		return fmt.Errorf("drill %s needs the vigil to upgrade from: vigil-lab drill %s --from REV", DrillRollingUpgrade, DrillRollingUpgrade)
+	}
+	old := l.upgradeFrom
+	// Whatever happens, the lab ends on its own vigil.
+	defer func() {
+		for _, n := range l.st.Nodes {
+			if n.VigilBin == "" {
+				continue
+			}
+			if pid := n.PIDs[roleVigil]; pid != 0 && alive(pid) {
+				_ = l.signal(ctx, n, roleVigil, syscall.SIGTERM, 15*time.Second)
+			}
+			n.VigilBin = ""
+			_ = l.startVigil(n)
+		}
+	}()
+	// restart stops node's vigil with sig and starts it on bin ("": the
+	// lab's), then waits for one holder and every vigil campaigning again,
+	// so that the next step never stops the only candidate.
+	restart := func(n *Node, bin string, sig syscall.Signal) error {
+		if err := l.signal(ctx, n, roleVigil, sig, 15*time.Second); err != nil {
+			return err
+		}
+		n.VigilBin = bin
+		if err := l.startVigil(n); err != nil {
+			return err
+		}
+		if _, err := l.waitStable(ctx, recoverTimeout); err != nil {
+			return err
+		}
+		return l.waitCandidates(ctx, recoverTimeout)
+	}
+	holder, err := l.waitStable(ctx, recoverTimeout)
+	if err != nil {
+		return fmt.Errorf("lab not stable before the drill: %w", err)
+	}
+	byHolderLast := func(holder string) []*Node {
+		ns := slices.Clone(l.st.Nodes)
+		slices.SortStableFunc(ns, func(a, b *Node) int {
+			switch {
+			case a.Name == holder:
+				return 1
+			case b.Name == holder:
+				return -1
+			}
+			return 0
+		})
+		return ns
+	}
+	// 1. Every node on the old vigil.
+	for _, n := range byHolderLast(holder) {
+		if err := restart(n, old, syscall.SIGTERM); err != nil {
+			return fmt.Errorf("start %s on the old vigil: %w", n.Name, err)
+		}
+	}
+	if holder, err = l.waitStable(ctx, recoverTimeout); err != nil {
+		return err
+	}
+	r.Before = holder
+
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	live := func() []*Node { return l.st.Nodes }
+	mon := startMonitor(w, live, probeInterval)
+	defer mon.close()
+	p, err := startProber(probeInterval, s.vips()[0].Addr())
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
+		return ctx.Err()
+	}
+	start := time.Now()
+	step := func(name string, n *Node, sig syscall.Signal) error {
+		t0 := time.Now()
+		if err := restart(n, "", sig); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(longestGap(p.snapshot(), t0, time.Now()))})
+		return nil
+	}
+	// 2. A node that does not hold the VIP: the mixed state.
+	var first *Node
+	for _, n := range l.st.Nodes {
+		if n.Name != holder {
+			first = n
+			break
+		}
+	}
+	if err := step(first.Name+" upgraded", first, syscall.SIGTERM); err != nil {
+		return err
+	}
+	// A while in the mixed state: the old holder renews, the new node
+	// reads its records and campaigns beside the old one.
+	if !sleepCtx(ctx, mixedDwell) {
+		return ctx.Err()
+	}
+	// 3. The holder, still old, crashes in the mixed state.
+	if holder, err = l.waitStable(ctx, recoverTimeout); err != nil {
+		return err
+	}
+	h, err := l.node(holder)
+	if err != nil {
+		return err
+	}
+	r.Target = holder
+	if err := step(holder+" killed, upgraded", h, syscall.SIGKILL); err != nil {
+		return err
+	}
+	// 4. The rest, the holder among them if old, by SIGTERM.
+	if holder, err = l.waitStable(ctx, recoverTimeout); err != nil {
+		return err
+	}
+	for _, n := range byHolderLast(holder) {
+		if n.VigilBin == "" {
+			continue
+		}
+		what := n.Name + " upgraded"
+		if n.Name == holder {
+			what = n.Name + " upgraded (the holder)"
+		}
+		if err := step(what, n, syscall.SIGTERM); err != nil {
+			return err
+		}
+	}
+	if !sleepCtx(ctx, postHealWatch) {
+		return ctx.Err()
+	}
+	replies := p.close()
+	r.SplitBrain, r.SplitDetail = judgeSplit(mon.close(), replies, start)
+	r.OutageMillis = millis(longestGap(replies, start, time.Now()))
+	final, err := w.holders(l.st.Nodes)
+	if err != nil {
+		return err
+	}
+	r.HoldersAfterHeal = final
+	if len(final) == 1 {
+		r.After = final[0]
+	}
+	var still []string
+	for _, n := range l.st.Nodes {
+		if n.VigilBin != "" {
+			still = append(still, n.Name)
+		}
+	}
+	if len(still) > 0 {
+		return errors.New("still on the old vigil: " + strings.Join(still, ", "))
+	}
+	return nil
+}
