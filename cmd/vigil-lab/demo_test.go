@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// Bad input to vigil-lab demo is refused before any lab is built, with a
-// message that names the flag.
+// Bad input to vigil-lab demo and drill is refused before any lab is built
+// or touched, with a message that names the flag.
 func TestDemoBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -16,6 +16,8 @@ func TestDemoBadInput(t *testing.T) {
 		{[]string{"demo", "--count", "0"}, "--count 0: must be at least 1"},
 		{[]string{"demo", "--full", "--count", "-1"}, "--count -1: must be at least 1"},
 		{[]string{"demo", "extra"}, "unknown command"},
+		{[]string{"drill", "rolling-upgrade"}, "rolling-upgrade needs it"},
+		{[]string{"drill", "kill-leader", "--from", "HEAD~1"}, "--from goes with the drill rolling-upgrade"},
 	} {
 		root := newRoot()
 		var out bytes.Buffer
