@@ -12,6 +12,10 @@
 # Push it:   skopeo copy --all oci-archive:bin/vigil-image.oci.tar \
 #              docker://registry.example.com/vigil:v$(cat VERSION)
 # Usage: bash hack/build-image.sh
+# VIGIL_IMAGE_OUT (default bin/vigil-image.oci.tar) and VIGIL_IMAGE_BINDIR
+# (default bin/image) say where the archive and the binaries go
+# (hack/release.sh builds into its own directory, so that a lab reading
+# bin/vigil-image.oci.tar meanwhile is not disturbed).
 # VIGIL_IMAGE_ARCHES (default "amd64 arm64") picks the architectures: the
 # tests (hack/test.sh) build only amd64, the one this machine runs, which
 # saves a full arm64 compile (about 5 CPU-minutes) on a cold machine.
@@ -29,18 +33,20 @@ arches=${VIGIL_IMAGE_ARCHES:-amd64 arm64}
 for arch in $arches; do
   case $arch in amd64 | arm64) ;; *) echo "hack/build-image.sh: VIGIL_IMAGE_ARCHES: unknown architecture $arch (amd64, arm64)" >&2; exit 2 ;; esac
 done
-mkdir -p bin/image
+out=${VIGIL_IMAGE_OUT:-bin/vigil-image.oci.tar}
+bindir=${VIGIL_IMAGE_BINDIR:-bin/image}
+mkdir -p "$bindir" "$(dirname "$out")"
 args=()
 for arch in $arches; do
   for cmd in vigil vigil-agent; do
     GOOS=linux GOARCH=$arch go build -trimpath -gcflags=all=-dwarf=false -buildvcs=false -ldflags "-s -w -buildid= -X github.com/vigil-ha/vigil.revision=$revision" \
-      -o "bin/image/$cmd-linux-$arch" ./cmd/$cmd
+      -o "$bindir/$cmd-linux-$arch" ./cmd/$cmd
   done
   # vigil is the entrypoint; vigil-agent, the worker's smaller binary,
   # sits beside it (the agent DaemonSet runs it).
-  args+=(--binary "linux/$arch=bin/image/vigil-linux-$arch")
-  args+=(--extra "vigil-agent@linux/$arch=bin/image/vigil-agent-linux-$arch")
+  args+=(--binary "linux/$arch=$bindir/vigil-linux-$arch")
+  args+=(--extra "vigil-agent@linux/$arch=$bindir/vigil-agent-linux-$arch")
 done
-go run -trimpath -gcflags=all=-dwarf=false ./hack/buildimage --out bin/vigil-image.oci.tar --epoch "$epoch" --revision "$revision" "${args[@]}"
-echo "ghcr.io/vigil-ha/vigil:v$version -> bin/vigil-image.oci.tar"
-sha256sum bin/vigil-image.oci.tar
+go run -trimpath -gcflags=all=-dwarf=false ./hack/buildimage --out "$out" --epoch "$epoch" --revision "$revision" "${args[@]}"
+echo "ghcr.io/vigil-ha/vigil:v$version -> $out"
+sha256sum "$out"

@@ -80,16 +80,17 @@ trap 'rm -rf "$tmp"' EXIT
 # The image, and with it the binaries: the released binaries are the
 # image's own, byte for byte (-trimpath, no build id, no VCS stamp but the
 # revision).
-VIGIL_IMAGE_ARCHES="$arches" bash hack/build-image.sh >"$tmp/image.log" || { cat "$tmp/image.log" >&2; die "hack/build-image.sh failed"; }
-cp bin/vigil-image.oci.tar "$out/vigil-image_$version.oci.tar"
+# In $tmp, not bin/: a lab may be reading bin/vigil-image.oci.tar.
+VIGIL_IMAGE_ARCHES="$arches" VIGIL_IMAGE_OUT="$out/vigil-image_$version.oci.tar" VIGIL_IMAGE_BINDIR="$tmp/image" \
+  bash hack/build-image.sh >"$tmp/image.log" || { cat "$tmp/image.log" >&2; die "hack/build-image.sh failed"; }
 for arch in $arches; do
   for cmd in vigil vigil-agent; do
-    cp "bin/image/$cmd-linux-$arch" "$out/${cmd}_${version}_linux_$arch"
+    cp "$tmp/image/$cmd-linux-$arch" "$out/${cmd}_${version}_linux_$arch"
   done
 done
 
 # The packages' configuration files, from this tree's flags.
-vigil=bin/image/vigil-linux-$(go env GOARCH)
+vigil=$tmp/image/vigil-linux-$(go env GOARCH)
 [[ " $arches " == *" $(go env GOARCH) "* ]] || { go build -trimpath -gcflags=all=-dwarf=false -o "$tmp/vigil" ./cmd/vigil; vigil=$tmp/vigil; }
 "$vigil" config print-defaults --section run >"$tmp/run.yaml"
 "$vigil" config print-defaults --section agent >"$tmp/agent.yaml"
@@ -98,7 +99,7 @@ vigil=bin/image/vigil-linux-$(go env GOARCH)
 (cd hack/release && go run -trimpath -gcflags=all=-dwarf=false . --dist "$out" --root "$(realpath ../..)" \
   --version "$version" --epoch "$SOURCE_DATE_EPOCH" --arches "$arches" \
   --run-defaults "$tmp/run.yaml" --agent-defaults "$tmp/agent.yaml" \
-  --image "$out/vigil-image_$version.oci.tar" --image-binaries "$(realpath ../../bin/image)")
+  --image "$out/vigil-image_$version.oci.tar" --image-binaries "$tmp/image")
 
 # Signatures: Ed25519 is deterministic, and the trusted comment is fixed,
 # so these too are the same bytes every run.

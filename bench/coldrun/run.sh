@@ -5,7 +5,7 @@
 # Writes the run's log and its summary under bench/coldrun/results/<time>/.
 #
 # It purges containerd, runc, conntrack, containernetworking-plugins, bird2,
-# nftables and prometheus (promtool) from this machine (the tests reinstall them): run it on a
+# nftables, prometheus (promtool) and minisign from this machine (the tests reinstall them): run it on a
 # test machine, as root, with nothing else running. Go itself stays.
 #
 # Usage: bash bench/coldrun/run.sh [RUNS]   (RUNS consecutive runs, default 1)
@@ -23,7 +23,7 @@ trap 'rm -rf "$work"' EXIT
 for i in $(seq "$runs"); do
   d=$work/$i
   mkdir -p "$d"
-  apt-get purge -y -qq containerd runc conntrack containernetworking-plugins bird2 nftables prometheus >/dev/null 2>&1 || true
+  apt-get purge -y -qq containerd runc conntrack containernetworking-plugins bird2 nftables prometheus minisign >/dev/null 2>&1 || true
   git clone -q "$repo" "$d/src"
   git -C "$d/src" checkout -q "$rev"
   start=$SECONDS
