@@ -64,10 +64,9 @@ phase "vigil binaries (and the Kubernetes modules' download)"
 # The builds the later steps need, in the background, at idle priority, in
 # their own process group, in this order, each announced by a file in $log
 # when done: vigil's packages with the race detector (race.done), vigil's
-# image (image.done), the kube-apiserver (apiserver.done), the release tests
-# with a real Helm (release.done), then kubelet,
+# image (image.done), the kube-apiserver (apiserver.done), then kubelet,
 # kubeadm, the rest of the control plane and the images kubeadm runs
-# (all.done).
+# (all.done), then the release tests with a real Helm (release.done).
 # On two cores, cold, they are most of the run's CPU work; warm, seconds
 # (Go build cache, stamps in bin/). Vigil's image is built for amd64 only
 # here, the architecture the tests run (hack/build-image.sh builds both).
@@ -87,8 +86,8 @@ GOGC=400 setsid chrt --idle 0 bash -c '
   stage "vigil packages with -race" race go build $race $(go list -f "{{if and .GoFiles (ne .Name \"main\")}}{{.ImportPath}}{{end}}" ./...)
   stage "vigil image (amd64)" image env VIGIL_IMAGE_ARCHES=amd64 hack/build-image.sh
   stage "kube-apiserver" apiserver hack/build-kube.sh
-  stage "release tests and Helm (hack/release, its own module)" release bash -c "go test -C hack/release -c -o /dev/null && go -C hack/release tool helm version >/dev/null"
   stage "kubelet, kubeadm, control plane, their images" all hack/build-kube-images.sh --no-vigil-image
+  stage "release tests and Helm (hack/release, its own module)" release bash -c "go test -C hack/release -c -o /dev/null && go -C hack/release tool helm version >/dev/null"
 ' build "$log" "$race" >"$log/build.log" 2>&1 &
 buildpid=$!
 # await STAGE: wait until the background builds have done STAGE; fail with
@@ -184,14 +183,14 @@ labtest "lab: Lease" -run '^TestLeaseLab$'
 # step mostly waits on kubelets and containers, at lower CPU priority
 # (nice 10), and touches nothing of the lab's (it builds in temporary
 # directories and installs only its own packages).
-mark
-await release
-phase "waiting for the release tests' build"
+# The last background build (the release tests and Helm) runs beside the
+# kubeadm lab too, once kubeadm's binaries and images are done.
 runs=$((runs + 1))
 relout="$log/$runs.out"
-relbegin=$SECONDS
 (
   rc=0
+  await release
+  relbegin=$SECONDS
   VIGIL_REQUIRE_RELEASE=1 nice -n 10 go test -C hack/release -count=1 -timeout 10m . >"$relout" 2>&1 || rc=$?
   echo "$rc $((SECONDS - relbegin))" >"$log/release.rc"
 ) &
@@ -199,15 +198,15 @@ relpid=$!
 
 mark
 await all
-wait "$buildpid" || true
-buildpid=
 phase "waiting for kubelet, kubeadm, images"
 export VIGIL_REQUIRE_KUBEADM_LAB=1
 labtest "lab: kubeadm" -run '^TestKubeadmLab$'
 mark
 wait "$relpid" || true
 relpid=
-cat "$relout"
+wait "$buildpid" || true
+buildpid=
+cat "$relout" 2>/dev/null || true
 read -r relrc relsecs <"$log/release.rc" || { relrc=1 relsecs=0; }
 phase "waiting for the release tests (beside the kubeadm lab)"
 phases+=("$(printf '%-50s %5d s' "  release (packages, SBOMs, signatures, Helm)" "$relsecs")")

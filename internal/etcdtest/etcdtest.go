@@ -14,6 +14,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/testaddr"
 	"github.com/vigil-ha/vigil/internal/testkit"
 	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc"
 )
 
 // Cluster is a running embedded etcd cluster.
@@ -100,7 +101,51 @@ func hostConfig(t testing.TB, name, host string, clientPort, peerPort int, clust
 		t.Fatalf("etcd's logger: %v", err)
 	}
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
+	// Note each gRPC server of the member, so that stopMember can stop
+	// them first (cfg.Dir as it is when the member starts: Restart sets
+	// it after this). A stop waits for the handlers under way to return.
+	cfg.ServiceRegister = func(gs *grpc.Server) {
+		grpcMu.Lock()
+		defer grpcMu.Unlock()
+		grpcServers[cfg.Dir] = append(grpcServers[cfg.Dir], gs)
+	}
+	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.WaitForHandlers(true)}
 	return cfg
+}
+
+// grpcServers holds each member's gRPC servers, by data directory.
+var (
+	grpcMu      sync.Mutex
+	grpcServers = map[string][]*grpc.Server{}
+)
+
+// stopClients stops the gRPC servers of the member with data directory
+// dir: every connection closes, the requests and watches under way are
+// cancelled, and it returns once their handlers have returned. etcd
+// answers a request on a member whose server has stopped with a read of
+// its closed database, a nil dereference that no recover catches (a
+// Status call met it: etcd-io/etcd#21966's family), and embedded in a test
+// binary that ends every test of the package. So the clients go first,
+// then the server.
+func stopClients(dir string) {
+	grpcMu.Lock()
+	servers := grpcServers[dir]
+	delete(grpcServers, dir)
+	grpcMu.Unlock()
+	for _, gs := range servers {
+		gs.Stop()
+	}
+}
+
+// stopClientsWhenStopping stops e's gRPC servers as soon as its server
+// starts stopping by itself: a member removed from the cluster does, and
+// it closes its database while it would still be answering.
+func stopClientsWhenStopping(e *embed.Etcd) {
+	dir := e.Config().Dir
+	go func() {
+		<-e.Server.StoppingNotify()
+		stopClients(dir)
+	}()
 }
 
 // Start runs an n-member cluster on testaddr.Loopback and stops it when the test
@@ -209,6 +254,9 @@ func startMember(cfg *embed.Config) (*embed.Etcd, error) {
 	}()
 	select {
 	case r := <-ch:
+		if r.err == nil {
+			stopClientsWhenStopping(r.e)
+		}
 		return r.e, r.err
 	case <-time.After(startWait):
 		return nil, fmt.Errorf("%w within %v; where it waits:\n%s", errStuck, startWait, interesting(allStacks()))
@@ -231,6 +279,7 @@ func stopMember(t testing.TB, e *embed.Etcd, name string) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		stopClients(e.Config().Dir)
 		e.Server.HardStop()
 		e.Close()
 	}()
