@@ -33,13 +33,12 @@ func (panicHook) OnWrite(ce *zapcore.CheckedEntry, fields []zapcore.Field) {
 	zapcore.WriteThenPanic.OnWrite(ce, fields)
 }
 
-// A test that hammered Status through a removal reproduced the panic in
-// every run, and ended the binary without this hook; it was dropped
-// because the same hammering also meets a second etcd race, 1 to 2 runs
-// in 20: a Status call reading the storage version while the removed
-// member closes its database dereferences a nil bbolt transaction, a
-// runtime panic that no logger hook can catch. Tests that remove a member
-// while vigil asks for Status can still meet that one, far more rarely.
+// The same hammering of Status through a removal also met a second etcd
+// race: a Status call reading the storage version of a member whose
+// database is closed dereferences a nil bbolt transaction, a runtime panic
+// that no logger hook can catch. That one is kept away by stopping the
+// member's gRPC servers before its database closes (stopClients), and is
+// tested by TestStopWhileClientsAsk.
 
 // removedMemberPanics counts the requests panicHook ended.
 var removedMemberPanics atomic.Int64
