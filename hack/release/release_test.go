@@ -114,9 +114,19 @@ func TestReleaseRefusesBadInput(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(foreign, "precious")); err != nil || string(b) != "keep me\n" {
 		t.Errorf("release.sh --out %s touched what it held: %q, %v", foreign, b, err)
 	}
-	code, text := runScript(t, nil, "verify-release.sh", dir)
-	if code != 2 || !strings.Contains(text, "--pub or -P is required") {
-		t.Errorf("verify-release.sh without a key = exit %d, %q", code, text)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{dir}, "--pub or -P is required"},
+		{[]string{notKey, "-P", "RWQ"}, "is not a directory"},
+		{[]string{dir, "--pub", filepath.Join(dir, "missing.pub")}, "cannot read"},
+		{[]string{dir, "-P", "RWQ", "--strict"}, "unknown flag --strict"},
+		{[]string{dir, foreign, "-P", "RWQ"}, "one directory only"},
+	} {
+		if code, text := runScript(t, nil, "verify-release.sh", c.args...); code != 2 || !strings.Contains(text, c.want) {
+			t.Errorf("verify-release.sh %q = exit %d, %q; want exit 2 and %q", c.args, code, text, c.want)
+		}
 	}
 }
 
