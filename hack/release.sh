@@ -89,16 +89,24 @@ for arch in $arches; do
   done
 done
 
-# The packages' configuration files, from this tree's flags.
+# What the packages and the chart take from vigil, printed by this tree's
+# vigil: the configuration files (from its flags), the environment files,
+# the agent's chart.
 vigil=$tmp/image/vigil-linux-$(go env GOARCH)
 [[ " $arches " == *" $(go env GOARCH) "* ]] || { go build -trimpath -gcflags=all=-dwarf=false -o "$tmp/vigil" ./cmd/vigil; vigil=$tmp/vigil; }
-"$vigil" config print-defaults --section run >"$tmp/run.yaml"
-"$vigil" config print-defaults --section agent >"$tmp/agent.yaml"
+mkdir "$tmp/defaults"
+for section in run agent; do
+  name=vigil
+  [ "$section" = agent ] && name=vigil-agent
+  "$vigil" config print-defaults --section "$section" >"$tmp/defaults/$name.yaml"
+  "$vigil" config print-env --section "$section" >"$tmp/defaults/$name.env"
+done
+"$vigil" manifest chart --out "$tmp/chart" 2>/dev/null
 
 # Packages, SBOMs and SHA256SUMS.
 (cd hack/release && go run -trimpath -gcflags=all=-dwarf=false . --dist "$out" --root "$(realpath ../..)" \
   --version "$version" --epoch "$SOURCE_DATE_EPOCH" --arches "$arches" \
-  --run-defaults "$tmp/run.yaml" --agent-defaults "$tmp/agent.yaml" \
+  --defaults "$tmp/defaults" --chart "$tmp/chart" \
   --image "$out/vigil-image_$version.oci.tar" --image-binaries "$tmp/image")
 
 # Signatures: Ed25519 is deterministic, and the trusted comment is fixed,

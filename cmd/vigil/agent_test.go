@@ -53,6 +53,8 @@ func TestAgentAndManifestBadInput(t *testing.T) {
 		{[]string{"agent", "--config", serverOnly}, "must be an https URL"}, // the file's value reaches the check
 		{[]string{"config", "print-defaults", "extra"}, "unknown command"},
 		{[]string{"config", "print-defaults", "--section", "agnet"}, `--section "agnet": want "run", "agent"`},
+		{[]string{"config", "print-env"}, `--section "": want "run" or "agent"`},
+		{[]string{"manifest", "chart"}, "--out is required"},
 		{[]string{"handoff", "--hold", "--release"}, "--hold and --release exclude each other"},
 		{[]string{"handoff", "--force"}, "--force goes with --hold"},
 		{[]string{"handoff", "--timeout", "0s"}, "--timeout 0s must be positive"},

@@ -58,7 +58,46 @@ variables, for the settings that differ per node:
 		},
 	}
 	printDefaults.Flags().StringVar(&section, "section", "", "print only this command's section: run or agent (default both)")
-	cmd.AddCommand(printDefaults)
+	cmd.AddCommand(printDefaults, newConfigPrintEnvCmd())
+	return cmd
+}
+
+func newConfigPrintEnvCmd() *cobra.Command {
+	var section string
+	cmd := &cobra.Command{
+		Use:   "print-env --section run|agent",
+		Short: "Print an environment file with the per-node VIGIL_* variables, commented out",
+		Long: `Print an environment file for systemd's EnvironmentFile= (the Debian
+packages ship it as /etc/default/vigil and /etc/default/vigil-agent): every
+VIGIL_* variable the section's command reads, commented out. Each sets the
+flag of the same name and overrides the configuration file; lists are
+comma-separated.
+
+  vigil config print-env --section run > /etc/default/vigil`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var unit, command, file string
+			switch config.Section(section) {
+			case config.SectionRun:
+				unit, command, file = "vigil.service", "vigil run", "/etc/vigil/config.yaml"
+			case config.SectionAgent:
+				unit, command, file = "vigil-agent.service", "vigil-agent", "/etc/vigil/agent.yaml"
+			default:
+				return fmt.Errorf("--section %q: want %q or %q", section, config.SectionRun, config.SectionAgent)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "# Per-node settings for %s. Each VIGIL_* variable sets the flag of\n", unit)
+			fmt.Fprintf(w, "# the same name (VIGIL_ETCD_ENDPOINTS: --etcd-endpoints; lists comma-separated)\n")
+			fmt.Fprintf(w, "# and overrides %s. `%s --help` explains each.\n", file, command)
+			for _, flag := range config.Env[config.Section(section)] {
+				if _, err := fmt.Fprintf(w, "#%s=\n", config.EnvName(flag)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&section, "section", "", "run (vigil run's variables) or agent (vigil-agent's); required")
 	return cmd
 }
 

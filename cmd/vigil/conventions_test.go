@@ -2,12 +2,16 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +20,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/config"
+	"github.com/vigil-ha/vigil/internal/manifest"
 	"github.com/vigil-ha/vigil/internal/nstest"
 )
 
@@ -114,6 +120,69 @@ func TestPrintDefaultsReadsBack(t *testing.T) {
 		if b, err := exec.Command(bin, cmd, "--config", path).CombinedOutput(); err == nil || !strings.Contains(string(b), want) {
 			t.Errorf("vigil %s --config <its section> = %v, %q; want it to stop at %q", cmd, err, b, want)
 		}
+	}
+}
+
+// print-env lists, commented out, exactly the variables each command reads
+// (the Debian packages' /etc/default files).
+func TestPrintEnvListsEachVariable(t *testing.T) {
+	bin := nstest.Binary(t, "vigil")
+	for _, sec := range []config.Section{config.SectionRun, config.SectionAgent} {
+		out, err := exec.Command(bin, "config", "print-env", "--section", string(sec)).Output()
+		if err != nil {
+			t.Fatalf("print-env --section %s: %v", sec, err)
+		}
+		var got, want []string
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			switch {
+			case strings.HasPrefix(line, "#VIGIL_"):
+				got = append(got, strings.TrimSuffix(strings.TrimPrefix(line, "#"), "="))
+			case strings.HasPrefix(line, "# "):
+			default:
+				t.Errorf("print-env --section %s: line %q is neither a comment nor a variable", sec, line)
+			}
+		}
+		for _, flag := range config.Env[sec] {
+			want = append(want, config.EnvName(flag))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("print-env --section %s lists %v, want %v", sec, got, want)
+		}
+	}
+}
+
+// manifest chart writes the chart internal/manifest renders, file for file,
+// and refuses a directory that holds anything, leaving it as it was.
+func TestManifestChartWritesTheChart(t *testing.T) {
+	bin := nstest.Binary(t, "vigil")
+	dir := filepath.Join(t.TempDir(), "vigil-agent")
+	if out, err := exec.Command(bin, "manifest", "chart", "--out", dir).CombinedOutput(); err != nil {
+		t.Fatalf("manifest chart: %v\n%s", err, out)
+	}
+	want, err := manifest.AgentChart()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]byte{}
+	if err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		got[filepath.ToSlash(rel)], err = os.ReadFile(path)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.EqualFunc(got, want, bytes.Equal) {
+		t.Errorf("manifest chart wrote %v, want %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	out, err := exec.Command(bin, "manifest", "chart", "--out", dir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "is not empty") {
+		t.Errorf("manifest chart into a full directory = %v, %q; want a refusal", err, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "Chart.yaml")); err != nil || !bytes.Equal(b, want["Chart.yaml"]) {
+		t.Errorf("the refused run changed Chart.yaml: %v", err)
 	}
 }
 

@@ -2,7 +2,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,9 +28,12 @@ manifests directory. Each works with only the flags shown in its usage.
   vigil manifest pod --vip 10.0.0.100 --interface eth0 | tee /etc/kubernetes/manifests/vigil.yaml
   vigil manifest daemonset --server https://10.0.0.100:6443 | kubectl apply -f -
   vigil manifest rbac | kubectl apply -f -
-  vigil manifest monitoring | kubectl apply -f -`,
+  vigil manifest monitoring | kubectl apply -f -
+
+vigil manifest chart writes the agent's DaemonSet and RBAC as a Helm chart
+directory instead.`,
 	}
-	cmd.AddCommand(newManifestPodCmd(), newManifestDaemonSetCmd(), newManifestRBACCmd(), newManifestMonitoringCmd())
+	cmd.AddCommand(newManifestPodCmd(), newManifestDaemonSetCmd(), newManifestRBACCmd(), newManifestMonitoringCmd(), newManifestChartCmd())
 	return cmd
 }
 
@@ -112,6 +121,52 @@ func newManifestDaemonSetCmd() *cobra.Command {
 	f.StringVar(&o.Image, "image", manifest.DefaultImage, "vigil container image: by default this version's, pinned by tag (hack/build-image.sh builds it; docs/kubeadm.md, \"The image\")")
 	f.StringVar(&o.Listen, "apiserver-listen", "127.0.0.1:6443", "local API server endpoint on each worker")
 	f.StringVar(&o.MetricsAddress, "metrics-address", "", "the agent's --metrics-address (default 127.0.0.1:9559); 0.0.0.0:9559 lets Prometheus scrape it (a container port named metrics, which vigil manifest monitoring's PodMonitor finds)")
+	return cmd
+}
+
+func newManifestChartCmd() *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "chart --out DIR",
+		Short: "Write the worker agent's Helm chart (DaemonSet and RBAC) into a directory",
+		Long: `Write the worker agent's Helm chart into DIR: Chart.yaml, values.yaml,
+values.schema.json, README.md and templates/. Its templates are what vigil
+manifest daemonset and the agent's part of vigil manifest rbac print, with
+each flag a value (server, image, apiserverListen, metrics.expose,
+metrics.port), so the chart and those commands print the same objects for
+the same values. Releases ship it packaged, as vigil-agent-<version>.tgz.
+
+DIR must not exist, or be empty.`,
+		Example: `  vigil manifest chart --out vigil-agent
+  helm install vigil-agent ./vigil-agent --set server=https://10.0.0.100:6443`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return fmt.Errorf("--out is required: the directory to write the chart into")
+			}
+			if entries, err := os.ReadDir(out); err == nil && len(entries) > 0 {
+				return fmt.Errorf("--out %s is not empty: give a new directory", out)
+			} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("--out: %w", err)
+			}
+			files, err := manifest.AgentChart()
+			if err != nil {
+				return err
+			}
+			for _, name := range slices.Sorted(maps.Keys(files)) {
+				path := filepath.Join(out, filepath.FromSlash(name))
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					return err
+				}
+				if err := os.WriteFile(path, files[name], 0o644); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote the %s chart into %s\n", manifest.AgentChartName, out)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "the chart directory to write (required; created, and refused if it holds anything)")
 	return cmd
 }
 

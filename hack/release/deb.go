@@ -10,20 +10,16 @@ import (
 	"github.com/goreleaser/nfpm/v2"
 	"github.com/goreleaser/nfpm/v2/deb"
 	"github.com/goreleaser/nfpm/v2/files"
-
-	"github.com/vigil-ha/vigil/internal/config"
 )
 
 // pkg is what differs between the two packages.
 type pkg struct {
-	section     config.Section
 	configFile  string // the package's configuration file, a conffile
 	description string
 }
 
 var packages = map[string]pkg{
 	"vigil": {
-		section:    config.SectionRun,
 		configFile: "/etc/vigil/config.yaml",
 		description: `the control plane's virtual IP and load balancer
  vigil keeps a Kubernetes control plane reachable: a virtual IP elected on
@@ -34,7 +30,6 @@ var packages = map[string]pkg{
  there or in /etc/default/vigil, then: systemctl enable --now vigil.`,
 	},
 	"vigil-agent": {
-		section:    config.SectionAgent,
 		configFile: "/etc/vigil/agent.yaml",
 		description: `stable local endpoints for the API server and etcd on a worker
  vigil-agent gives a worker's kubelet and etcd clients local endpoints
@@ -65,7 +60,7 @@ func (r *release) deb(cmd, arch, bin string) error {
 	written := map[string][]byte{
 		"unit":     unit,
 		"config":   r.defaults[cmd],
-		"default":  []byte(environmentFile(cmd, p)),
+		"default":  r.env[cmd],
 		"postinst": []byte(script(postinst, cmd)),
 		"prerm":    []byte(script(prerm, cmd)),
 		"postrm":   []byte(script(postrm, cmd)),
@@ -119,26 +114,6 @@ func (r *release) deb(cmd, arch, bin string) error {
 		return err
 	}
 	return out.Close()
-}
-
-// environmentFile is /etc/default/<cmd>: the per-node variables the unit
-// reads, each commented out.
-func environmentFile(cmd string, p pkg) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Per-node settings for %s.service. Each VIGIL_* variable sets the flag of\n", cmd)
-	fmt.Fprintf(&b, "# the same name (VIGIL_ETCD_ENDPOINTS: --etcd-endpoints; lists comma-separated)\n")
-	fmt.Fprintf(&b, "# and overrides %s. `%s --help` explains each.\n", p.configFile, helpCommand(cmd))
-	for _, flag := range config.Env[p.section] {
-		fmt.Fprintf(&b, "#%s=\n", config.EnvName(flag))
-	}
-	return b.String()
-}
-
-func helpCommand(cmd string) string {
-	if cmd == "vigil" {
-		return "vigil run"
-	}
-	return cmd
 }
 
 // The maintainer scripts. Installing a package does not enable or start

@@ -1,14 +1,17 @@
 // Command release writes the parts of a vigil release that hack/release.sh
 // does not build with go build: the Debian packages (nfpm as a library),
 // an SPDX SBOM for every binary and for the image, read from the module
-// graph each binary records, the worker agent's Helm chart (the templates
-// internal/manifest renders), and SHA256SUMS. Every time stamp is --epoch
+// graph each binary records, the worker agent's Helm chart (the directory
+// vigil manifest chart writes) as Helm packages one, and SHA256SUMS. Every time stamp is --epoch
 // (the commit's time), so the same binaries give the same bytes.
 //
 // It is its own Go module, so that the packager's dependencies stay out of
-// the module that builds vigil's binaries.
+// the module that builds vigil's binaries; and it imports none of vigil's
+// packages (what it needs from vigil, vigil's binary prints), so that its
+// build compiles nfpm and nothing that vigil's own build has not.
 //
 //	go run . --dist DIR --version 0.3.0 --epoch 1700000000 --arches "amd64 arm64" \
+//	    --defaults DIR --chart DIR/vigil-agent \
 //	    --image DIR/vigil-image_0.3.0.oci.tar --image-binaries bin/image
 package main
 
@@ -18,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -25,9 +29,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/vigil-ha/vigil"
-	"github.com/vigil-ha/vigil/internal/manifest"
 )
 
 func main() {
@@ -45,9 +46,12 @@ type release struct {
 	mtime   time.Time
 	arches  []string
 	// defaults are `vigil config print-defaults --section run` and
-	// `--section agent`, the packages' configuration files.
-	defaults map[string][]byte
-	image    string // the OCI image archive in dist, or ""
+	// `--section agent`, the packages' configuration files, and env
+	// `vigil config print-env` of each section, their /etc/default files;
+	// both by package name.
+	defaults, env map[string][]byte
+	chartDir      string // what vigil manifest chart --out wrote
+	image         string // the OCI image archive in dist, or ""
 	// imageBinaries holds the binaries the image was built from
 	// (hack/build-image.sh's bin/image), each also in dist.
 	imageBinaries string
@@ -56,35 +60,33 @@ type release struct {
 var versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$`)
 
 func run(args []string) error {
-	fs := flag.NewFlagSet("release", flag.ContinueOnError)
+	flags := flag.NewFlagSet("release", flag.ContinueOnError)
 	var r release
 	var epoch int64
-	var arches, runDefaults, agentDefaults string
-	fs.StringVar(&r.dist, "dist", "", "the directory hack/release.sh built the binaries into; the packages, SBOMs and SHA256SUMS are written there")
-	fs.StringVar(&r.root, "root", "../..", "the repository's top directory")
-	fs.StringVar(&r.version, "version", "", "the release version, such as 0.3.0 (no leading v)")
-	fs.Int64Var(&epoch, "epoch", -1, "every time stamp, in seconds since 1970 (SOURCE_DATE_EPOCH: the commit's time)")
-	fs.StringVar(&arches, "arches", "amd64 arm64", "the architectures whose binaries are in --dist")
-	fs.StringVar(&runDefaults, "run-defaults", "", "vigil config print-defaults --section run, for /etc/vigil/config.yaml")
-	fs.StringVar(&agentDefaults, "agent-defaults", "", "vigil config print-defaults --section agent, for /etc/vigil/agent.yaml")
-	fs.StringVar(&r.image, "image", "", "the image archive in --dist, to describe in an SBOM")
-	fs.StringVar(&r.imageBinaries, "image-binaries", "", "the directory of the binaries the image holds, named <command>-linux-<arch>")
-	if err := fs.Parse(args); err != nil {
+	var arches, defaults string
+	flags.StringVar(&r.dist, "dist", "", "the directory hack/release.sh built the binaries into; the packages, SBOMs and SHA256SUMS are written there")
+	flags.StringVar(&r.root, "root", "../..", "the repository's top directory")
+	flags.StringVar(&r.version, "version", "", "the release version, such as 0.3.0 (no leading v)")
+	flags.Int64Var(&epoch, "epoch", -1, "every time stamp, in seconds since 1970 (SOURCE_DATE_EPOCH: the commit's time)")
+	flags.StringVar(&arches, "arches", "amd64 arm64", "the architectures whose binaries are in --dist")
+	flags.StringVar(&defaults, "defaults", "", "a directory holding, for each package (vigil, vigil-agent), <name>.yaml (vigil config print-defaults --section run or agent: its /etc/vigil file) and <name>.env (vigil config print-env: its /etc/default file)")
+	flags.StringVar(&r.chartDir, "chart", "", "the agent's chart directory, as vigil manifest chart --out wrote it")
+	flags.StringVar(&r.image, "image", "", "the image archive in --dist, to describe in an SBOM")
+	flags.StringVar(&r.imageBinaries, "image-binaries", "", "the directory of the binaries the image holds, named <command>-linux-<arch>")
+	if err := flags.Parse(args); err != nil {
 		return err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	case flags.NArg() > 0:
+		return fmt.Errorf("unexpected arguments %q", flags.Args())
 	case r.dist == "":
 		return errors.New("--dist is required")
 	case !versionRE.MatchString(r.version):
 		return fmt.Errorf("--version %q: want a version such as 0.3.0", r.version)
-	case r.version != vigil.Version:
-		return fmt.Errorf("--version %s: this tree is vigil %s (the VERSION file)", r.version, vigil.Version)
 	case epoch < 0:
 		return errors.New("--epoch is required")
-	case runDefaults == "" || agentDefaults == "":
-		return errors.New("--run-defaults and --agent-defaults are required")
+	case defaults == "" || r.chartDir == "":
+		return errors.New("--defaults and --chart are required")
 	case (r.image == "") != (r.imageBinaries == ""):
 		return errors.New("--image and --image-binaries go together")
 	}
@@ -95,13 +97,22 @@ func run(args []string) error {
 			return fmt.Errorf("--arches: unknown architecture %q (amd64, arm64)", a)
 		}
 	}
-	r.defaults = map[string][]byte{}
-	for name, path := range map[string]string{"vigil": runDefaults, "vigil-agent": agentDefaults} {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
+	tree, err := os.ReadFile(filepath.Join(r.root, "VERSION"))
+	if err != nil {
+		return err
+	}
+	if v := strings.TrimSpace(string(tree)); r.version != v {
+		return fmt.Errorf("--version %s: this tree is vigil %s (the VERSION file)", r.version, v)
+	}
+	r.defaults, r.env = map[string][]byte{}, map[string][]byte{}
+	for _, cmd := range commands {
+		for ext, m := range map[string]map[string][]byte{".yaml": r.defaults, ".env": r.env} {
+			b, err := os.ReadFile(filepath.Join(defaults, cmd+ext))
+			if err != nil {
+				return err
+			}
+			m[cmd] = b
 		}
-		r.defaults[name] = b
 	}
 	return r.write()
 }
@@ -136,15 +147,36 @@ func binaryName(cmd, version, arch string) string {
 	return fmt.Sprintf("%s_%s_linux_%s", cmd, version, arch)
 }
 
+// chartName is the agent chart's name, and its directory's in the archive.
+const chartName = "vigil-agent"
+
 // chart writes the agent's Helm chart as Helm packages one,
 // <name>-<version>.tgz, with every entry's time the commit's and in name
 // order, so that the archive is the same bytes every run.
 func (r *release) chart() error {
-	files, err := manifest.AgentChart()
+	files := map[string][]byte{}
+	err := filepath.WalkDir(r.chartDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return fmt.Errorf("%s: not a regular file", path)
+		}
+		rel, err := filepath.Rel(r.chartDir, path)
+		if err != nil {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		files[filepath.ToSlash(rel)] = b
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(r.dist, fmt.Sprintf("%s-%s.tgz", manifest.AgentChartName, r.version)))
+	if _, ok := files["Chart.yaml"]; !ok {
+		return fmt.Errorf("--chart %s: no Chart.yaml (vigil manifest chart --out writes it)", r.chartDir)
+	}
+	f, err := os.Create(filepath.Join(r.dist, fmt.Sprintf("%s-%s.tgz", chartName, r.version)))
 	if err != nil {
 		return err
 	}
@@ -154,7 +186,7 @@ func (r *release) chart() error {
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		body := files[name]
 		hdr := &tar.Header{
-			Name: manifest.AgentChartName + "/" + name, Mode: 0o644, Size: int64(len(body)),
+			Name: chartName + "/" + name, Mode: 0o644, Size: int64(len(body)),
 			ModTime: r.mtime, Typeflag: tar.TypeReg, Format: tar.FormatPAX,
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
