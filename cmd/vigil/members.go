@@ -41,7 +41,7 @@ func (f *etcdFlags) add(cmd *cobra.Command) {
 func (f *etcdFlags) cluster() (*membership.Cluster, error) {
 	tc, err := validate.EtcdClientTLS(f.ca, f.cert, f.key)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", membership.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", validate.ErrInvalid, err)
 	}
 	log, err := newLogger(f.logLevel, "text")
 	if err != nil {

@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vigil-ha/vigil/internal/announce"
+	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
 )
 
@@ -65,21 +67,30 @@ type conflicts struct {
 	// vips are the VIP's addresses; each is probed (dual-stack: ARP and
 	// NDP).
 	vips []netip.Addr
-	// expected returns the holder ("" when none), the MAC it announces,
-	// when the holder last changed, and whether that view is fresh (this
-	// node read or renewed the lock a moment ago).
-	expected func() (holder, mac string, changed time.Time, fresh bool)
-	kick     chan struct{}
-	events   *kube.Events // nil without --kubeconfig
-	log      *slog.Logger
-	total    prometheus.Counter
-	gauge    prometheus.Gauge
+	// el says who holds the lock, and changed when that last changed
+	// (UnixNano): see expected. el is set once the elector is built,
+	// before Run.
+	el      interface{ Status() election.Status }
+	changed *atomic.Int64
+	kick    chan struct{}
+	events  *kube.Events // nil without --kubeconfig
+	log     *slog.Logger
+	total   prometheus.Counter
+	gauge   prometheus.Gauge
 	// untracked counts MACs past the caps (ConflictReport.Untracked).
 	untracked prometheus.Counter
 
 	mu     sync.Mutex // guards report and active
 	report ConflictReport
 	active map[string]bool // MACs of the current episode
+}
+
+// expected returns the holder ("" when none), the MAC it announces, when
+// the holder last changed, and whether that view is fresh (this node read
+// or renewed the lock a moment ago).
+func (c *conflicts) expected() (holder, mac string, changed time.Time, fresh bool) {
+	st := c.el.Status()
+	return st.Holder, st.HolderMAC, time.Unix(0, c.changed.Load()), time.Since(st.Seen) < conflictFresh
 }
 
 // Kick asks for a probe now (after a takeover).

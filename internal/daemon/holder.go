@@ -5,41 +5,35 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/vigil-ha/vigil/internal/announce"
-	"github.com/vigil-ha/vigil/internal/bgp"
-	"github.com/vigil-ha/vigil/internal/dnat"
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
-	"github.com/vigil-ha/vigil/internal/vip"
 )
 
 // holder is the order of what becomes true when this node leads, and
 // stops being true when it does not: the guard learns each lease deadline
-// before the keeper adds the VIP; the balancer serves from the first lease;
-// then announcements, a conflict probe and the raft shedder for the tenure.
-// On the way out the VIP goes first when another node may hold it already,
-// and in any case before stop returns. The parts are its fields; each does
-// one thing (vip.Keeper, announce, guardProc, raftShedder, conflicts).
+// before the VIP is added; the balancer serves from the first lease; then
+// announcements and the raft shedder for the tenure. On the way out the VIP
+// goes first when another node may hold it already, and in any case before
+// stop returns. Its parts (parts.go) each do one thing, and holder_test.go
+// runs this order with fakes of every one.
 type holder struct {
-	// keeper adds and removes the VIP with the lease; nil with --bgp-mode
+	// vip adds and removes the VIP with the lease; noVIP with --bgp-mode
 	// ecmp, where the VIP is every healthy node's (ecmpAnnouncer) and the
-	// lock only picks the node that prunes.
-	keeper *vip.Keeper
-	guard  *guardProc          // nil with --guard=false
-	ann    *announce.Announcer // nil with --announce bgp
-	// speaker advertises the VIP's host route with --announce bgp (nil
-	// otherwise); term is the election's transitions count at the start
-	// of this tenure, which sets the route's MED.
-	speaker *bgp.Speaker
-	term    func() int
-	bal     balancers // every --lb-port's; nil without --lb-port
-	// dnat sends VIP:--lb-port to the balancer's --lb-listen-port while
-	// this node serves (nil without --lb-listen-port).
-	dnat    []dnat.Rule
-	shedder *raftShedder // nil without --shed-raft-leadership or etcd
+	// lock only picks the node that prunes. lockVIP says which.
+	vip     vipPart
+	lockVIP bool
+	fence   fencePart // the guard; noFence with --guard=false
+	ann     announcer // ARP/NDP, BGP, or noAnnounce (--bgp-mode ecmp)
+	// el gives the election's transition count at the start of a tenure,
+	// which sets a BGP route's MED. Set once the elector is built.
+	el    interface{ Status() election.Status }
+	serve servePart // every --lb-port's balancer (none: a no-op)
+	// redirect sends VIP:--lb-port to the balancer's --lb-listen-port
+	// while this node serves (noRedirect without --lb-listen-port).
+	redirect redirectPart
+	shedder  *raftShedder // nil without --shed-raft-leadership or etcd
 	// handoffs holds this node out of the election while vigil handoff
 	// --hold says so; nil without etcd.
 	handoffs *handoffs
@@ -48,16 +42,11 @@ type holder struct {
 	cfg      Config
 	log      *slog.Logger
 
-	conflicts *conflicts
-	// holderChanged is when the observed holder last changed (UnixNano).
-	holderChanged atomic.Int64
-
-	mu      sync.Mutex // guards group, cancel, since and serving
+	mu      sync.Mutex // guards cancel, since and serving
 	serving bool       // whether the balancer serves (set at the first lease of a tenure)
 	since   time.Time  // start of the current tenure
-	group   *announce.Group
 	cancel  context.CancelFunc
-	wg      sync.WaitGroup // the refresher and the shedder
+	wg      sync.WaitGroup // the shedder
 }
 
 // lease runs whenever the lease deadline moves: the guard learns it, then
@@ -66,31 +55,25 @@ type holder struct {
 func (h *holder) lease(deadline time.Time) {
 	h.mu.Lock()
 	first := !h.serving
-	if first && h.bal != nil {
-		h.bal.SetServing(true) // before the first packet can arrive
-	}
-	if first && h.dnat != nil {
+	if first {
+		h.serve.SetServing(true) // before the first packet can arrive
 		// Before the VIP, too. Without the rules a client still reaches
 		// an API server bound to 0.0.0.0 directly, unbalanced: loud,
 		// not fatal.
-		if err := dnat.Install(h.dnat); err != nil {
+		if err := h.redirect.Install(); err != nil {
 			h.log.Error("cannot send the VIP's port to the load balancer; clients reach this node's API server directly", "err", err)
-		} else {
-			h.log.Info("VIP port sent to the load balancer (nftables)", "rules", fmt.Sprint(h.dnat))
+		} else if _, none := h.redirect.(noRedirect); !none {
+			h.log.Info("VIP port sent to the load balancer (nftables)", "rules", fmt.Sprint(h.redirect))
 		}
 	}
 	h.serving = true
 	h.mu.Unlock()
-	if h.guard != nil {
-		if !first {
-			h.guard.Lease(deadline)
-		} else if !h.guard.Arm(deadline, guardArmWait) {
-			h.log.Warn("the VIP guard did not take the lease deadline in time; it will when it reads again", "waited", guardArmWait)
-		}
+	if !first {
+		h.fence.Lease(deadline)
+	} else if !h.fence.Arm(deadline, guardArmWait) {
+		h.log.Warn("the VIP guard did not take the lease deadline in time; it will when it reads again", "waited", guardArmWait)
 	}
-	if h.keeper != nil {
-		h.keeper.Hold(deadline)
-	}
+	h.vip.Hold(deadline)
 }
 
 // guardArmWait bounds how long a new holder waits for its first deadline to
@@ -107,35 +90,28 @@ func (h *holder) leading() bool {
 }
 
 // eligible is why this node cannot hold the VIP now: the keeper's reasons
-// (interface down or gone, adding the address fails) or, with a guard, that
-// no guard listens to this vigil.
+// (interface down or gone, adding the address fails), a handoff's hold,
+// no guard listening to this vigil, or no BGP session up.
 func (h *holder) eligible() error {
-	if h.keeper != nil {
-		if err := h.keeper.Eligible(); err != nil {
-			return err
-		}
+	if err := h.vip.Eligible(); err != nil {
+		return err
 	}
 	if h.handoffs != nil {
 		if err := h.handoffs.eligible(); err != nil {
 			return err
 		}
 	}
-	if h.guard != nil {
-		if err := h.guard.Eligible(); err != nil {
-			return err
-		}
+	if err := h.fence.Eligible(); err != nil {
+		return err
 	}
-	if h.speaker != nil {
-		return h.speaker.Eligible(context.Background())
-	}
-	return nil
+	return h.ann.Eligible()
 }
 
 // start runs on becoming leader, once the VIP is up: announcement at once.
 func (h *holder) start(ctx context.Context) {
 	h.m.leader.Set(1)
 	h.m.leaderRuns.Inc()
-	if h.keeper != nil { // with --bgp-mode ecmp, ecmpAnnouncer says
+	if h.lockVIP { // with --bgp-mode ecmp, ecmpAnnouncer says
 		h.m.vipHeld.Set(1)
 	}
 	if h.events != nil {
@@ -145,17 +121,7 @@ func (h *holder) start(ctx context.Context) {
 	defer h.mu.Unlock()
 	ctx, h.cancel = context.WithCancel(ctx)
 	h.since = time.Now()
-	if h.speaker != nil {
-		actx, cancel := context.WithTimeout(ctx, time.Second)
-		err := h.speaker.Advertise(actx, h.cfg.VIPAddrs(), bgp.MED(h.term()))
-		cancel()
-		if err != nil {
-			h.log.Error("cannot advertise the VIP over BGP", "err", err)
-		}
-	} else if h.ann != nil {
-		h.group = announce.Start(ctx, h.ann, h.keeper.Valid)
-		h.conflicts.Kick()
-	}
+	h.ann.Announce(ctx, h.el.Status().Transitions)
 	if h.shedder != nil {
 		h.wg.Go(func() { h.shedder.Run(ctx) })
 	}
@@ -164,50 +130,43 @@ func (h *holder) start(ctx context.Context) {
 // stop runs on losing leadership; it returns only once the VIP is gone.
 func (h *holder) stop(sd election.StepDown) {
 	reason := sd.Detail
-	if h.keeper != nil && (sd.Cause == election.CauseExpired || sd.Cause == election.CauseLost) {
+	if sd.Cause == election.CauseExpired || sd.Cause == election.CauseLost {
 		// Somebody else may hold the VIP already: it goes before anything
 		// else, before any goroutine is waited for or any line logged.
-		_ = h.keeper.Release(reason)
-	}
-	if h.speaker != nil {
-		// Before the lock can be taken: the elector releases it only after
-		// this returns, and a lease that ran out has already cost the VIP
-		// above. The withdrawal is queued on every session here.
-		h.withdraw()
+		_ = h.vip.Release(reason)
 	}
 	h.mu.Lock()
-	wasLeading := h.cancel != nil
-	if h.cancel != nil {
-		h.cancel()
-		h.cancel = nil
-	}
-	h.group.Stop()
-	h.group = nil
+	cancel := h.cancel
+	h.cancel = nil
 	h.mu.Unlock()
+	wasLeading := cancel != nil
+	if wasLeading {
+		// Before the lock can be taken: the elector releases it only
+		// after this returns, and a lease that ran out has already cost
+		// the VIP above.
+		h.ann.Withdraw()
+		cancel()
+	}
 	h.wg.Wait()
 	h.mu.Lock()
 	serving := h.serving
 	h.serving = false
 	h.mu.Unlock()
-	if h.bal != nil && serving {
+	if serving {
 		// While the VIP is still here, so the resets reach the clients.
-		h.bal.SetServing(false)
+		h.serve.SetServing(false)
 	}
-	if h.guard != nil {
-		h.guard.Lease(time.Time{})
-	}
-	if h.keeper == nil {
-		// --bgp-mode ecmp: the VIP is not the lock's.
-	} else if err := h.keeper.Release(reason); err != nil {
+	h.fence.Lease(time.Time{})
+	if err := h.vip.Release(reason); err != nil {
 		// Nothing else can be done; say it loudly. The kernel drops the
 		// address when its lifetime runs out.
 		h.log.Error("cannot remove the VIP", "err", err)
-	} else {
+	} else if h.lockVIP {
 		h.m.vipHeld.Set(0)
 	}
-	if h.dnat != nil && serving {
+	if serving {
 		// After the VIP: without it they match nothing.
-		if err := dnat.Remove(); err != nil {
+		if err := h.redirect.Remove(); err != nil {
 			h.log.Error("cannot remove the VIP port's nftables rules; they match nothing without the VIP", "err", err)
 		}
 	}
@@ -217,16 +176,6 @@ func (h *holder) stop(sd election.StepDown) {
 		// not.
 		warn := sd.Cause != election.CauseShutdown && sd.Cause != election.CauseYield
 		h.events.Emit(warn, kube.ReasonSteppedDown, "%s stepped down and removed the VIP %s: %s", h.cfg.NodeName, h.cfg.VIPString(), reason)
-	}
-}
-
-// withdraw withdraws the VIP's route, bounded: a speaker that does not
-// answer must not hold up the step-down.
-func (h *holder) withdraw() {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := h.speaker.Withdraw(ctx); err != nil {
-		h.log.Error("cannot withdraw the VIP's route; routers drop it when the session ends", "err", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,9 +82,13 @@ type node struct {
 	disc      *discovery.Discovery // nil without any backend source
 	observer  *membership.Observer // nil without etcd
 	h         *holder
-	el        *election.Elector
-	pl        *placement     // nil without --health-grace
-	ecmp      *ecmpAnnouncer // nil without --bgp-mode ecmp
+	keeper    *vip.Keeper // the lock's VIP; nil with --bgp-mode ecmp
+	conflicts *conflicts  // the VIP conflict probe (run with ARP/NDP only)
+	// holderChanged is when the observed holder last changed (UnixNano).
+	holderChanged atomic.Int64
+	el            *election.Elector
+	pl            *placement     // nil without --health-grace
+	ecmp          *ecmpAnnouncer // nil without --bgp-mode ecmp
 
 	// closers release what was acquired, in the order acquired; Close runs
 	// them backwards.
@@ -211,18 +216,11 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err := n.newDiscovery(); err != nil {
 		return nil, err
 	}
-	n.h = &holder{ann: n.ann, speaker: n.speaker, bal: n.balancers(), dnat: cfg.dnatRules(), m: n.m, cfg: cfg, log: log, events: n.events, guard: n.guard}
-	if cfg.ShedRaftLeadership && n.etcdLock != nil {
-		n.h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
+	n.conflicts = &conflicts{
+		iface: cfg.Interface, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
+		total: n.m.conflicts, gauge: n.m.conflict, untracked: n.m.conflictUntracked, changed: &n.holderChanged,
 	}
-	if cfg.ecmp() {
-		// The VIP, its balancers and its route are every healthy node's;
-		// the lock holder only prunes.
-		n.ecmp = newECMP(vm, n.speaker, n.balancers(), n.checker, cfg.VIPAddrs(), n.m.vipHeld, log)
-		n.h.speaker, n.h.bal = nil, nil
-	} else {
-		n.h.keeper = n.newKeeper(vm)
-	}
+	n.h = n.newHolder(vm)
 	if err := n.newObserver(); err != nil {
 		return nil, err
 	}
@@ -230,6 +228,41 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+// newHolder gives the holder its parts, a no-op for each that this
+// configuration leaves out.
+func (n *node) newHolder(vm *vip.Manager) *holder {
+	cfg, log := n.cfg, n.log
+	h := &holder{
+		vip: noVIP{}, fence: noFence{}, ann: noAnnounce{}, redirect: noRedirect{}, serve: balancers(nil),
+		m: n.m, cfg: cfg, log: log, events: n.events,
+	}
+	if n.guard != nil {
+		h.fence = n.guard
+	}
+	if rules := cfg.dnatRules(); rules != nil {
+		h.redirect = dnatRules(rules)
+	}
+	if cfg.ShedRaftLeadership && n.etcdLock != nil {
+		h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
+	}
+	if cfg.ecmp() {
+		// The VIP, its balancers and its route are every healthy node's;
+		// the lock holder only prunes.
+		n.ecmp = newECMP(vm, n.speaker, n.balancers(), n.checker, cfg.VIPAddrs(), n.m.vipHeld, log)
+		return h
+	}
+	n.keeper = n.newKeeper(vm)
+	h.vip, h.lockVIP = n.keeper, true
+	h.serve = n.balancers()
+	switch {
+	case n.speaker != nil:
+		h.ann = &bgpAnnouncer{speaker: n.speaker, addrs: cfg.VIPAddrs(), log: log}
+	case n.ann != nil:
+		h.ann = &arpAnnouncer{ann: n.ann, keeper: n.keeper, conflicts: n.conflicts}
+	}
+	return h
 }
 
 // newKeeper is the lock's VIP: added and refreshed with each lease,
@@ -245,7 +278,7 @@ func (n *node) newKeeper(vm *vip.Manager) *vip.Keeper {
 		},
 		OnRestored: func() {
 			n.m.restored.Inc()
-			if n.ann != nil && n.h.keeper.Valid() {
+			if n.ann != nil && n.keeper.Valid() {
 				if err := n.ann.Once(); err != nil {
 					log.Warn("announcement failed", "err", err)
 				}
@@ -516,7 +549,7 @@ func (n *node) newElector() error {
 			OnStoppedLeading: h.stop,
 			OnNewLeader: func(string) {
 				n.m.transitions.Inc()
-				h.holderChanged.Store(time.Now().UnixNano())
+				n.holderChanged.Store(time.Now().UnixNano())
 			},
 			OnRenew: n.m.observeRenew,
 			OnOp:    n.m.lockOpObserver(cfg.Election == ElectionKubernetes),
@@ -532,7 +565,13 @@ func (n *node) newElector() error {
 	// they cause is bounded as placement's is.
 	ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
 	if n.etcd != nil {
-		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, h.bal, h.leading, n.log)
+		// With --bgp-mode ecmp every node serves whoever leads: a handoff
+		// drains nothing.
+		var bal balancers
+		if h.lockVIP {
+			bal = n.balancers()
+		}
+		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, bal, h.leading, n.log)
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
@@ -545,15 +584,7 @@ func (n *node) newElector() error {
 	}
 	n.el = el
 	n.m.registerElector(el)
-	h.term = func() int { return el.Status().Transitions }
-	h.conflicts = &conflicts{
-		iface: cfg.Interface, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
-		total: n.m.conflicts, gauge: n.m.conflict, untracked: n.m.conflictUntracked,
-		expected: func() (string, string, time.Time, bool) {
-			st := el.Status()
-			return st.Holder, st.HolderMAC, time.Unix(0, h.holderChanged.Load()), time.Since(st.Seen) < conflictFresh
-		},
-	}
+	h.el, n.conflicts.el = el, el
 	return nil
 }
 
@@ -577,8 +608,8 @@ func (n *node) Run(ctx context.Context) error {
 	if n.disc != nil {
 		wg.Go(func() { _ = n.disc.Run(cctx) })
 	}
-	if h.keeper != nil {
-		wg.Go(func() { _ = h.keeper.Run(cctx) })
+	if n.keeper != nil {
+		wg.Go(func() { _ = n.keeper.Run(cctx) })
 	}
 	if n.observer != nil {
 		wg.Go(func() { n.observer.Run(cctx) })
@@ -586,7 +617,7 @@ func (n *node) Run(ctx context.Context) error {
 	if n.ann != nil {
 		// ARP probes for a second holder on the segment; with BGP the
 		// router's table is what counts, and the VIP is on no segment.
-		wg.Go(func() { h.conflicts.Run(cctx) })
+		wg.Go(func() { n.conflicts.Run(cctx) })
 	}
 	if n.speaker != nil {
 		if err := n.speaker.Start(cctx); err != nil {

@@ -336,7 +336,7 @@ func (n *node) report() Report {
 	cfg, etcd, sp, disc, pl := n.cfg, n.etcd, n.speaker, n.disc, n.pl
 	st := n.el.Status()
 	r := Report{Node: cfg.NodeName, VIP: cfg.VIPString(), Leader: st.Leader, Holder: st.Holder,
-		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: n.h.conflicts.Report()}
+		HolderMAC: st.HolderMAC, Ineligible: st.Ineligible, Conflict: n.conflicts.Report()}
 	if etcd != nil {
 		r.Etcd = &EtcdReport{}
 		if id := etcd.ClusterID(); id != 0 {

@@ -122,6 +122,11 @@ func TestDrills(t *testing.T) {
 			continue // TestECMPLab
 		}
 		t.Run(kind, func(t *testing.T) {
+			t.Cleanup(func() {
+				if t.Failed() {
+					logNodeLogs(t, l, 40)
+				}
+			})
 			if kind == DrillPrometheus {
 				if _, err := exec.LookPath("prometheus"); err != nil && os.Getenv("VIGIL_REQUIRE_PROMTOOL") == "" {
 					t.Skip("prometheus is not installed (Debian package prometheus: hack/deps.sh promtool)")
@@ -712,13 +717,27 @@ func logFaultLogs(t *testing.T, dir string, lines int) {
 	}
 	files, _ := filepath.Glob(filepath.Join(dir, "*-vigil.log"))
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-		t.Logf("last %d lines of %s:\n%s", lines, filepath.Base(f), strings.Join(all[max(0, len(all)-lines):], "\n"))
+		logTail(t, f, filepath.Base(f), lines)
 	}
+}
+
+// logNodeLogs logs the last lines of every node's vigil log, for a drill
+// that failed: as for chaos, the lab's directory goes with the test.
+func logNodeLogs(t *testing.T, l *Lab, lines int) {
+	t.Helper()
+	for _, n := range l.st.Nodes {
+		logTail(t, filepath.Join(l.nodeDir(n), "vigil.log"), n.Name+"'s vigil.log", lines)
+	}
+}
+
+func logTail(t *testing.T, file, name string, lines int) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return
+	}
+	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	t.Logf("last %d lines of %s:\n%s", lines, name, strings.Join(all[max(0, len(all)-lines):], "\n"))
 }
 
 // vigilPodLogs returns the last lines of the vigil and guard containers'

@@ -115,19 +115,46 @@ func (w *vipWatch) has(node string) (bool, error) {
 	return false, nil
 }
 
-// holders lists, sorted, the nodes that have the VIP, among those given.
-func (w *vipWatch) holders(nodes []*Node) ([]string, error) {
-	var out []string
+// holders returns which of nodes have the VIP, sorted.
+//
+// The nodes are read one after another, not at one instant, so a reader
+// descheduled between two reads (a loaded machine) could see the old
+// holder before it let go and the new one after it took over: two holders
+// that never were. So when a first pass finds two or more, a second pass
+// reads those again. A node seen with the VIP in both passes had it from
+// its first read to its second, and each such span covers the moment
+// between the end of the first pass and the start of the second: two such
+// nodes held it at once. Otherwise the second pass's holders are the answer.
+func (w *vipWatch) holders(nodes []*Node) ([]string, error) { return holders(w.has, nodes) }
+
+func holders(has func(node string) (bool, error), nodes []*Node) ([]string, error) {
+	held, err := read(has, nodes)
+	if err == nil && len(held) > 1 {
+		held, err = read(has, held)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(held))
+	for _, n := range held {
+		out = append(out, n.Name)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// read is one pass of holders: every node's addresses, one after another.
+func read(has func(node string) (bool, error), nodes []*Node) ([]*Node, error) {
+	var out []*Node
 	for _, n := range nodes {
-		ok, err := w.has(n.Name)
+		ok, err := has(n.Name)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			out = append(out, n.Name)
+			out = append(out, n)
 		}
 	}
-	sort.Strings(out)
 	return out, nil
 }
 

@@ -102,7 +102,7 @@ func New(cfg Config, log *slog.Logger) (*Cluster, error) {
 		return &Cluster{cfg: cfg, cl: cfg.Etcd, log: log}, nil
 	}
 	if err := validate.EtcdEndpoints(cfg.Endpoints); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", validate.ErrInvalid, err)
 	}
 	// A one-shot command keeps no stream open: keepalive pings more often
 	// than etcd's --grpc-keepalive-min-time would be refused.

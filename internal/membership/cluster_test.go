@@ -15,6 +15,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/netfault"
 	"github.com/vigil-ha/vigil/internal/testkit"
+	"github.com/vigil-ha/vigil/internal/validate"
 )
 
 // ctx bounds one step of a test.
@@ -574,17 +575,17 @@ func TestBadInput(t *testing.T) {
 	c := etcdtest.StartDistinct(t, 3)
 	cl := newCluster(t, c)
 	for _, w := range []string{"m4", "m4=", "=http://x:2380", "m4=10.0.0.1:2380", "m4=http://10.0.0.1", "m4=ftp://10.0.0.1:2380"} {
-		if _, _, err := ParseNewMember(w); !errors.Is(err, ErrInvalid) {
+		if _, _, err := ParseNewMember(w); !errors.Is(err, validate.ErrInvalid) {
 			t.Errorf("ParseNewMember(%q) = %v", w, err)
 		}
 	}
-	if err := cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: "not-a-url", Timeout: time.Second}, say(t)); !errors.Is(err, ErrInvalid) {
+	if err := cl.Replace(ctx(t), ReplaceConfig{Old: "m3", NewName: "m4", NewPeer: "not-a-url", Timeout: time.Second}, say(t)); !errors.Is(err, validate.ErrInvalid) {
 		t.Fatalf("replace with a bad URL: %v", err)
 	}
 	if got := names(t, cl); len(got) != 3 {
 		t.Fatalf("membership changed: %v", got)
 	}
-	if _, err := New(Config{Endpoints: []string{"127.0.0.1:2379"}}, slog.New(slog.DiscardHandler)); !errors.Is(err, ErrInvalid) {
+	if _, err := New(Config{Endpoints: []string{"127.0.0.1:2379"}}, slog.New(slog.DiscardHandler)); !errors.Is(err, validate.ErrInvalid) {
 		t.Fatalf("New with a bad endpoint: %v", err)
 	}
 	dead, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}}, slog.New(slog.DiscardHandler))

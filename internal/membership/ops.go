@@ -199,10 +199,10 @@ func (v View) without(id uint64) View {
 func ParseNewMember(s string) (name, peerURL string, err error) {
 	name, peerURL, ok := strings.Cut(s, "=")
 	if !ok || name == "" || peerURL == "" {
-		return "", "", fmt.Errorf("%w: --with %q must be NAME=PEER_URL, e.g. cp4=https://10.0.0.14:2380", ErrInvalid, s)
+		return "", "", fmt.Errorf("%w: --with %q must be NAME=PEER_URL, e.g. cp4=https://10.0.0.14:2380", validate.ErrInvalid, s)
 	}
 	if err := validate.PeerURL(peerURL); err != nil {
-		return "", "", fmt.Errorf("%w: %w", ErrInvalid, err)
+		return "", "", fmt.Errorf("%w: %w", validate.ErrInvalid, err)
 	}
 	return name, peerURL, nil
 }
@@ -242,11 +242,11 @@ func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say Reporter) e
 	}
 	old, oldErr := v.Find(rc.Old)
 	if oldErr == nil && slices.Contains(old.PeerURLs, rc.NewPeer) {
-		return fmt.Errorf("%w: %s already has peer URL %s", ErrInvalid, old.Label(), rc.NewPeer)
+		return fmt.Errorf("%w: %s already has peer URL %s", validate.ErrInvalid, old.Label(), rc.NewPeer)
 	}
 	for _, m := range v.Members {
 		if m.Name == rc.NewName && !slices.Contains(m.PeerURLs, rc.NewPeer) {
-			return fmt.Errorf("%w: a member named %s with other peer URLs %v exists already", ErrInvalid, rc.NewName, m.PeerURLs)
+			return fmt.Errorf("%w: a member named %s with other peer URLs %v exists already", validate.ErrInvalid, rc.NewName, m.PeerURLs)
 		}
 	}
 	if oldErr != nil {

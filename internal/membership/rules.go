@@ -6,11 +6,12 @@ import (
 	"time"
 )
 
-// Errors. Every refusal wraps ErrRefused and says why and what to do.
+// Errors. Every refusal wraps ErrRefused and says why and what to do. Bad
+// input (a malformed URL, a name taken) wraps validate.ErrInvalid, the one
+// sentinel of invalid configuration.
 var (
 	ErrRefused       = errors.New("membership: refused")
 	ErrUnknownMember = errors.New("membership: no such member")
-	ErrInvalid       = errors.New("membership: invalid input")
 )
 
 // Member is one etcd member and what was observed of it.
