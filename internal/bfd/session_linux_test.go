@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,30 +14,17 @@ import (
 )
 
 // recorder keeps a session's state changes.
-type recorder struct {
-	mu      sync.Mutex
-	changes []Status
-}
+type recorder struct{ testkit.Record[Status] }
 
-func (r *recorder) add(s Status) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.changes = append(r.changes, s)
-}
-
-func (r *recorder) all() []Status {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]Status(nil), r.changes...)
-}
+func (r *recorder) add(s Status)  { r.Add(s) }
+func (r *recorder) all() []Status { return r.All() }
 
 func (r *recorder) last() Status {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.changes) == 0 {
+	all := r.All()
+	if len(all) == 0 {
 		return Status{State: "down"}
 	}
-	return r.changes[len(r.changes)-1]
+	return all[len(all)-1]
 }
 
 // startIn starts a mux and a session to peer from local, both in ns.

@@ -6,35 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vigil-ha/vigil/internal/election"
+	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // calls records what the holder asked of its parts, in order.
-type calls struct {
-	mu  sync.Mutex
-	got []string
-}
+type calls struct{ testkit.Record[string] }
 
-func (c *calls) add(s string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.got = append(c.got, s)
-}
-
-// take returns the calls so far and forgets them.
-func (c *calls) take() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	got := c.got
-	c.got = nil
-	return got
-}
+func (c *calls) add(s string)   { c.Add(s) }
+func (c *calls) take() []string { return c.Take() }
 
 type fakeVIP struct {
 	c   *calls

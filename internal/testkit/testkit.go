@@ -129,3 +129,33 @@ func Always(t testing.TB, d time.Duration, what string, cond func() bool) {
 		}
 	}
 }
+
+// Record keeps values added from any goroutine (callbacks, fakes), in the
+// order they were added. The zero value is ready to use.
+type Record[T any] struct {
+	mu    sync.Mutex
+	items []T
+}
+
+// Add appends v.
+func (r *Record[T]) Add(v T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.items = append(r.items, v)
+}
+
+// All returns a copy of every value so far.
+func (r *Record[T]) All() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]T(nil), r.items...)
+}
+
+// Take returns every value so far and forgets them.
+func (r *Record[T]) Take() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	items := r.items
+	r.items = nil
+	return items
+}

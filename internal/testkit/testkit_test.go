@@ -101,3 +101,27 @@ func TestAlways(t *testing.T) {
 		t.Fatalf("Fatalf said %q after %d looks", msg, n.Load())
 	}
 }
+
+// Record keeps what any goroutine adds, in order; All copies, Take empties.
+func TestRecord(t *testing.T) {
+	var r Record[int]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 100 {
+			r.Add(i)
+		}
+	}()
+	<-done
+	all := r.All()
+	if len(all) != 100 || all[0] != 0 || all[99] != 99 {
+		t.Fatalf("All = %v", all)
+	}
+	all[0] = -1
+	if got := r.Take(); len(got) != 100 || got[0] != 0 {
+		t.Fatalf("Take after changing All's copy = %v", got)
+	}
+	if got := r.All(); len(got) != 0 {
+		t.Fatalf("All after Take = %v", got)
+	}
+}
