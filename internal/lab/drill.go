@@ -231,10 +231,11 @@ type drillRun struct {
 
 // live returns the nodes whose processes run (a partitioned node is live).
 func (d *drillRun) live() []*Node {
+	nodes := d.l.liveNodes()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []*Node
-	for _, n := range d.l.st.Nodes {
+	for _, n := range nodes {
 		if !d.dead[n.Name] {
 			out = append(out, n)
 		}

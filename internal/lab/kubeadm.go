@@ -128,7 +128,7 @@ func (l *Lab) upKubeadm(ctx context.Context, s Settings, in kubeadmInputs) error
 		if err := l.addMachine(ctx, n, in); err != nil {
 			return err
 		}
-		l.st.Nodes = append(l.st.Nodes, n)
+		l.editNodes(appendNode(n))
 	}
 	for i := 1; i <= s.Workers; i++ {
 		w := &Node{Name: "w" + itoa(i), Index: i, IP: workerIP(i), PIDs: map[string]int{}}

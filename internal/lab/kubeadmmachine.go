@@ -159,7 +159,7 @@ func (l *Lab) newMachineNode(ctx context.Context) (*Node, error) {
 		return nil, errors.New("lab: no free node index; run vigil-lab down and up again")
 	}
 	n := &Node{Name: "n" + itoa(idx), Index: idx, IP: nodeIP(idx), PIDs: map[string]int{}}
-	l.st.Nodes = append(l.st.Nodes, n)
+	l.editNodes(appendNode(n))
 	if err := l.save(); err != nil {
 		return nil, err
 	}

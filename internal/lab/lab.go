@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -339,6 +341,32 @@ type Lab struct {
 	st          state
 	log         *slog.Logger
 	out         io.Writer
+	// nodesMu guards st.Nodes where a drill changes it (scale, replace,
+	// recover) while its samplers read it from their own goroutines
+	// (liveNodes); the drill's own goroutine reads it freely.
+	nodesMu sync.Mutex
+}
+
+// editNodes changes the node list under nodesMu.
+func (l *Lab) editNodes(f func([]*Node) []*Node) {
+	l.nodesMu.Lock()
+	defer l.nodesMu.Unlock()
+	l.st.Nodes = f(l.st.Nodes)
+}
+
+// liveNodes is a copy of the node list, safe from any goroutine.
+func (l *Lab) liveNodes() []*Node {
+	l.nodesMu.Lock()
+	defer l.nodesMu.Unlock()
+	return slices.Clone(l.st.Nodes)
+}
+
+func appendNode(n *Node) func([]*Node) []*Node {
+	return func(ns []*Node) []*Node { return append(ns, n) }
+}
+
+func dropNodes(drop func(*Node) bool) func([]*Node) []*Node {
+	return func(ns []*Node) []*Node { return slices.DeleteFunc(ns, drop) }
 }
 
 // progress reports a step of a long operation.
@@ -452,7 +480,7 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 		if err := l.createNodeHost(ctx, n); err != nil {
 			return err
 		}
-		l.st.Nodes = append(l.st.Nodes, n)
+		l.editNodes(appendNode(n))
 	}
 	if err := l.save(); err != nil {
 		return err

@@ -117,7 +117,7 @@ func (l *Lab) recoverDrill(ctx context.Context, r *Result) error {
 			return err
 		}
 	}
-	l.st.Nodes = slices.DeleteFunc(l.st.Nodes, func(m *Node) bool { return slices.Contains(lost, m) })
+	l.editNodes(dropNodes(func(m *Node) bool { return slices.Contains(lost, m) }))
 	for _, n := range lost {
 		l.st.Retired = append(l.st.Retired, n.Index)
 	}

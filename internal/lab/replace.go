@@ -77,7 +77,7 @@ func (l *Lab) addNode(ctx context.Context) (*Node, error) {
 	if err := l.createNodeHost(ctx, n); err != nil {
 		return nil, err
 	}
-	l.st.Nodes = append(l.st.Nodes, n)
+	l.editNodes(appendNode(n))
 	return n, l.save()
 }
 
@@ -85,7 +85,7 @@ func (l *Lab) addNode(ctx context.Context) (*Node, error) {
 func (l *Lab) retireNode(ctx context.Context, n *Node) error {
 	_ = l.killNode(ctx, n)
 	err := ip(ctx, "netns", "del", nodeNS(n.Name))
-	l.st.Nodes = slices.DeleteFunc(l.st.Nodes, func(m *Node) bool { return m == n })
+	l.editNodes(dropNodes(func(m *Node) bool { return m == n }))
 	if !slices.Contains(l.st.Retired, n.Index) {
 		l.st.Retired = append(l.st.Retired, n.Index)
 	}
@@ -220,7 +220,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	}
 	// From here the lab's node list is the live nodes; the dead machine's
 	// namespace goes at the end.
-	l.st.Nodes = slices.DeleteFunc(l.st.Nodes, func(m *Node) bool { return m == dead })
+	l.editNodes(dropNodes(func(m *Node) bool { return m == dead }))
 	l.st.Retired = append(l.st.Retired, dead.Index)
 	if err := l.save(); err != nil {
 		return err
