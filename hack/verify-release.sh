@@ -45,17 +45,20 @@ verify() {
   fi
 }
 verify SHA256SUMS
-listed=(SHA256SUMS SHA256SUMS.minisig)
+# listed holds every file the release may contain. (A set, not a list piped
+# to grep -q: grep exits at its first match, the writer can then die of
+# SIGPIPE, and pipefail turns a match into a failure.)
+declare -A listed=([SHA256SUMS]=1 [SHA256SUMS.minisig]=1)
 while read -r sum name; do
   case $name in */* | .* | "") fail "SHA256SUMS lists \"$name\", not a file of this directory" ;; esac
   [ -f "$name" ] || fail "$name: listed in SHA256SUMS, missing"
   [ "$(sha256sum <"$name" | cut -d' ' -f1)" = "$sum" ] || fail "$name: SHA-256 differs from SHA256SUMS"
   verify "$name"
-  listed+=("$name" "$name.minisig")
+  listed[$name]=1 listed[$name.minisig]=1
 done <SHA256SUMS
 for f in * .*; do
   case $f in . | ..) continue ;; esac
   [ -e "$f" ] || continue
-  printf '%s\n' "${listed[@]}" | grep -qxF -- "$f" || fail "$f: not part of the release (not in SHA256SUMS)"
+  [ -n "${listed[$f]:-}" ] || fail "$f: not part of the release (not in SHA256SUMS)"
 done
 echo "verified: $comment, $(($(wc -l <SHA256SUMS))) files"
