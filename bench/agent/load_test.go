@@ -24,6 +24,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -153,7 +154,10 @@ func upShare(agents []*agent.Agent) float64 {
 // TestControlPlaneHelper): a thousand agents and their control plane would
 // not fit one process's file descriptor limit, and a separate process lets
 // its CPU time be read apart from the agents'.
-const helperEnv = "VIGIL_BENCH_CONTROL_PLANE"
+const (
+	helperEnv     = "VIGIL_BENCH_CONTROL_PLANE"
+	helperFeedEnv = "VIGIL_BENCH_FEEDS"
+)
 
 type controlPlane struct {
 	cmd   *exec.Cmd
@@ -172,6 +176,9 @@ type cpInfo struct {
 	APIServers []string `json:"apiServers"`
 	Port       int      `json:"port"`
 	Counters   string   `json:"counters"`
+	// FeedPort is the agent feed's port on every API server's host; 0
+	// without feeds.
+	FeedPort int `json:"feedPort"`
 }
 
 type counts struct {
@@ -180,11 +187,18 @@ type counts struct {
 	EtcdHealth float64 `json:"etcdHealth"`
 	MemberList float64 `json:"memberList"`
 	CPU        float64 `json:"cpuSeconds"`
+	// Followers are the agents reading each node's feed.
+	Followers []int `json:"followers,omitempty"`
 }
 
-func startControlPlane(b *testing.B) *controlPlane {
+// startControlPlane starts the helper; with feeds, each API server's host
+// also serves an agent feed (fleet_test.go).
+func startControlPlane(b *testing.B, feeds ...bool) *controlPlane {
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestControlPlaneHelper$", "-test.timeout", "0")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	if len(feeds) > 0 && feeds[0] {
+		cmd.Env = append(cmd.Env, helperFeedEnv+"=1")
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -233,11 +247,13 @@ func TestControlPlaneHelper(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("the control plane of BenchmarkControlPlaneLoad; runs only as its child process")
 	}
+	raiseFileLimit()
 	c := etcdtest.StartDistinct(t, 3)
 	port := testaddr.Port(t)
 	var readyz, open atomic.Int64
 	info := cpInfo{Etcd: c.Endpoints, Port: port}
-	for i := range 3 {
+	var servers []*httptest.Server
+	startAPI := func(i int) string {
 		addr := fmt.Sprintf("%s:%d", testaddr.Host(t, i), port)
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -261,17 +277,49 @@ func TestControlPlaneHelper(t *testing.T) {
 			}
 		}
 		srv.StartTLS()
-		defer srv.Close()
-		info.APIServers = append(info.APIServers, addr)
+		servers = append(servers, srv)
+		return addr
+	}
+	for i := range 3 {
+		info.APIServers = append(info.APIServers, startAPI(i))
+	}
+	defer func() {
+		for _, srv := range servers {
+			srv.Close()
+		}
+	}()
+	var fleet *feeds
+	if os.Getenv(helperFeedEnv) == "1" {
+		fleet = startFeeds(t, &info)
+		defer fleet.close()
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	info.Counters = ln.Addr().String()
+	var mu sync.Mutex // orders kill and add
 	go func() {
-		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch r.URL.Path {
+			case "/kill": // the first API server's process dies: refused from now on
+				servers[0].CloseClientConnections()
+				servers[0].Close()
+				return
+			case "/add": // a fourth API server joins, and the feeds' nodes learn of it
+				addr := startAPI(3)
+				if fleet != nil {
+					fleet.set(append(slices.Clone(info.APIServers), addr))
+				}
+				_, _ = io.WriteString(w, addr)
+				return
+			}
 			c := counts{Readyz: readyz.Load(), Conns: open.Load(), CPU: cpuTime().Seconds()}
+			if fleet != nil {
+				c.Followers = fleet.followers()
+			}
 			mfs, err := prometheus.DefaultGatherer.Gather()
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)

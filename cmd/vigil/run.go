@@ -225,6 +225,7 @@ any rights. See docs/kubeadm.md.`,
 	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members that a majority of the voters' vigils have seen unreachable, without a break, for this long, never below a healthy quorum; no prune in the first period after start or takeover (0: off; at least 10s; under 30s a removal can stall etcd, and the VIP, for up to 5 s; minutes in production)")
 	f.BoolVar(&cfg.PruneDeleteNode, "prune-delete-node", false, "with --prune-after and --kubeconfig: also delete the Node named like each pruned member, once its kubelet has not renewed its node Lease for --prune-after (and unless it is Ready)")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")
+	f.StringVar(&cfg.AgentFeedListen, "agent-feed-listen", "", "serve the worker agents' feed here, such as :9557 (the agents' --feed-port): this node's view of the API servers' and etcd members' health, streamed, so that a fleet of agents need not check every backend every second (empty: off; vigil manifest turns it on)")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-address (off: a profile shows memory and code paths to whoever reaches the address)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

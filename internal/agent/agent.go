@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/vigil-ha/vigil/internal/discovery"
+	"github.com/vigil-ha/vigil/internal/feed"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
@@ -117,6 +118,9 @@ type Config struct {
 	// kubernetes Service's EndpointSlices. It may talk to the API server
 	// through the agent's own listener (see cmd/vigil agent --in-cluster).
 	Kube *kubelite.Client
+	// FeedPort is the port of the control plane's agent feed (fed.go); 0
+	// reads no feed.
+	FeedPort int
 }
 
 // upstream is one forwarded service: the API server or etcd.
@@ -126,6 +130,7 @@ type upstream struct {
 	picker  *tieredPicker
 	checker *health.Checker
 	seeds   []string // host:port
+	fed     fedState // what the agent feed says of the backends
 
 	mu      sync.Mutex
 	learned []string // host:port, from the cluster or the cache
@@ -192,10 +197,12 @@ type Agent struct {
 	m         *agentMetrics
 	disc      *discovery.Discovery // nil without a source; set under mu by Run
 	members   *memberSource        // nil without etcd seeds; set under mu by Run
+	follower  *feed.Follower       // nil with FeedPort 0
 	startedAt time.Time
 
-	mu       sync.Mutex // guards disc and members (written by Run), etcdURLs
+	mu       sync.Mutex // guards disc and members (written by Run), etcdURLs, view
 	etcdURLs []string   // learned etcd client URLs, for the member list client
+	view     *feed.View // the last view read from the feed
 }
 
 // New validates cfg and opens every listener, so that a port conflict or a
@@ -245,6 +252,7 @@ func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
 		}
 	}
 	a.loadCache()
+	a.follower = a.newFollower()
 	return a, nil
 }
 
@@ -273,7 +281,7 @@ func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Confi
 	hc.Interval, hc.Timeout = a.cfg.HealthInterval, a.cfg.HealthTimeout
 	hc.Rise, hc.Fall = a.cfg.HealthRise, a.cfg.HealthFall
 	hc.KeepAlive = true
-	hc.OnChange = u.bal.Update
+	hc.OnChange = u.onHealth
 	hc.Metrics = reg
 	if u.checker, err = health.New(hc, a.log.With("upstream", name)); err != nil {
 		u.bal.Close()
@@ -342,6 +350,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.disc, a.members = d, ms
 		a.mu.Unlock()
 		wg.Go(func() { _ = d.Run(ctx) })
+	}
+	if a.follower != nil {
+		wg.Go(func() { _ = a.follower.Run(ctx) })
 	}
 	wg.Go(func() { a.rankLoop(ctx) })
 	if a.metricsLn != nil {
@@ -444,6 +455,8 @@ func (c *Config) withDefaults() error {
 		return fmt.Errorf("%w: --discovery-interval %v is below 100ms", validate.ErrInvalid, c.DiscoveryInterval)
 	case c.DrainTimeout < 0:
 		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", validate.ErrInvalid, c.DrainTimeout)
+	case c.FeedPort < 0 || c.FeedPort > 65535:
+		return fmt.Errorf("%w: --feed-port %d is out of range 0-65535 (0: no feed)", validate.ErrInvalid, c.FeedPort)
 	}
 	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vigil-ha/vigil/internal/config"
+	"github.com/vigil-ha/vigil/internal/feed"
 	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/observe"
@@ -66,6 +67,16 @@ their clients reconnect, through the agent, to one that is still there.
 Connections go to the nearest usable backends (on this host, then the lowest
 measured latency, then the seeds), least connections among them; when no
 backend passes its checks, to any of them rather than none.
+
+Fleets. Every vigil run on the control plane can serve an agent feed
+(--agent-feed-listen; vigil manifest turns it on) of what its own checks
+see; the agent reads it on --feed-port, on the VIP first, then on any
+control-plane node. While a feed is fresh the agent takes a backend the feed
+says is down out at once, reads no etcd member list, and checks the backends
+the feed vouches for only every 10 minutes; a backend whose connection
+failed on this host is checked every --health-interval until it passes,
+whatever the feed says. Without a fresh feed the agent checks everything
+itself, as above.
 
 Certificates. The client still verifies the API server's certificate, whose
 SANs do not include 127.0.0.1 by default in kubeadm. Either add 127.0.0.1 to
@@ -140,7 +151,8 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 	f.DurationVar(&cfg.HealthTimeout, "health-timeout", DefaultHealthTimeout, "a check without an answer within this is a failure")
 	f.IntVar(&cfg.HealthRise, "health-rise", DefaultHealthRise, "consecutive passed checks that bring a failed backend back")
 	f.IntVar(&cfg.HealthFall, "health-fall", DefaultHealthFall, "consecutive failed checks that take a backend out")
-	f.DurationVar(&cfg.DiscoveryInterval, "discovery-interval", DefaultDiscoveryInterval, "interval between reads of the etcd member list")
+	f.DurationVar(&cfg.DiscoveryInterval, "discovery-interval", DefaultDiscoveryInterval, "interval between reads of the etcd member list (none while the agent feed is fresh)")
+	f.IntVar(&cfg.FeedPort, "feed-port", feed.DefaultPort, "port of the agent feed that vigil run serves on control-plane nodes (--agent-feed-listen): read on the VIP first, then on any control-plane node; while it is fresh the agent reads no member list and checks the backends it vouches for every 10 minutes instead of every --health-interval (0: no feed)")
 	f.IntVar(&cfg.MaxConns, "lb-max-conns", lb.DefaultMaxConns, "most client connections each local endpoint serves at once; more are reset at once (-1: no limit)")
 	f.IntVar(&cfg.MaxConnsPerSource, "lb-max-conns-per-source", -1, "most connections from one source IP address to each local endpoint (-1, the default: no limit, as local clients all come from the loopback address)")
 	f.DurationVar(&cfg.IdleTimeout, "lb-idle-timeout", 0, "close a connection that carried no byte either way for this long (0: never; watches can be quiet for minutes)")

@@ -26,6 +26,9 @@ import (
 type memberSource struct {
 	l *etcdmember.Lister
 	m *agentMetrics
+	// fed says what the agent feed says the members serve, when it is
+	// fresh: then no read reaches etcd.
+	fed func() (etcdmember.Serving, bool)
 
 	mu       sync.Mutex
 	lastRead time.Time
@@ -45,11 +48,15 @@ func newMemberSource(a *Agent) (*memberSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &memberSource{l: l, m: a.m}, nil
+	return &memberSource{l: l, m: a.m, fed: a.fedMembers}, nil
 }
 
 // Serving implements discovery.MemberLister.
 func (s *memberSource) Serving(ctx context.Context) (etcdmember.Serving, error) {
+	if sv, ok := s.fed(); ok {
+		s.m.reads.WithLabelValues("feed").Inc()
+		return sv, nil
+	}
 	sv, err := s.l.Serving(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -86,12 +93,15 @@ func (a *Agent) newDiscovery() (*discovery.Discovery, *memberSource, error) {
 		}
 		cfg.Members = ms
 	}
+	if a.follower != nil {
+		cfg.Fed = fedAPIServers{a}
+	}
 	var d *discovery.Discovery
 	if a.cfg.Kube != nil {
 		// d is set before Run starts the follower, the only caller.
 		cfg.Published = kubelite.NewAPIServers(a.cfg.Kube, func([]string) { d.PublishedChanged() }, a.log)
 	}
-	if cfg.Members == nil && cfg.Published == nil {
+	if cfg.Members == nil && cfg.Published == nil && cfg.Fed == nil {
 		return nil, nil, nil
 	}
 	d, err := discovery.New(cfg, a.log)

@@ -30,6 +30,19 @@ type Status struct {
 	// EndpointSlices listed last; empty without a kubeconfig or before the
 	// first answer.
 	PublishedAPIServers []string `json:"publishedAPIServers,omitempty"`
+	// Feed is the agent feed read (docs/agent.md, "At fleet scale"); nil
+	// with --feed-port 0.
+	Feed *FeedState `json:"feed,omitempty"`
+}
+
+// FeedState is the agent feed as the agent reads it.
+type FeedState struct {
+	// Fresh: a feed spoke within the last few seconds, and the agent's
+	// own checks of what it vouches for run every FeedCheckInterval.
+	Fresh bool `json:"fresh"`
+	// Source is the feed read last (host:port), Node its vigil's node.
+	Source string `json:"source,omitempty"`
+	Node   string `json:"node,omitempty"`
 }
 
 // UpstreamState is one local endpoint and its backends.
@@ -60,7 +73,7 @@ func (a *Agent) Ready(time.Time) error {
 	for _, u := range a.upstreams() {
 		up := false
 		for _, b := range u.bal.Backends() {
-			if st, ok := u.checker.Status(b.Address); ok && st.State == health.Up {
+			if st, ok := u.checker.Status(b.Address); ok && u.effective(st).State == health.Up {
 				up = true
 				break
 			}
@@ -83,6 +96,7 @@ func (a *Agent) Status() Status {
 				bs.Source = "cluster"
 			}
 			if st, ok := u.checker.Status(b.Address); ok {
+				st = u.effective(st)
 				bs.State = st.State.String()
 				if st.State == health.Down {
 					bs.Cause, bs.LastError = st.Cause.String(), st.LastError
@@ -114,6 +128,10 @@ func (a *Agent) Status() Status {
 			s.EtcdForeign[ep] = fmt.Sprintf("%x", id)
 		}
 	}
+	if a.follower != nil {
+		fresh, v, src := a.follower.State()
+		s.Feed = &FeedState{Fresh: fresh, Source: src, Node: v.Node}
+	}
 	if disc != nil {
 		for _, src := range disc.Sources() {
 			if src.Name == discovery.SourceKubernetes {
@@ -133,7 +151,7 @@ type agentMetrics struct {
 func newAgentMetrics(reg prometheus.Registerer) *agentMetrics {
 	m := &agentMetrics{
 		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "vigil_agent_member_list_reads_total", Help: "Reads of the etcd member list, by result (ok, error).",
+			Name: "vigil_agent_member_list_reads_total", Help: "Reads of the etcd member list, by result (ok, error; feed: answered from the agent feed, nothing sent to etcd).",
 		}, []string{"result"}),
 		cacheErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vigil_agent_cache_write_errors_total", Help: "Failed writes of the backend cache.",

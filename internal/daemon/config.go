@@ -167,6 +167,9 @@ type Config struct {
 
 	// MetricsAddress serves /metrics, /healthz and /status; "" disables.
 	MetricsAddress string
+	// AgentFeedListen serves the worker agents' feed (internal/feed); ""
+	// disables.
+	AgentFeedListen string
 	// Pprof adds /debug/pprof/ there.
 	Pprof bool
 
@@ -639,6 +642,9 @@ func (c *Config) validateLB() error {
 	}
 	if c.Pprof && c.MetricsAddress == "" {
 		return fmt.Errorf("%w: --pprof serves on --metrics-address, which is empty", validate.ErrInvalid)
+	}
+	if err := validate.ListenAddress("--agent-feed-listen", c.AgentFeedListen, true); err != nil {
+		return validate.Invalid(err)
 	}
 	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
 		return validate.Invalid(err)

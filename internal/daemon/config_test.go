@@ -106,6 +106,7 @@ func TestValidate(t *testing.T) {
 		{"missing health ca", func(c *Config) { c.HealthCA = filepath.Join(dir, "nope.crt") }, validate.ErrInvalid},
 		{"negative grace", func(c *Config) { c.HealthGrace = -time.Second }, validate.ErrInvalid},
 		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9558" }, validate.ErrInvalid},
+		{"bad agent feed address", func(c *Config) { c.AgentFeedListen = "9557" }, validate.ErrInvalid},
 		{"pprof without a metrics address", func(c *Config) { c.Pprof, c.MetricsAddress = true, "" }, validate.ErrInvalid},
 		{"prune-after shorter than a reboot", func(c *Config) { c.PruneAfter = time.Second }, validate.ErrInvalid},
 		{"prune-after on", func(c *Config) { c.PruneAfter = 10 * time.Minute }, nil},

@@ -18,6 +18,7 @@ type memberWatch struct {
 	nodes  *nodeReaper          // nil without --prune-delete-node
 	disc   *discovery.Discovery // nil without any backend source
 	events *kube.Events         // nil without --kubeconfig
+	feed   *feedPart            // nil without --agent-feed-listen
 	cfg    Config
 	log    *slog.Logger
 	// series are the members with a vigil_member_unreachable_seconds
@@ -39,6 +40,7 @@ func (w *memberWatch) observed(ctx context.Context, v membership.View, own membe
 		}
 	}
 	w.series = seen
+	w.feed.observed(v)
 	if w.nodes != nil {
 		w.nodes.observe(ctx, v, w.nodeDeleted)
 	}

@@ -89,6 +89,7 @@ type node struct {
 	el            *election.Elector
 	pl            *placement     // nil without --health-grace
 	ecmp          *ecmpAnnouncer // nil without --bgp-mode ecmp
+	feed          *feedPart      // nil without --agent-feed-listen
 
 	// closers release what was acquired, in the order acquired; Close runs
 	// them backwards.
@@ -186,12 +187,16 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 			if n.ecmp != nil {
 				n.ecmp.Kick()
 			}
+			n.feed.changed()
 		},
 		Metrics: hreg,
 	}, log); err != nil {
 		return nil, validate.Invalid(err)
 	}
 	n.onClose(n.checker.Close)
+	if n.feed != nil {
+		n.feed.checker = n.checker
+	}
 	for _, p := range n.more {
 		scheme, path := "https", p.spec.Check
 		if path == CheckTCP {
@@ -319,7 +324,7 @@ func (n *node) openListeners() error {
 		n.metricsLn = ln
 		n.onClose(func() { _ = ln.Close() })
 	}
-	return nil
+	return n.newFeedPart()
 }
 
 // newBalancer opens a balancer on VIP:listen (every VIP address) for the
@@ -453,6 +458,7 @@ func (n *node) newDiscovery() error {
 			for _, p := range n.more {
 				p.setBackends(b)
 			}
+			n.feed.changed()
 		},
 	}
 	if cfg.discovers(DiscoveryEtcd) {
@@ -492,7 +498,7 @@ func (n *node) newObserver() error {
 		return validate.Invalid(err)
 	}
 	n.onClose(func() { _ = members.Close() })
-	w := &memberWatch{m: n.m, disc: n.disc, events: n.events, cfg: cfg, log: mlog}
+	w := &memberWatch{m: n.m, disc: n.disc, events: n.events, feed: n.feed, cfg: cfg, log: mlog}
 	if cfg.PruneDeleteNode {
 		w.nodes = newNodeReaper(n.kc, cfg.PruneAfter, mlog)
 	}
@@ -613,6 +619,9 @@ func (n *node) Run(ctx context.Context) error {
 	}
 	if n.observer != nil {
 		wg.Go(func() { n.observer.Run(cctx) })
+	}
+	if n.feed != nil {
+		wg.Go(func() { n.feed.Run(cctx) })
 	}
 	if n.ann != nil {
 		// ARP probes for a second holder on the segment; with BGP the

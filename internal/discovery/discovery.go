@@ -62,12 +62,22 @@ type Follower interface {
 	Backends() ([]string, bool)
 }
 
+// Source is a source that someone else runs: its last answer, and whether
+// it answered at least once.
+type Source interface {
+	Backends() ([]string, bool)
+}
+
 // Config configures a Discovery.
 type Config struct {
 	Members MemberLister
 	// Published, when set, is run by Run; the caller wires its change
-	// notification to Refresh.
+	// notification to PublishedChanged.
 	Published Follower
+	// Fed, when set, is the worker agent's feed (internal/feed): the API
+	// servers a control-plane node's vigil balances. Its owner runs it and
+	// calls PublishedChanged when it changes.
+	Fed Source
 	// Port is the API server port added to each member's host.
 	Port int
 	// Static backends (host:port) are used until the member list was read.
@@ -99,6 +109,7 @@ type Discovery struct {
 const (
 	SourceEtcd       = "etcd member list"
 	SourceKubernetes = "kubernetes EndpointSlices"
+	SourceFeed       = "vigil agent feed"
 )
 
 // SourceState is what one source said last, for status reports.
@@ -128,7 +139,7 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 			}
 		}
 	}
-	if cfg.Members == nil && cfg.Published == nil && len(cfg.Static) == 0 {
+	if cfg.Members == nil && cfg.Published == nil && cfg.Fed == nil && len(cfg.Static) == 0 {
 		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", validate.ErrInvalid)
 	}
 	d := &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1), pokePub: make(chan struct{}, 1), sources: map[string]*SourceState{}}
@@ -137,6 +148,9 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 	}
 	if cfg.Published != nil {
 		d.sources[SourceKubernetes] = &SourceState{Name: SourceKubernetes}
+	}
+	if cfg.Fed != nil {
+		d.sources[SourceFeed] = &SourceState{Name: SourceFeed}
 	}
 	return d, nil
 }
@@ -187,9 +201,9 @@ func (d *Discovery) Refresh() {
 	}
 }
 
-// PublishedChanged tells Run that the Published source has a new set: it
-// is taken at once, without a member list read (N agents would otherwise
-// all read the member list when one EndpointSlice changes).
+// PublishedChanged tells Run that the Published or the Fed source has a
+// new set: it is taken at once, without a member list read (N agents would
+// otherwise all read the member list when one EndpointSlice changes).
 func (d *Discovery) PublishedChanged() {
 	select {
 	case d.pokePub <- struct{}{}:
@@ -250,6 +264,11 @@ func (d *Discovery) Run(ctx context.Context) error {
 		if d.cfg.Published != nil {
 			if b, ok := d.cfg.Published.Backends(); ok {
 				d.record(SourceKubernetes, b, nil)
+			}
+		}
+		if d.cfg.Fed != nil {
+			if b, ok := d.cfg.Fed.Backends(); ok {
+				d.record(SourceFeed, b, nil)
 			}
 		}
 		if b, names := d.union(); len(b) > 0 {

@@ -149,8 +149,10 @@ type Checker struct {
 
 	notifyMu sync.Mutex // held across a state change and its OnChange call
 
-	mu     sync.Mutex // guards probes and each probe's tracker
+	mu     sync.Mutex // guards probes, each probe's tracker, and pace
 	probes map[string]*probe
+	// pace, when set, gives each backend's next interval (SetPace).
+	pace func(Status) time.Duration
 
 	checks *prometheus.CounterVec
 }
@@ -158,6 +160,7 @@ type Checker struct {
 type probe struct {
 	t      tracker
 	cancel context.CancelFunc
+	wake   chan struct{} // a check now (Wake)
 	// rtt is a moving average of how long passed checks took; 0 until one
 	// passed.
 	rtt time.Duration
@@ -224,12 +227,12 @@ func (c *Checker) Set(backends []string) {
 			continue
 		}
 		ctx, cancel := context.WithCancel(c.ctx)
-		p := &probe{t: tracker{rise: c.cfg.Rise, fall: c.cfg.Fall, st: Status{Backend: b, Since: time.Now()}}, cancel: cancel}
+		p := &probe{t: tracker{rise: c.cfg.Rise, fall: c.cfg.Fall, st: Status{Backend: b, Since: time.Now()}}, cancel: cancel, wake: make(chan struct{}, 1)}
 		c.probes[b] = p
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			c.loop(ctx, b)
+			c.loop(ctx, b, p.wake)
 		}()
 	}
 	for b, p := range c.probes {
@@ -243,9 +246,60 @@ func (c *Checker) Set(backends []string) {
 	}
 }
 
+// SetPace makes pace decide each backend's interval from its status after
+// each check: the worker agent checks slowly what the control plane's feed
+// vouches for (docs/agent.md, "At fleet scale"). The interval it returns
+// is jittered like Interval; 0 or less, or a nil pace, means Interval.
+// Call Wake for the backends whose pace got shorter. pace runs under the
+// checker's lock: it must not call the checker.
+func (c *Checker) SetPace(pace func(Status) time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pace = pace
+}
+
+// Wake checks backend now, without waiting for its next check.
+func (c *Checker) Wake(backend string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.probes[backend]; ok {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// interval is backend's next interval, given its status now.
+func (c *Checker) interval(backend string) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.probes[backend]
+	if !ok || c.pace == nil {
+		return c.cfg.Interval
+	}
+	if d := c.pace(p.t.st); d > 0 {
+		return d
+	}
+	return c.cfg.Interval
+}
+
 // MarkDead takes a backend down at once as Dead.
 func (c *Checker) MarkDead(backend string, err error) {
 	c.change(backend, func(t *tracker, now time.Time) bool { return t.markDead(err.Error(), now) })
+	c.repace(backend)
+}
+
+// repace wakes backend's loop after a failure seen from outside it (a
+// failed connection), when a pace may have it asleep for long: its next
+// interval is the one for its state now.
+func (c *Checker) repace(backend string) {
+	c.mu.Lock()
+	paced := c.pace != nil
+	c.mu.Unlock()
+	if paced {
+		c.Wake(backend)
+	}
 }
 
 // DialFailed is passive health checking: the data path calls it when a
@@ -265,6 +319,7 @@ func (c *Checker) DialFailed(backend string, err error) {
 	case Unreachable:
 		r := result{cause: Unreachable, err: err.Error(), started: time.Now()}
 		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })
+		c.repace(backend)
 	}
 }
 
@@ -336,7 +391,7 @@ func (c *Checker) Close() {
 	c.client.CloseIdleConnections()
 }
 
-func (c *Checker) loop(ctx context.Context, backend string) {
+func (c *Checker) loop(ctx context.Context, backend string, wake <-chan struct{}) {
 	next := time.NewTimer(0)
 	defer next.Stop()
 	for {
@@ -344,6 +399,7 @@ func (c *Checker) loop(ctx context.Context, backend string) {
 		case <-ctx.Done():
 			return
 		case <-next.C:
+		case <-wake:
 		}
 		start := time.Now()
 		r := c.check(ctx, backend)
@@ -361,7 +417,8 @@ func (c *Checker) loop(ctx context.Context, backend string) {
 		// is shortened by a random part of up to a fifth, so that checkers
 		// started together (1,000 agents after a rollout) drift apart
 		// instead of probing every API server in the same instant.
-		next.Reset(max(0, c.cfg.Interval-rand.N(c.cfg.Interval/5+1)-time.Since(start)))
+		iv := c.interval(backend)
+		next.Reset(max(0, iv-rand.N(iv/5+1)-time.Since(start)))
 	}
 }
 

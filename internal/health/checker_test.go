@@ -33,6 +33,8 @@ type apiserver struct {
 	srv  *httptest.Server
 	mode atomic.Value // "ok", "503", "hang"
 	hang chan struct{}
+	// checks counts the /readyz requests.
+	checks atomic.Int64
 }
 
 func newAPIServer(t *testing.T) *apiserver {
@@ -43,6 +45,7 @@ func newAPIServer(t *testing.T) *apiserver {
 			http.NotFound(w, r)
 			return
 		}
+		a.checks.Add(1)
 		switch a.mode.Load().(string) {
 		case "503":
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
@@ -142,6 +145,36 @@ func TestCheckerFollowsBackendHealth(t *testing.T) {
 	a.srv.Close()
 	took = testkit.WaitFor(t, 5*time.Second, "dead after close", state(Down, Dead))
 	t.Logf("closed backend ejected after %v", took)
+}
+
+// SetPace slows the checks of the backends it says to, Wake checks one
+// at once, and a pace cleared takes effect at the next Wake.
+func TestPaceAndWake(t *testing.T) {
+	a := newAPIServer(t)
+	b := a.backend()
+	c, ch := newChecker(t, Config{TLS: a.tls(), Interval: 20 * time.Millisecond})
+	// Up backends every hour, the others at Interval: what the agent
+	// does while the feed vouches for its backends.
+	c.SetPace(func(st Status) time.Duration {
+		if st.State == Up {
+			return time.Hour
+		}
+		return 0
+	})
+	c.Set([]string{b})
+	testkit.WaitFor(t, 2*time.Second, "up", func() bool { st, ok := ch.last(b); return ok && st.State == Up })
+	n := a.checks.Load()
+	testkit.Always(t, 300*time.Millisecond, "no check of an up backend paced at an hour", func() bool { return a.checks.Load() == n })
+	c.Wake(b)
+	testkit.WaitFor(t, 2*time.Second, "the woken check", func() bool { return a.checks.Load() == n+1 })
+	// Passive health still works: a failed dial takes it down, and a
+	// down backend is checked at Interval until it is up again.
+	c.MarkDead(b, errors.New("connection refused"))
+	testkit.WaitFor(t, 2*time.Second, "up again after its checks", func() bool { st, ok := ch.last(b); return ok && st.State == Up })
+	c.SetPace(nil)
+	c.Wake(b)
+	n = a.checks.Load()
+	testkit.WaitFor(t, 2*time.Second, "checks at Interval again", func() bool { return a.checks.Load() >= n+5 })
 }
 
 func TestCheckerWrongCAIsDown(t *testing.T) {

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/feed"
 )
 
 // Implementations the lab can run on its nodes.
@@ -731,6 +733,9 @@ func (l *Lab) startVigil(n *Node) error {
 		metrics = fmt.Sprintf("[::]:%d", labMetricsPort)
 	}
 	args = append(args, "--metrics-address", metrics)
+	// The worker agents' feed, as vigil manifest serves it: the agents
+	// read it on the VIP, else on any node.
+	args = append(args, "--agent-feed-listen", fmt.Sprintf(":%d", feed.DefaultPort))
 	bin := l.vigilBin
 	if n.VigilBin != "" {
 		bin = n.VigilBin

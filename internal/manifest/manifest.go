@@ -33,6 +33,7 @@ import (
 	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/bfd"
 	"github.com/vigil-ha/vigil/internal/bgp"
+	"github.com/vigil-ha/vigil/internal/feed"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -324,6 +325,9 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	// container, and when it dies the kernel kills every process there,
 	// a child guard included. The two share only the socket's directory.
 	args = append(args, "--guard-socket", guardSocket)
+	// The worker agents' feed, on every address (hostNetwork): the agents
+	// read it on the VIP and on each control-plane node.
+	args = append(args, "--agent-feed-listen", ":"+strconv.Itoa(feed.DefaultPort))
 	// Only the files vigil reads, each mounted on its own, read-only: not
 	// the whole of /etc/kubernetes/pki, which holds the cluster's CA keys.
 	// kubeadm rewrites certificates in place (same file), so a renewal
