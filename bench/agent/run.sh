@@ -9,16 +9,20 @@
 #      backends), after a minute of client traffic (RUNS labs).
 #   4. fanout.txt: what N agents' EndpointSlice watches cost a real
 #      kube-apiserver, and how fast a change reaches all N (RUNS runs).
+#   5. fleet.txt: 1,000 agents with and without the agent feed, 5,000 with
+#      it (5,000 checking everything themselves would only measure two
+#      saturated cores): steady load, and how long a killed and an added
+#      API server take to reach 50/99/100 % of them (RUNS runs each).
 # Usage, as root: bash bench/agent/run.sh   (RUNS=3 by default)
 #   PARTS="rss" bash bench/agent/run.sh runs only some parts (default:
-#   "latency load rss fanout").
+#   "latency load rss fanout fleet").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source hack/deps.sh ip jq curl
 hack/build.sh
 export GOTOOLCHAIN=local
 RUNS=${RUNS:-3}
-PARTS=${PARTS:-latency load rss fanout}
+PARTS=${PARTS:-latency load rss fanout fleet}
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 out=bench/agent/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
@@ -36,6 +40,15 @@ if part load; then
 echo "== control-plane load"
 go test ./bench/agent -run "^$" -bench ControlPlaneLoad -benchtime 1x -count "$RUNS" -timeout 60m 2>&1 \
   | grep -E '^(Benchmark|goos|goarch|cpu|pkg|PASS|ok|FAIL|--- FAIL|    load_test)' | tee "$out/load.txt"
+fi
+
+if part fleet; then
+echo "== fleet (agent feed)"
+fleet() {
+  go test ./bench/agent -run "^$" -bench Fleet -benchtime 1x -count "$RUNS" -timeout 90m 2>&1 \
+    | grep -E '^(Benchmark|goos|goarch|cpu|pkg|PASS|ok|FAIL|--- FAIL|    fleet_test)'
+}
+{ VIGIL_BENCH_AGENTS=1000 fleet; VIGIL_BENCH_AGENTS=5000 VIGIL_BENCH_FEED=on fleet; } | tee "$out/fleet.txt"
 fi
 
 if part rss; then
