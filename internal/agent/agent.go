@@ -121,6 +121,8 @@ type Config struct {
 	// FeedPort is the port of the control plane's agent feed (fed.go); 0
 	// reads no feed.
 	FeedPort int
+	// feedFirstCheck replaces FeedFirstCheck (tests).
+	feedFirstCheck time.Duration
 }
 
 // upstream is one forwarded service: the API server or etcd.
@@ -131,6 +133,8 @@ type upstream struct {
 	checker *health.Checker
 	seeds   []string // host:port
 	fed     fedState // what the agent feed says of the backends
+	// feedFirst spreads the first checks of backends the feed announced.
+	feedFirst time.Duration
 
 	mu      sync.Mutex
 	learned []string // host:port, from the cluster or the cache
@@ -257,7 +261,7 @@ func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
 }
 
 func (a *Agent) newUpstream(name, listen string, seeds []string, hc health.Config) (*upstream, error) {
-	u := &upstream{name: name, seeds: seeds, picker: &tieredPicker{}}
+	u := &upstream{name: name, seeds: seeds, picker: &tieredPicker{}, feedFirst: a.cfg.feedFirstCheck}
 	reg := prometheus.WrapRegistererWith(prometheus.Labels{"upstream": name}, a.reg)
 	var err error
 	u.bal, err = lb.New(lb.Config{
@@ -407,6 +411,9 @@ func (c *Config) withDefaults() error {
 	}
 	if c.DiscoveryInterval == 0 {
 		c.DiscoveryInterval = DefaultDiscoveryInterval
+	}
+	if c.feedFirstCheck == 0 {
+		c.feedFirstCheck = FeedFirstCheck
 	}
 	if c.MaxConnsPerSource == 0 {
 		c.MaxConnsPerSource = -1 // local clients all come from loopback

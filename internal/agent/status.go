@@ -57,13 +57,16 @@ type BackendState struct {
 	Address string `json:"address"`
 	// Source is "cluster" (learned, or cached from an earlier run) or
 	// "seed".
-	Source        string  `json:"source"`
-	State         string  `json:"state"`
-	Cause         string  `json:"cause,omitempty"`
-	LastError     string  `json:"lastError,omitempty"`
-	Tier          int     `json:"tier"`
-	LatencyMillis float64 `json:"latencyMillis,omitempty"`
-	Connections   int     `json:"connections"`
+	Source string `json:"source"`
+	State  string `json:"state"`
+	// Since is when State last changed, by this agent's checks or by the
+	// agent feed, whichever decided it.
+	Since         *time.Time `json:"since,omitempty"`
+	Cause         string     `json:"cause,omitempty"`
+	LastError     string     `json:"lastError,omitempty"`
+	Tier          int        `json:"tier"`
+	LatencyMillis float64    `json:"latencyMillis,omitempty"`
+	Connections   int        `json:"connections"`
 }
 
 // Ready reports whether every local endpoint has a backend whose checks
@@ -98,6 +101,9 @@ func (a *Agent) Status() Status {
 			if st, ok := u.checker.Status(b.Address); ok {
 				st = u.effective(st)
 				bs.State = st.State.String()
+				if !st.Since.IsZero() {
+					bs.Since = &st.Since
+				}
 				if st.State == health.Down {
 					bs.Cause, bs.LastError = st.Cause.String(), st.LastError
 				}

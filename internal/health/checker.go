@@ -229,10 +229,20 @@ func (c *Checker) Set(backends []string) {
 		ctx, cancel := context.WithCancel(c.ctx)
 		p := &probe{t: tracker{rise: c.cfg.Rise, fall: c.cfg.Fall, st: Status{Backend: b, Since: time.Now()}}, cancel: cancel, wake: make(chan struct{}, 1)}
 		c.probes[b] = p
+		// A new backend is checked at once, unless a pace slows it: then
+		// at a random time within its paced interval, so that a fleet of
+		// agents told of a new API server at the same moment does not
+		// open its connections to it in the same second.
+		var first time.Duration
+		if c.pace != nil {
+			if d := c.pace(p.t.st); d > c.cfg.Interval {
+				first = rand.N(d)
+			}
+		}
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			c.loop(ctx, b, p.wake)
+			c.loop(ctx, b, p.wake, first)
 		}()
 	}
 	for b, p := range c.probes {
@@ -249,7 +259,9 @@ func (c *Checker) Set(backends []string) {
 // SetPace makes pace decide each backend's interval from its status after
 // each check: the worker agent checks slowly what the control plane's feed
 // vouches for (docs/agent.md, "At fleet scale"). The interval it returns
-// is jittered like Interval; 0 or less, or a nil pace, means Interval.
+// is jittered like Interval; 0 or less, or a nil pace, means Interval. A
+// backend added later whose pace is longer than Interval is first checked
+// at a random time within it, not at once.
 // Call Wake for the backends whose pace got shorter. pace runs under the
 // checker's lock: it must not call the checker.
 func (c *Checker) SetPace(pace func(Status) time.Duration) {
@@ -391,8 +403,8 @@ func (c *Checker) Close() {
 	c.client.CloseIdleConnections()
 }
 
-func (c *Checker) loop(ctx context.Context, backend string, wake <-chan struct{}) {
-	next := time.NewTimer(0)
+func (c *Checker) loop(ctx context.Context, backend string, wake <-chan struct{}, first time.Duration) {
+	next := time.NewTimer(first)
 	defer next.Stop()
 	for {
 		select {
