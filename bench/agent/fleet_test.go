@@ -1,7 +1,6 @@
 package agentbench
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -15,7 +14,6 @@ import (
 	"os/exec"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -218,33 +216,9 @@ func startAgentHosts(b *testing.B, info cpInfo, n int) []*agentHost {
 			Count   int           `json:"count"`
 			Spacing time.Duration `json:"spacing"`
 		}{info, count, spacing})
-		cmd := exec.Command(os.Args[0], "-test.run", "^TestAgentHostHelper$", "-test.timeout", "0")
-		cmd.Env = append(os.Environ(), agentHostEnv+"="+string(cfg))
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		h := &agentHost{cmd: cmd, stdin: stdin}
+		cmd, stdin, addr := startChild(b, "TestAgentHostHelper", []string{agentHostEnv + "=" + string(cfg)}, os.Stderr, "HOST ")
+		h := &agentHost{cmd: cmd, stdin: stdin, addr: addr}
 		b.Cleanup(func() { h.stdin.Close(); _ = h.cmd.Wait() })
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if rest, ok := strings.CutPrefix(sc.Text(), "HOST "); ok {
-				h.addr = rest
-				break
-			}
-		}
-		if h.addr == "" {
-			b.Fatalf("agent host ended before it was ready: %v", sc.Err())
-		}
-		go func() { _, _ = io.Copy(io.Discard, out) }()
 		hosts = append(hosts, h)
 	}
 	return hosts

@@ -194,11 +194,27 @@ type counts struct {
 // startControlPlane starts the helper; with feeds, each API server's host
 // also serves an agent feed (fleet_test.go).
 func startControlPlane(b *testing.B, feeds ...bool) *controlPlane {
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestControlPlaneHelper$", "-test.timeout", "0")
-	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	env := []string{helperEnv + "=1"}
 	if len(feeds) > 0 && feeds[0] {
-		cmd.Env = append(cmd.Env, helperFeedEnv+"=1")
+		env = append(env, helperFeedEnv+"=1")
 	}
+	cmd, stdin, ready := startChild(b, "TestControlPlaneHelper", env, io.Discard, "READY ")
+	cp := &controlPlane{cmd: cmd, stdin: stdin}
+	b.Cleanup(cp.stop)
+	if err := json.Unmarshal([]byte(ready), &cp.info); err != nil {
+		b.Fatal(err)
+	}
+	return cp
+}
+
+// startChild runs this test binary again as the helper test, with env
+// added, and returns once the child printed a line starting with prefix
+// (the rest of that line is returned). The child ends when stdin closes;
+// the caller closes it and waits.
+func startChild(b *testing.B, test string, env []string, stderr io.Writer, prefix string) (*exec.Cmd, io.WriteCloser, string) {
+	cmd := exec.Command(os.Args[0], "-test.run", "^"+test+"$", "-test.timeout", "0")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -207,24 +223,20 @@ func startControlPlane(b *testing.B, feeds ...bool) *controlPlane {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd.Stderr = io.Discard
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	cp := &controlPlane{cmd: cmd, stdin: stdin}
-	b.Cleanup(cp.stop)
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "READY "); ok {
-			if err := json.Unmarshal([]byte(rest), &cp.info); err != nil {
-				b.Fatal(err)
-			}
+		if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
 			go func() { _, _ = io.Copy(io.Discard, out) }()
-			return cp
+			return cmd, stdin, rest
 		}
 	}
-	b.Fatalf("control plane helper ended before it was ready: %v", sc.Err())
-	return nil
+	stdin.Close()
+	_ = cmd.Wait()
+	b.Fatalf("%s ended before it was ready: %v", test, sc.Err())
+	return nil, nil, ""
 }
 
 func (cp *controlPlane) snapshot(b *testing.B) counts {

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +38,8 @@ type standIn struct {
 	name string
 	srv  *httptest.Server
 	once sync.Once
+	// checks counts the /readyz requests.
+	checks atomic.Int64
 }
 
 func newStandIn(t *testing.T, addr string) *standIn {
@@ -48,6 +51,7 @@ func newStandIn(t *testing.T, addr string) *standIn {
 	s := &standIn{name: addr}
 	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/readyz" {
+			s.checks.Add(1)
 			_, _ = io.WriteString(w, "ok")
 			return
 		}

@@ -3,14 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"slices"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,34 +14,6 @@ import (
 	"github.com/vigil-ha/vigil/internal/testaddr"
 	"github.com/vigil-ha/vigil/internal/testkit"
 )
-
-// countingAPI is a stand-in API server that counts its /readyz requests.
-type countingAPI struct {
-	addr   string
-	checks atomic.Int64
-	srv    *httptest.Server
-}
-
-func newCountingAPI(t *testing.T, addr string) *countingAPI {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &countingAPI{addr: addr}
-	c.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/readyz" {
-			c.checks.Add(1)
-		}
-		_, _ = io.WriteString(w, addr)
-	}))
-	c.srv.Listener.Close()
-	c.srv.Listener = ln
-	c.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	c.srv.StartTLS()
-	t.Cleanup(c.srv.Close)
-	return c
-}
 
 // feedOn serves a feed on addr until stop or the test's end.
 func feedOn(t *testing.T, addr string) (s *feed.Server, stop func()) {
@@ -74,10 +41,10 @@ func feedOn(t *testing.T, addr string) (s *feed.Server, stop func()) {
 	return s, stop
 }
 
-func feedView(node string, apis []*countingAPI, down ...string) feed.View {
+func feedView(node string, apis []*standIn, down ...string) feed.View {
 	v := feed.View{Node: node}
 	for _, a := range apis {
-		b := feed.Backend{Addr: a.addr, Up: !slices.Contains(down, a.addr)}
+		b := feed.Backend{Addr: a.name, Up: !slices.Contains(down, a.name)}
 		if !b.Up {
 			b.Cause = "draining"
 		}
@@ -92,9 +59,9 @@ func feedView(node string, apis []*countingAPI, down ...string) feed.View {
 // feed's "up", and checks everything itself again when no feed is fresh.
 func TestFeedSteersTheAgent(t *testing.T) {
 	apiPort, feedPort := testaddr.Port(t), testaddr.Port(t)
-	var apis []*countingAPI
+	var apis []*standIn
 	for i := 1; i <= 3; i++ {
-		apis = append(apis, newCountingAPI(t, fmt.Sprintf("%s:%d", testaddr.Host(t, i), apiPort)))
+		apis = append(apis, newStandIn(t, fmt.Sprintf("%s:%d", testaddr.Host(t, i), apiPort)))
 	}
 	vip := testaddr.Host(t, 0) // the seed: nothing serves the API there
 	fs, stopFeed := feedOn(t, fmt.Sprintf("%s:%d", vip, feedPort))
@@ -102,7 +69,7 @@ func TestFeedSteersTheAgent(t *testing.T) {
 	// The feed is the only source, so it announces every API server: the
 	// first checks are spread over feedFirstCheck (30 s in production).
 	a := startAgent(t, Config{Server: fmt.Sprintf("https://%s:%d", vip, apiPort), FeedPort: feedPort, feedFirstCheck: 300 * time.Millisecond})
-	all := []string{apis[0].addr, apis[1].addr, apis[2].addr}
+	all := []string{apis[0].name, apis[1].name, apis[2].name}
 	testkit.WaitFor(t, 10*time.Second, "the feed's API servers learned and up", func() bool {
 		return slices.Equal(upBackends(a, "apiserver", "cluster"), all)
 	})
@@ -123,13 +90,13 @@ func TestFeedSteersTheAgent(t *testing.T) {
 	testkit.Always(t, time.Second, "no checks while the feed vouches", func() bool { return slices.Equal(counts(), before) })
 
 	// The feed says one is draining: out at once, with the feed's word.
-	fs.Publish(feedView("cp1", apis, apis[1].addr))
+	fs.Publish(feedView("cp1", apis, apis[1].name))
 	testkit.WaitFor(t, 2*time.Second, "the drained API server out", func() bool {
-		return slices.Equal(upBackends(a, "apiserver", "cluster"), []string{apis[0].addr, apis[2].addr})
+		return slices.Equal(upBackends(a, "apiserver", "cluster"), []string{apis[0].name, apis[2].name})
 	})
 	for range 6 {
-		if who, err := ask(client(), a.APIServerAddr().String()); err != nil || who == apis[1].addr {
-			t.Fatalf("answered by %q (%v): the feed said %s is draining", who, err, apis[1].addr)
+		if who, err := ask(client(), a.APIServerAddr().String()); err != nil || who == apis[1].name {
+			t.Fatalf("answered by %q (%v): the feed said %s is draining", who, err, apis[1].name)
 		}
 	}
 	fs.Publish(feedView("cp1", apis))
@@ -143,17 +110,17 @@ func TestFeedSteersTheAgent(t *testing.T) {
 	// nearest, which the latencies measured under -race decide). Down
 	// here, and it stays down: checked at --health-interval, refused.
 	apis[2].srv.Close()
-	a.api.checker.DialFailed(apis[2].addr, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
+	a.api.checker.DialFailed(apis[2].name, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
 	testkit.WaitFor(t, 5*time.Second, "the closed API server down despite the feed", func() bool {
-		return slices.Equal(upBackends(a, "apiserver", "cluster"), []string{apis[0].addr, apis[1].addr})
+		return slices.Equal(upBackends(a, "apiserver", "cluster"), []string{apis[0].name, apis[1].name})
 	})
 	testkit.Always(t, time.Second, "the closed API server still down", func() bool {
-		return slices.Equal(backendsIn(a, "apiserver", "cluster", "down"), []string{apis[2].addr})
+		return slices.Equal(backendsIn(a, "apiserver", "cluster", "down"), []string{apis[2].name})
 	})
 	hc := client()
 	for range 6 {
-		if who, err := ask(hc, a.APIServerAddr().String()); err != nil || who == apis[2].addr {
-			t.Fatalf("answered by %q (%v): %s is closed", who, err, apis[2].addr)
+		if who, err := ask(hc, a.APIServerAddr().String()); err != nil || who == apis[2].name {
+			t.Fatalf("answered by %q (%v): %s is closed", who, err, apis[2].name)
 		}
 	}
 
@@ -171,13 +138,13 @@ func TestFeedSteersTheAgent(t *testing.T) {
 // etcd backends and its cache come from the feed.
 func TestFeedReplacesMemberListReads(t *testing.T) {
 	apiPort, feedPort := testaddr.Port(t), testaddr.Port(t)
-	api := newCountingAPI(t, fmt.Sprintf("%s:%d", testaddr.Host(t, 1), apiPort))
+	api := newStandIn(t, fmt.Sprintf("%s:%d", testaddr.Host(t, 1), apiPort))
 	vip := testaddr.Host(t, 0)
 	fs, _ := feedOn(t, fmt.Sprintf("%s:%d", vip, feedPort))
 	// Members at addresses where nothing listens: the seed below is never
 	// read while the feed answers for the members.
 	etcdA, etcdB := deadAddr(t), deadAddr(t)
-	v := feedView("cp1", []*countingAPI{api})
+	v := feedView("cp1", []*standIn{api})
 	v.Etcd = []feed.Backend{{Addr: etcdA, URL: "http://" + etcdA, Up: true}, {Addr: etcdB, URL: "http://" + etcdB, Up: true}}
 	slices.SortFunc(v.Etcd, func(x, y feed.Backend) int { return cmpString(x.Addr, y.Addr) })
 	fs.Publish(v)
