@@ -347,6 +347,9 @@ type Lab struct {
 	// recover) while its samplers read it from their own goroutines
 	// (liveNodes); the drill's own goroutine reads it freely.
 	nodesMu sync.Mutex
+	// flags caches knowsFlag's answers, by binary and flag.
+	flagsMu sync.Mutex
+	flags   map[string]bool
 }
 
 // editNodes changes the node list under nodesMu.
@@ -733,12 +736,15 @@ func (l *Lab) startVigil(n *Node) error {
 		metrics = fmt.Sprintf("[::]:%d", labMetricsPort)
 	}
 	args = append(args, "--metrics-address", metrics)
-	// The worker agents' feed, as vigil manifest serves it: the agents
-	// read it on the VIP, else on any node.
-	args = append(args, "--agent-feed-listen", fmt.Sprintf(":%d", feed.DefaultPort))
 	bin := l.vigilBin
 	if n.VigilBin != "" {
 		bin = n.VigilBin
+	}
+	// The worker agents' feed, as vigil manifest serves it: the agents
+	// read it on the VIP, else on any node. A release from before the
+	// feed (rolling-upgrade's) has no such flag, and serves none.
+	if l.knowsFlag(bin, "agent-feed-listen") {
+		args = append(args, "--agent-feed-listen", fmt.Sprintf(":%d", feed.DefaultPort))
 	}
 	return l.start(n, roleVigil, bin, args...)
 }
@@ -765,4 +771,22 @@ func (l *Lab) waitEtcdHealthy(ctx context.Context, d time.Duration) error {
 		}
 	}
 	return fmt.Errorf("lab: etcd did not become healthy in %v: %w", d, last)
+}
+
+// knowsFlag reports whether bin's "run" command has --flag, as its help
+// says. Answers are kept per binary: a binary's flags do not change.
+func (l *Lab) knowsFlag(bin, flag string) bool {
+	l.flagsMu.Lock()
+	defer l.flagsMu.Unlock()
+	key := bin + " --" + flag
+	if v, ok := l.flags[key]; ok {
+		return v
+	}
+	out, _ := exec.Command(bin, "run", "--help").CombinedOutput()
+	v := strings.Contains(string(out), "--"+flag+" ")
+	if l.flags == nil {
+		l.flags = map[string]bool{}
+	}
+	l.flags[key] = v
+	return v
 }
