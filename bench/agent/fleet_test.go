@@ -93,19 +93,7 @@ func measureFleet(b *testing.B, cp *controlPlane, n int, fed bool) {
 	}
 	time.Sleep(settle)
 
-	before := cp.snapshot(b)
-	cpu0 := hostsCPU(b, hosts)
-	b.ResetTimer()
-	time.Sleep(window)
-	b.StopTimer()
-	after := cp.snapshot(b)
-	sec := window.Seconds()
-	b.ReportMetric(float64(after.Readyz-before.Readyz)/sec/3, "readyz/s/apiserver")
-	b.ReportMetric((after.EtcdHealth-before.EtcdHealth)/sec/3, "health/s/etcd")
-	b.ReportMetric((after.MemberList-before.MemberList)/sec, "memberlist/s")
-	b.ReportMetric(float64(after.Conns)/3, "conns/apiserver")
-	b.ReportMetric((after.CPU-before.CPU)/sec, "cp-cpu-cores")
-	b.ReportMetric((hostsCPU(b, hosts)-cpu0)/sec/float64(n)*1000, "agent-millicores")
+	after := measureWindow(b, cp, n, func() float64 { return hostsCPU(b, hosts) })
 	if fed {
 		b.Logf("agents reading each node's feed: %v", after.Followers)
 	}
