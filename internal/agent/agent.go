@@ -204,9 +204,8 @@ type Agent struct {
 	follower  *feed.Follower       // nil with FeedPort 0
 	startedAt time.Time
 
-	mu       sync.Mutex // guards disc and members (written by Run), etcdURLs, view
+	mu       sync.Mutex // guards disc and members (written by Run), etcdURLs
 	etcdURLs []string   // learned etcd client URLs, for the member list client
-	view     *feed.View // the last view read from the feed
 }
 
 // New validates cfg and opens every listener, so that a port conflict or a

@@ -480,6 +480,8 @@ func TestConfigErrors(t *testing.T) {
 		{"per-source above total", func(c *Config) { c.MaxConns, c.MaxConnsPerSource = 10, 20 }, "--lb-max-conns-per-source 20 is above --lb-max-conns 10"},
 		{"negative idle timeout", func(c *Config) { c.IdleTimeout = -time.Second }, "--lb-idle-timeout"},
 		{"too many event loops", func(c *Config) { c.EventLoops = 65 }, "--lb-event-loops 65"},
+		{"feed port out of range", func(c *Config) { c.FeedPort = 70000 }, "--feed-port 70000"},
+		{"negative feed port", func(c *Config) { c.FeedPort = -1 }, "--feed-port -1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

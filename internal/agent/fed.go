@@ -203,7 +203,6 @@ func (a *Agent) gotView(v feed.View) {
 		a.etcd.fed.set(v.Node, v.Etcd)
 	}
 	a.mu.Lock()
-	a.view = &v
 	disc := a.disc
 	a.mu.Unlock()
 	if disc != nil {
@@ -223,10 +222,8 @@ func (a *Agent) gotView(v feed.View) {
 type fedAPIServers struct{ a *Agent }
 
 func (s fedAPIServers) Backends() ([]string, bool) {
-	s.a.mu.Lock()
-	v := s.a.view
-	s.a.mu.Unlock()
-	if v == nil {
+	v, ok := s.a.follower.LastView()
+	if !ok {
 		return nil, false
 	}
 	out := make([]string, 0, len(v.APIServers))

@@ -48,6 +48,7 @@ type Follower struct {
 	source string    // host:port of the feed read last
 	last   time.Time // when its last line arrived
 	view   View
+	read   bool        // a view was read
 	timer  *time.Timer // fires Stale after the last line
 
 	freshMu sync.Mutex
@@ -82,6 +83,14 @@ func (f *Follower) State() (fresh bool, v View, source string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.fresh, f.view, f.source
+}
+
+// LastView is the last view read, fresh or not; ok is false before the
+// first.
+func (f *Follower) LastView() (v View, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.view, f.read
 }
 
 // Run follows the feeds until ctx ends.
@@ -179,7 +188,7 @@ func (f *Follower) follow(ctx context.Context, ep string) error {
 
 func (f *Follower) gotView(ep string, v View) {
 	f.mu.Lock()
-	f.view = v
+	f.view, f.read = v, true
 	f.mu.Unlock()
 	if f.cfg.OnView != nil {
 		f.cfg.OnView(v)
