@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -206,7 +207,7 @@ func startControlPlane(b *testing.B, feeds ...bool) *controlPlane {
 	if len(feeds) > 0 && feeds[0] {
 		env = append(env, helperFeedEnv+"=1")
 	}
-	cmd, stdin, ready := startChild(b, "TestControlPlaneHelper", env, io.Discard, "READY ")
+	cmd, stdin, ready := startChild(b, "TestControlPlaneHelper", 0, env, io.Discard, "READY ")
 	cp := &controlPlane{cmd: cmd, stdin: stdin}
 	b.Cleanup(cp.stop)
 	if err := json.Unmarshal([]byte(ready), &cp.info); err != nil {
@@ -218,9 +219,14 @@ func startControlPlane(b *testing.B, feeds ...bool) *controlPlane {
 // startChild runs this test binary again as the helper test, with env
 // added, and returns once the child printed a line starting with prefix
 // (the rest of that line is returned). The child ends when stdin closes;
-// the caller closes it and waits.
-func startChild(b *testing.B, test string, env []string, stderr io.Writer, prefix string) (*exec.Cmd, io.WriteCloser, string) {
-	cmd := exec.Command(os.Args[0], "-test.run", "^"+test+"$", "-test.timeout", "0")
+// the caller closes it and waits. A niceness above 0 runs it (all its
+// threads) at that lower priority.
+func startChild(b *testing.B, test string, niceness int, env []string, stderr io.Writer, prefix string) (*exec.Cmd, io.WriteCloser, string) {
+	args := []string{os.Args[0], "-test.run", "^" + test + "$", "-test.timeout", "0"}
+	if niceness > 0 {
+		args = append([]string{"nice", "-n", strconv.Itoa(niceness)}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()

@@ -31,6 +31,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.IntVar(&s.BackendPort, "backend-port", lab.APIServerPort, "vigil --backend-port (the stand-in API servers listen on 6443, the benchmark backends on 7000)")
 	f.IntVar(&s.HealthPort, "health-port", 0, "vigil --health-port (0: the backend port)")
 	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
+	f.IntVar(&s.LBMaxConns, "lb-max-conns", 0, fmt.Sprintf("vigil --lb-max-conns on every node (0: vigil's default, -1: no limit); the reconnect-storm drill opens %d connections through the VIP and needs at least that", lab.StormClients))
 	f.StringVar(&s.APIServer, "apiserver", lab.APIServerStandIn, "each node's API server: standin (the lab's, with drillable modes) or kube (the real kube-apiserver from bin/, built by hack/build-kube-apiserver.sh)")
 	f.StringVar(&s.Election, "election", lab.ElectionEtcd, "vigil --election on every node: etcd, or kubernetes (a Lease through the node's own kube-apiserver; needs --apiserver kube)")
 	f.IntVar(&s.Workers, "workers", 0, "worker nodes running vigil-agent and long-lived etcd and API clients through it (vigil labs; scale-workers-unaffected adds 2 if there are none)")
@@ -608,6 +609,29 @@ func newLoadgenCmd() *cobra.Command {
 	f.IntVar(&cfg.Samples, "samples", 1000, "samples of rtt and connect")
 	f.IntVar(&cfg.Workers, "workers", 4, "parallel clients")
 	f.StringVar(&cfg.Source, "source", "", "local addresses to connect from, comma-separated, taken in turn (flood)")
+	return cmd
+}
+
+func newStormCmd() *cobra.Command {
+	var raw string
+	cmd := &cobra.Command{
+		Use:    "storm",
+		Short:  "The reconnect-storm drill's clients (run inside the client namespace)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg lab.StormConfig
+			if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+				return fmt.Errorf("--config: %w", err)
+			}
+			r, err := lab.RunStorm(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			return writeJSON(cmd.OutOrStdout(), r)
+		},
+	}
+	cmd.Flags().StringVar(&raw, "config", "", "the storm's configuration, JSON (lab.StormConfig)")
 	return cmd
 }
 

@@ -68,6 +68,6 @@ Quick start:  vigil-lab demo`,
 	root.PersistentFlags().StringVar(&g.dir, "dir", lab.DefaultDir, "state, data and logs of the lab")
 	root.PersistentFlags().StringVar(&g.vigilBin, "vigil-bin", "", "vigil binary to run on the nodes (default: vigil next to vigil-lab)")
 	root.PersistentFlags().BoolVarP(&g.verbose, "verbose", "v", false, "log what the lab does")
-	root.AddCommand(newUpCmd(g), newDownCmd(g), newStatusCmd(g), newDrillCmd(g), newDemoCmd(g), newChaosCmd(g), newBenchLBCmd(g), newEtcdCmd(), newResponderCmd(), newWorkerClientCmd(), newAPIServerCmd(), newLoadgenCmd(), newGrayCmd(g), newEtcdFrontCmd(), newRouterFIBCmd())
+	root.AddCommand(newUpCmd(g), newDownCmd(g), newStatusCmd(g), newDrillCmd(g), newDemoCmd(g), newChaosCmd(g), newBenchLBCmd(g), newEtcdCmd(), newResponderCmd(), newWorkerClientCmd(), newAPIServerCmd(), newLoadgenCmd(), newStormCmd(), newGrayCmd(g), newEtcdFrontCmd(), newRouterFIBCmd())
 	return root
 }

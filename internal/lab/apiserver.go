@@ -147,17 +147,27 @@ func (s *standIn) serve(w http.ResponseWriter, r *http.Request) {
 // WatchTick is how often the stand-in's /watch stream sends an event.
 const WatchTick = 100 * time.Millisecond
 
-// watch streams one JSON line every WatchTick, naming this node, until the
-// client goes: a long-lived response like a kube-apiserver watch, whose
-// connection through the VIP the watch drills follow.
+// watch streams one JSON line every WatchTick (or ?every=DURATION, at
+// least WatchTick), naming this node, until the client goes: a long-lived
+// response like a kube-apiserver watch, whose connection through the VIP
+// the watch drills follow. The first line is sent at once.
 func (s *standIn) watch(w http.ResponseWriter, r *http.Request) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
+	every := WatchTick
+	if v := r.URL.Query().Get("every"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < WatchTick {
+			http.Error(w, fmt.Sprintf("every=%q: want a duration of at least %v", v, WatchTick), http.StatusBadRequest)
+			return
+		}
+		every = d
+	}
 	w.Header().Set("Content-Type", "application/json")
-	t := time.NewTicker(WatchTick)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for seq := 0; ; seq++ {
 		if _, err := fmt.Fprintf(w, "{\"node\":%q,\"seq\":%d}\n", s.cfg.Name, seq); err != nil {

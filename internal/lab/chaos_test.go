@@ -109,7 +109,7 @@ func TestWatchDrillsRefuseUnsuitableLabs(t *testing.T) {
 		{"keepalived lab", Settings{Impl: ImplKeepalived, LBPort: APIServerPort}},
 		{"real kube-apiserver", Settings{Impl: ImplVigil, LBPort: APIServerPort, APIServer: APIServerKube}},
 	} {
-		for _, kind := range []string{DrillBackendPaused, DrillBackendKilled} {
+		for _, kind := range []string{DrillBackendPaused, DrillBackendKilled, DrillReconnectStorm} {
 			t.Run(tc.name+"/"+kind, func(t *testing.T) {
 				l := &Lab{}
 				l.st.Settings, l.st.Nodes = tc.s, three
@@ -117,6 +117,30 @@ func TestWatchDrillsRefuseUnsuitableLabs(t *testing.T) {
 					t.Fatalf("error %q, want it to name what the drill needs", r.Error)
 				}
 			})
+		}
+	}
+}
+
+// TestStormNeedsConnections: reconnect-storm refuses a lab whose balancer
+// would reset most of its clients, before it touches anything, and says
+// what to run instead; DrillsFor leaves it out there.
+func TestStormNeedsConnections(t *testing.T) {
+	three := []*Node{{Name: "n1"}, {Name: "n2"}, {Name: "n3"}}
+	for _, max := range []int{0, StormClients - 1} {
+		l := &Lab{}
+		l.st.Settings = Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, LBMaxConns: max}
+		l.st.Nodes = three
+		if r := l.Drill(context.Background(), DrillReconnectStorm, 1); !strings.Contains(r.Error, "vigil-lab up --lb-max-conns") {
+			t.Errorf("--lb-max-conns %d: error %q, want it to say how to run the drill", max, r.Error)
+		}
+		if slices.Contains(DrillsFor(l.st.Settings), DrillReconnectStorm) {
+			t.Errorf("--lb-max-conns %d: DrillsFor lists %s", max, DrillReconnectStorm)
+		}
+	}
+	for _, max := range []int{-1, StormClients} {
+		s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, LBMaxConns: max}
+		if !slices.Contains(DrillsFor(s), DrillReconnectStorm) {
+			t.Errorf("--lb-max-conns %d: DrillsFor leaves out %s", max, DrillReconnectStorm)
 		}
 	}
 }

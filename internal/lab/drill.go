@@ -33,7 +33,7 @@ const (
 )
 
 // Drills lists the drill kinds.
-var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled, DrillPrometheus, DrillRollingUpgrade}
+var Drills = []string{DrillKillLeader, DrillGraceful, DrillHandoff, DrillPartitionLeader, DrillKillEtcdLeader, DrillKillDaemon, DrillImpostorEtcd, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled, DrillReconnectStorm, DrillReplaceNode, DrillReplaceHealthy, DrillScale, DrillScaleWorkers, DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort, DrillRecover, DrillKubeadmVigilKilled, DrillKubeadmVigilOOM, DrillKubeadmVigilRestart, DrillKubeadmCertsRenew, DrillKubeadmReplace, DrillKubeadmRecover, DrillKubeadmLease, DrillECMPNodeKilled, DrillPrometheus, DrillRollingUpgrade}
 
 // MembershipDrills lists the drills that change the lab's membership (they
 // leave it with new nodes), and with --prune-after the prune drills; vigil
@@ -69,6 +69,9 @@ func DrillsFor(s Settings) []string {
 	// The API server and watch drills go through the IPv4 VIP.
 	if s.LBPort != 0 && (s.BackendPort == 0 || s.BackendPort == APIServerPort) && !s.kube() && s.has4() {
 		out = append(out, DrillAPIServerDown, DrillAPIServerSlow, DrillBackendPaused, DrillBackendKilled)
+		if s.stormFits() {
+			out = append(out, DrillReconnectStorm)
+		}
 	}
 	return out
 }
@@ -103,6 +106,8 @@ type Result struct {
 	API *APIResult `json:"api,omitempty"`
 	// Watch is set by the watch drills (backend-paused, backend-killed).
 	Watch *WatchResult `json:"watch,omitempty"`
+	// Storm is set by reconnect-storm.
+	Storm *StormResult `json:"storm,omitempty"`
 	// Phases are the timed steps of multi-step drills (replace-node).
 	Phases []Phase `json:"phases,omitempty"`
 	// Workers is set by scale-workers-unaffected.
@@ -175,6 +180,10 @@ func (r Result) String() string {
 	if w := r.Watch; w != nil {
 		s = fmt.Sprintf("%-17s #%-3d %s's API server, VIP on %s -> %s  %s  split-brain: %s",
 			r.Drill, r.Run, orDash(r.Target), orDash(r.Before), orDash(r.After), w, yesNo(r.SplitBrain))
+	}
+	if st := r.Storm; st != nil {
+		s = fmt.Sprintf("%-17s #%-3d VIP on %s -> %s  split-brain: %s\n    %s",
+			r.Drill, r.Run, orDash(r.Before), orDash(r.After), yesNo(r.SplitBrain), st)
 	}
 	for _, w := range r.Workers {
 		s += "\n    " + w.String()
@@ -302,6 +311,9 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	if kind == DrillBackendPaused || kind == DrillBackendKilled {
 		return l.watchDrill(ctx, kind, r)
+	}
+	if kind == DrillReconnectStorm {
+		return l.stormDrill(ctx, r)
 	}
 	if kind == DrillReplaceNode {
 		return l.replaceNode(ctx, r)

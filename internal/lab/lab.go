@@ -49,6 +49,9 @@ type Settings struct {
 	BackendPort int           `json:"backendPort"`
 	HealthPort  int           `json:"healthPort,omitempty"`
 	HealthGrace time.Duration `json:"healthGrace,omitempty"`
+	// LBMaxConns is vigil's --lb-max-conns (0: vigil's default, -1: no
+	// limit). The reconnect-storm drill needs StormClients.
+	LBMaxConns int `json:"lbMaxConns,omitempty"`
 	// PruneAfter is vigil's --prune-after; with it, replace-node waits for
 	// vigil to prune the dead member instead of running vigil members
 	// prune.
@@ -290,6 +293,12 @@ func (s Settings) Validate() error {
 		if p < 0 || p > 65535 {
 			return fmt.Errorf("lab: %s %d is out of range", flag, p)
 		}
+	}
+	switch {
+	case s.LBMaxConns < -1:
+		return fmt.Errorf("lab: --lb-max-conns %d: give a number of connections, 0 for vigil's default or -1 for no limit", s.LBMaxConns)
+	case s.LBMaxConns != 0 && (s.Impl != ImplVigil || s.LBPort == 0 || s.Kubeadm):
+		return fmt.Errorf("lab: --lb-max-conns needs vigil's load balancer in a lab of its own processes (--impl vigil, --lb-port, no --kubeadm)")
 	}
 	return nil
 }
@@ -724,6 +733,9 @@ func (l *Lab) startVigil(n *Node) error {
 	}
 	if s.HealthGrace > 0 {
 		args = append(args, "--health-grace", s.HealthGrace.String())
+	}
+	if s.LBMaxConns != 0 {
+		args = append(args, "--lb-max-conns", itoa(s.LBMaxConns))
 	}
 	if s.PruneAfter > 0 {
 		args = append(args, "--prune-after", s.PruneAfter.String())

@@ -84,7 +84,8 @@ func TestDrills(t *testing.T) {
 	// With --prune-after, replace-node checks vigil's own pruning (the
 	// command is tested by bench/membership and cmd/vigil); 10 s is far
 	// above how long any other drill keeps a node down.
-	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, PruneAfter: 10 * time.Second}
+	// --lb-max-conns: reconnect-storm's clients all go through the holder.
+	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, PruneAfter: 10 * time.Second, LBMaxConns: 2 * StormClients}
 	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -212,6 +213,14 @@ func TestDrills(t *testing.T) {
 				// the VIP staying put; here: it watched what it meant to.
 				if r.Watch == nil || r.Watch.OnTarget == 0 || r.After != r.Before {
 					t.Fatalf("watch result: %+v, VIP %s -> %s", r.Watch, r.Before, r.After)
+				}
+			case DrillReconnectStorm:
+				// The drill failed on a late client or a moved VIP; here:
+				// every client went through the storm, spread over the
+				// API servers.
+				st := r.Storm
+				if st == nil || st.Clients != StormClients || st.Reconnected != st.Clients || len(st.ServedAfter) != 3 || r.After != r.Before {
+					t.Fatalf("storm result: %v, VIP %s -> %s", st, r.Before, r.After)
 				}
 			case DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort:
 				// The drill itself failed on a wrong prune or a late one;
@@ -488,7 +497,11 @@ func TestSettingsValidate(t *testing.T) {
 		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: "consistent"},
 		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BFDInterval: 50 * time.Millisecond},
 		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 10 * time.Millisecond},
-		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 2 * time.Second}} {
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 2 * time.Second},
+		// --lb-max-conns is vigil's balancer's, in a lab of its own vigils.
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, LBMaxConns: -2},
+		{Nodes: 3, Impl: ImplVigil, LBMaxConns: 10000},
+		{Nodes: 3, Impl: ImplKeepalived, LBPort: APIServerPort, LBMaxConns: 10000}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v accepted", s)
 		}

@@ -142,6 +142,28 @@ type FloodResult struct {
 // floods from: 10.250.0.3 onward.
 func floodSource(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 250, 0, byte(3 + i)}) }
 
+// addClientSources gives the client namespace the first n floodSource
+// addresses and returns them; remove takes back those it added, also when
+// it fails.
+func addClientSources(ctx context.Context, n int) (srcs []string, remove func(), err error) {
+	var added []string
+	remove = func() {
+		for _, a := range added {
+			_ = ip(context.Background(), "-n", clientNS, "addr", "del", a, "dev", nodeIface)
+		}
+	}
+	for i := range n {
+		src := floodSource(i)
+		addr := fmt.Sprintf("%s/%d", src, subnetBits)
+		if err := ip(ctx, "-n", clientNS, "addr", "add", addr, "dev", nodeIface); err != nil {
+			return srcs, remove, err
+		}
+		added = append(added, addr)
+		srcs = append(srcs, src.String())
+	}
+	return srcs, remove, nil
+}
+
 // floodHold is how long the flooder keeps what was accepted after its last
 // attempt; floodOther is how long the other client keeps connecting.
 const (
@@ -155,15 +177,10 @@ func (l *Lab) floodOnce(ctx context.Context, holder string, attempts, sources in
 	if err != nil {
 		return nil, err
 	}
-	var srcs []string
-	for i := range sources {
-		src := floodSource(i)
-		addr := fmt.Sprintf("%s/%d", src, subnetBits)
-		if err := ip(ctx, "-n", clientNS, "addr", "add", addr, "dev", nodeIface); err != nil {
-			return nil, err
-		}
-		defer func() { _ = ip(context.Background(), "-n", clientNS, "addr", "del", addr, "dev", nodeIface) }()
-		srcs = append(srcs, src.String())
+	srcs, removeSources, err := addClientSources(ctx, sources)
+	defer removeSources()
+	if err != nil {
+		return nil, err
 	}
 	res.Source = strings.Join(srcs, ",")
 	w, err := newVIPWatch(l.st.Nodes)

@@ -170,10 +170,10 @@ func (c *watchClient) close() {
 
 // watchDrill runs backend-paused or backend-killed and heals the lab.
 func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error) {
-	s := l.st.Settings
-	if s.Impl != ImplVigil || s.LBPort == 0 || (s.BackendPort != 0 && s.BackendPort != APIServerPort) || s.kube() {
-		return fmt.Errorf("drill %s needs vigil's load balancer in front of the stand-in API servers (vigil-lab up --lb-port 6443 --backend-port 6443)", kind)
+	if err := l.needStandInLB(kind); err != nil {
+		return err
 	}
+	s := l.st.Settings
 	holder, err := l.waitStable(ctx, recoverTimeout)
 	if err != nil {
 		return fmt.Errorf("lab not stable before the drill: %w", err)
@@ -344,6 +344,16 @@ func (l *Lab) killBackend(ctx context.Context, target *Node, pid int, streams []
 		errs = append(errs, fmt.Errorf("restart the API server on %s: %w", target.Name, err))
 	}
 	return errors.Join(errs...)
+}
+
+// needStandInLB refuses a drill that goes through vigil's load balancer to
+// the stand-in API servers in a lab without them.
+func (l *Lab) needStandInLB(kind string) error {
+	s := l.st.Settings
+	if s.Impl != ImplVigil || s.LBPort == 0 || (s.BackendPort != 0 && s.BackendPort != APIServerPort) || s.kube() {
+		return fmt.Errorf("drill %s needs vigil's load balancer in front of the stand-in API servers (vigil-lab up --lb-port 6443 --backend-port 6443)", kind)
+	}
+	return nil
 }
 
 // nonHolder is the first node, in the lab's order, that is neither holder
