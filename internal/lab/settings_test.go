@@ -1,0 +1,48 @@
+package lab
+
+import (
+	"testing"
+	"time"
+)
+
+func TestSettingsValidate(t *testing.T) {
+	for _, s := range []Settings{{Nodes: 0, Impl: ImplVigil}, {Nodes: 10, Impl: ImplVigil}, {Nodes: 3, Impl: "haproxy"},
+		{Nodes: 3, Impl: ImplKeepalived, Workers: 2}, {Nodes: 3, Impl: ImplVigil, Workers: 10},
+		{Nodes: 3, Impl: ImplVigil, APIServer: "k3s"}, {Nodes: 3, Impl: ImplKeepalived, APIServer: APIServerKube},
+		{Nodes: 3, Impl: ImplVigil, Election: ElectionKubernetes}, {Nodes: 3, Impl: ImplVigil, Election: "raft"},
+		{Nodes: 3, Impl: ImplVigil, EtcdLogLevel: "verbose"},
+		// The kubeadm lab runs vigil from its manifest, behind kubeadm's
+		// own API servers, with the etcd election.
+		{Nodes: 3, Impl: ImplKeepalived, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, APIServer: APIServerKube},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LeaseDuration: time.Second},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: 7443, BackendPort: APIServerPort},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, VIPLink: true},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: APIServerPort},
+		{Nodes: 3, Impl: ImplVigil, LBListenPort: 16443}, // without kubeadm
+		// IPv6 and dual-stack labs run vigil, outside the kubeadm lab.
+		{Nodes: 3, Impl: ImplVigil, IPFamily: "ipv5"}, {Nodes: 3, Impl: ImplKeepalived, IPFamily: IPv6},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, IPFamily: Dual},
+		// The router's hashing is an ECMP lab's; BFD's interval needs BFD,
+		// within what vigil run takes.
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, RouterHash: RouterHashResilient},
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: "consistent"},
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BFDInterval: 50 * time.Millisecond},
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 10 * time.Millisecond},
+		{Nodes: 3, Impl: ImplVigil, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 2 * time.Second},
+		// --lb-max-conns is vigil's balancer's, in a lab of its own vigils.
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, LBMaxConns: -2},
+		{Nodes: 3, Impl: ImplVigil, LBMaxConns: 10000},
+		{Nodes: 3, Impl: ImplKeepalived, LBPort: APIServerPort, LBMaxConns: 10000}} {
+		if err := s.Validate(); err == nil {
+			t.Errorf("%+v accepted", s)
+		}
+	}
+	for _, s := range []Settings{{Nodes: 3, Impl: ImplKeepalived}, {Nodes: 3, Impl: ImplVigil, IPFamily: Dual, Announce: AnnounceBGP}, {Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, Workers: 1, PruneAfter: 30 * time.Second},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: 16443},
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: RouterHashThreshold, BGPBFD: true, BFDInterval: 50 * time.Millisecond}} {
+		if err := s.Validate(); err != nil {
+			t.Error(err)
+		}
+	}
+}
