@@ -219,8 +219,13 @@ func TestDrills(t *testing.T) {
 				// every client went through the storm, spread over the
 				// API servers.
 				st := r.Storm
-				if st == nil || st.Clients != StormClients || st.Reconnected != st.Clients || len(st.ServedAfter) != 3 || r.After != r.Before {
+				if st == nil || r.After != r.Before {
 					t.Fatalf("storm result: %v, VIP %s -> %s", st, r.Before, r.After)
+				}
+				for _, run := range []StormRun{st.Direct, st.Through} {
+					if run.Clients != StormClients || run.Reconnected != run.Clients || len(run.ServedAfter) != 3 || run.HolderCPUSeconds <= 0 {
+						t.Fatalf("storm: %v", &run)
+					}
 				}
 			case DrillPruneOneSided, DrillPruneColdStart, DrillPruneRealDeath, DrillPruneClientPort:
 				// The drill itself failed on a wrong prune or a late one;

@@ -108,6 +108,7 @@ type lpair struct {
 	anyway   bool
 	attempt  int
 	dialGen  int
+	dialAt   time.Time // when the current attempt began
 	tried    map[string]bool
 	conn     bool // connected and registered in be.conns
 	upDone   bool // the client finished sending (FIN passed on)

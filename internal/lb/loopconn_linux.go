@@ -92,6 +92,7 @@ func (l *evloop) dial(p *lpair, now time.Time) {
 			l.handOverClient(p)
 			return
 		}
+		p.dialAt = now
 		err := l.connect(p, be.ip)
 		if err == nil {
 			p.dialGen++
@@ -154,13 +155,12 @@ func (l *evloop) dialFailed(p *lpair, err error) {
 		p.tried = map[string]bool{}
 	}
 	p.tried[be.addr] = true
+	err = &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(be.ip), Err: err}
 	b.mu.Lock()
 	b.pool.done(be)
+	report := b.dialFailedLocked(be, p.dialAt, err)
 	b.mu.Unlock()
-	b.m.dialErrors.WithLabelValues(be.addr).Inc()
-	err = &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(be.ip), Err: err}
-	b.log.Debug("backend refused a connection; trying another", "backend", be.addr, "err", err)
-	if b.cfg.OnDialError != nil {
+	if report {
 		// Not on the loop's thread: what health checking does with it
 		// may reach back into the balancer.
 		go b.cfg.OnDialError(be.addr, err)
@@ -206,6 +206,7 @@ func (l *evloop) connected(p *lpair, now time.Time) {
 	}
 	be := p.be
 	b.mu.Lock()
+	be.reached = now
 	if !b.stillWantedLocked(p, be, p.anyway) {
 		b.mu.Unlock()
 		l.closePair(p, false)
@@ -331,6 +332,13 @@ func (l *evloop) finish(p *lpair, up bool, now time.Time) {
 func (l *evloop) expire(now time.Time) {
 	for it, ok := l.dialQ.due(now); ok; it, ok = l.dialQ.due(now) {
 		if p := it.p; !p.closed && !p.gone && !p.conn && p.dialGen == it.gen && p.sfd >= 0 {
+			if established(p.sfd) {
+				// The backend answered in time; this loop, busy with a
+				// storm of events, has not read that one yet. Failing it
+				// would count a healthy backend as silent.
+				l.connected(p, now)
+				continue
+			}
 			l.dialFailed(p, os.ErrDeadlineExceeded)
 			l.dial(p, now)
 		}
@@ -424,4 +432,12 @@ func (l *evloop) release(p *lpair) {
 	if p.down > 0 {
 		b.m.toClient.Add(float64(p.down))
 	}
+}
+
+// established reports whether the TCP socket fd has finished connecting
+// (TCP_ESTABLISHED, include/net/tcp_states.h).
+func established(fd int) bool {
+	const tcpEstablished = 1
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	return err == nil && info.State == tcpEstablished
 }

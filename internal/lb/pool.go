@@ -3,6 +3,7 @@ package lb
 import (
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // pool is the balancer's view of its backends. It is not safe for concurrent
@@ -21,6 +22,10 @@ type backend struct {
 	active int            // connections being dialled or proxied
 	conns  map[*proxyConn]struct{}
 	m      backendMetrics
+	// reached is when a connection to it last succeeded (b.mu): a timed
+	// out attempt that began before it says nothing of the backend
+	// (Balancer.dialFailedLocked).
+	reached time.Time
 }
 
 func newPool(p Picker) *pool {

@@ -19,23 +19,26 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 			break
 		}
 		tried[be.addr] = true
+		started := time.Now()
 		dctx, cancel := context.WithTimeout(ctx, b.cfg.DialTimeout)
 		server, err := b.cfg.Dial(dctx, "tcp", be.addr)
 		cancel()
 		if err != nil {
 			b.mu.Lock()
 			b.pool.done(be)
+			report := ctx.Err() == nil && b.dialFailedLocked(be, started, err)
 			b.mu.Unlock()
 			if ctx.Err() != nil {
 				break
 			}
-			b.m.dialErrors.WithLabelValues(be.addr).Inc()
-			b.log.Debug("backend refused a connection; trying another", "backend", be.addr, "err", err)
-			if b.cfg.OnDialError != nil {
+			if report {
 				b.cfg.OnDialError(be.addr, err)
 			}
 			continue
 		}
+		b.mu.Lock()
+		be.reached = time.Now()
+		b.mu.Unlock()
 		b.proxy(be, &proxyConn{client: client, server: server}, anyway)
 		return
 	}
@@ -43,6 +46,24 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 		b.noBackend(client.RemoteAddr().String())
 	}
 	reset(client)
+}
+
+// dialFailedLocked counts a failed attempt to reach be, begun at started,
+// and says whether to report it to passive health checking
+// (Config.OnDialError). A timeout is not reported when a later attempt
+// reached be: a backend that accepts connections is there, and the lost
+// SYN was the path's (a burst of thousands of reconnecting clients
+// overflows queues, and TCP resends a SYN only after a second). Its health
+// checks still judge it. b.mu is held.
+func (b *Balancer) dialFailedLocked(be *backend, started time.Time, err error) bool {
+	b.m.dialErrors.WithLabelValues(be.addr).Inc()
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && be.reached.After(started) {
+		b.log.Debug("a connection attempt timed out while others reached the backend; trying another", "backend", be.addr, "err", err)
+		return false
+	}
+	b.log.Debug("backend refused a connection; trying another", "backend", be.addr, "err", err)
+	return b.cfg.OnDialError != nil
 }
 
 // noBackend counts and logs (at most every 5 s) a client turned away
