@@ -53,7 +53,7 @@ type StormConfig struct {
 	Targets []string `json:"targets"`
 	CAFile  string   `json:"caFile"`
 	Sources []string `json:"sources"` // local addresses, taken in turn
-	Clients    int      `json:"clients"`
+	Clients int      `json:"clients"`
 	// Every is the watches' event interval.
 	Every time.Duration `json:"every"`
 }
