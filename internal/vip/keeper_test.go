@@ -7,9 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
-
-	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
 // memLink is an in-memory interface: it records the address and can be told
@@ -77,59 +76,75 @@ func newTestKeeper(l *memLink, cfg KeeperConfig) *Keeper {
 	return NewKeeper(m, cfg, slog.New(slog.DiscardHandler))
 }
 
+// The keeper's tests run in virtual time (testing/synctest): its deadline
+// timer fires exactly when the clock reaches the deadline, and sleeping
+// past a refresh interval takes no time.
+
 func TestKeeperFencesAtTheDeadline(t *testing.T) {
-	l := &memLink{}
-	k := newTestKeeper(l, KeeperConfig{})
-	k.Hold(time.Now().Add(100 * time.Millisecond))
-	if !l.isPresent() || !k.Valid() {
-		t.Fatal("Hold with a deadline ahead did not add the VIP")
-	}
-	// Nothing renews: the keeper's own timer removes it, with no Run, no
-	// ticker and no elector involved.
-	testkit.WaitFor(t, 2*time.Second, "the VIP gone at its lease deadline", func() bool { return !l.isPresent() })
-	if k.Valid() {
-		t.Fatal("Valid after the deadline")
-	}
-	// A refresh past the deadline must not add it back.
-	k.check(true)
-	if l.isPresent() {
-		t.Fatal("a refresh past the deadline re-added the VIP")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		l := &memLink{}
+		k := newTestKeeper(l, KeeperConfig{})
+		k.Hold(time.Now().Add(100 * time.Millisecond))
+		if !l.isPresent() || !k.Valid() {
+			t.Fatal("Hold with a deadline ahead did not add the VIP")
+		}
+		// Nothing renews: the keeper's own timer removes it at the
+		// deadline, with no Run, no ticker and no elector involved.
+		time.Sleep(100*time.Millisecond - time.Nanosecond)
+		synctest.Wait()
+		if !l.isPresent() || !k.Valid() {
+			t.Fatal("the VIP went before its lease deadline")
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		if l.isPresent() || k.Valid() {
+			t.Fatalf("at its lease deadline: present %v, valid %v", l.isPresent(), k.Valid())
+		}
+		// A refresh past the deadline must not add it back.
+		k.check(true)
+		if l.isPresent() {
+			t.Fatal("a refresh past the deadline re-added the VIP")
+		}
+	})
 }
 
 func TestKeeperFollowsTheRole(t *testing.T) {
-	var strays, restored atomic.Int32
-	l := &memLink{}
-	k := newTestKeeper(l, KeeperConfig{OnStray: func() { strays.Add(1) }, OnRestored: func() { restored.Add(1) }})
+	synctest.Test(t, func(t *testing.T) {
+		var strays, restored atomic.Int32
+		l := &memLink{}
+		k := newTestKeeper(l, KeeperConfig{OnStray: func() { strays.Add(1) }, OnRestored: func() { restored.Add(1) }})
 
-	// Not holding: an address that appears is a stray.
-	l.set(func(l *memLink) { l.present = true })
-	k.check(false)
-	if l.isPresent() || strays.Load() != 1 {
-		t.Fatalf("stray not removed (present %v, strays %d)", l.isPresent(), strays.Load())
-	}
+		// Not holding: an address that appears is a stray.
+		l.set(func(l *memLink) { l.present = true })
+		k.check(false)
+		if l.isPresent() || strays.Load() != 1 {
+			t.Fatalf("stray not removed (present %v, strays %d)", l.isPresent(), strays.Load())
+		}
 
-	// Holding: a missing address is put back and reported once.
-	k.Hold(time.Now().Add(time.Hour))
-	if restored.Load() != 0 {
-		t.Fatal("the first add of a tenure counted as a restore")
-	}
-	l.set(func(l *memLink) { l.present = false })
-	k.check(false)
-	if !l.isPresent() || restored.Load() != 1 {
-		t.Fatalf("missing VIP not restored (present %v, restored %d)", l.isPresent(), restored.Load())
-	}
+		// Holding: a missing address is put back and reported once.
+		k.Hold(time.Now().Add(time.Hour))
+		if restored.Load() != 0 {
+			t.Fatal("the first add of a tenure counted as a restore")
+		}
+		l.set(func(l *memLink) { l.present = false })
+		k.check(false)
+		if !l.isPresent() || restored.Load() != 1 {
+			t.Fatalf("missing VIP not restored (present %v, restored %d)", l.isPresent(), restored.Load())
+		}
 
-	// Released: gone, and not a stray.
-	if err := k.Release("test"); err != nil {
-		t.Fatal(err)
-	}
-	k.check(false)
-	if l.isPresent() || strays.Load() != 1 {
-		t.Fatalf("after Release: present %v, strays %d", l.isPresent(), strays.Load())
-	}
+		// Released: gone, and not a stray.
+		if err := k.Release("test"); err != nil {
+			t.Fatal(err)
+		}
+		k.check(false)
+		if l.isPresent() || strays.Load() != 1 {
+			t.Fatalf("after Release: present %v, strays %d", l.isPresent(), strays.Load())
+		}
+	})
 }
 
+// Real time: the deadline timer's callback waits for the keeper's lock
+// while the add holds it, which virtual time cannot step past.
 func TestKeeperUndoesALateAdd(t *testing.T) {
 	l := &memLink{}
 	k := newTestKeeper(l, KeeperConfig{})
@@ -143,31 +158,33 @@ func TestKeeperUndoesALateAdd(t *testing.T) {
 }
 
 func TestKeeperEligibility(t *testing.T) {
-	l := &memLink{}
-	k := newTestKeeper(l, KeeperConfig{})
-	k.check(false)
-	if err := k.Eligible(); err != nil {
-		t.Fatalf("healthy link: %v", err)
-	}
-	l.set(func(l *memLink) { l.down = ErrLinkDown })
-	k.check(false)
-	if err := k.Eligible(); !errors.Is(err, ErrLinkDown) {
-		t.Fatalf("link down: Eligible = %v", err)
-	}
-	l.set(func(l *memLink) { l.down, l.failAdd = nil, errors.New("permission denied") })
-	k.Hold(time.Now().Add(time.Hour)) // first failure
-	k.check(false)                    // an event: retried at once, fails again
-	if err := k.Eligible(); err != nil {
-		t.Fatalf("failures a moment apart already make the node ineligible: %v", err)
-	}
-	time.Sleep(RefreshInterval)
-	k.check(true) // still failing a refresh interval later
-	if err := k.Eligible(); err == nil {
-		t.Fatal("two failed adds in a row leave the node eligible")
-	}
-	l.set(func(l *memLink) { l.failAdd = nil })
-	k.check(true)
-	if err := k.Eligible(); err != nil || !l.isPresent() {
-		t.Fatalf("after a successful add: Eligible %v, present %v", err, l.isPresent())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		l := &memLink{}
+		k := newTestKeeper(l, KeeperConfig{})
+		k.check(false)
+		if err := k.Eligible(); err != nil {
+			t.Fatalf("healthy link: %v", err)
+		}
+		l.set(func(l *memLink) { l.down = ErrLinkDown })
+		k.check(false)
+		if err := k.Eligible(); !errors.Is(err, ErrLinkDown) {
+			t.Fatalf("link down: Eligible = %v", err)
+		}
+		l.set(func(l *memLink) { l.down, l.failAdd = nil, errors.New("permission denied") })
+		k.Hold(time.Now().Add(time.Hour)) // first failure
+		k.check(false)                    // an event: retried at once, fails again
+		if err := k.Eligible(); err != nil {
+			t.Fatalf("failures a moment apart already make the node ineligible: %v", err)
+		}
+		time.Sleep(RefreshInterval)
+		k.check(true) // still failing a refresh interval later
+		if err := k.Eligible(); err == nil {
+			t.Fatal("two failed adds in a row leave the node eligible")
+		}
+		l.set(func(l *memLink) { l.failAdd = nil })
+		k.check(true)
+		if err := k.Eligible(); err != nil || !l.isPresent() {
+			t.Fatalf("after a successful add: Eligible %v, present %v", err, l.isPresent())
+		}
+	})
 }
