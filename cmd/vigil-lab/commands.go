@@ -199,6 +199,11 @@ func newDrillCmd(g *globals) *cobra.Command {
                      the watches may be reset, and the VIP must not move
   backend-killed     the same, but SIGKILL that API server: every watch it
                      served must end within 1 s; then restart it
+  reconnect-storm    open 5,000 watches, drop them all at once and reopen
+                     them at once, straight to the API servers and then
+                     through the VIP: every client must get a new watch,
+                     and the VIP must not move (needs up --lb-max-conns
+                     10000)
   replace-node       power the holder off for good, vigil members prune, a
                      new node joins etcd as kubeadm join does, runs vigil;
                      prints each phase (the lab gets a new node: n4, n5...)
