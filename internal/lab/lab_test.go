@@ -147,14 +147,17 @@ func TestDrills(t *testing.T) {
 			r := mustDrill(ctx, t, l, kind)
 			switch kind {
 			case DrillRollingUpgrade:
-				// N-1 and N side by side: each planned step's outage within
-				// 100 ms, the old holder's crash within a second, never two
-				// holders (mustDrill).
+				// N-1 and N side by side: each planned step a handover, the
+				// old holder's crash within a second, never two holders
+				// (mustDrill). A handover's outage is 20-30 ms (bench/
+				// failover), 107 ms once on a loaded machine; a planned
+				// step that fails over instead waits out a lease (800 ms).
+				// Half a lease tells the two apart.
 				if len(r.Phases) < 3 {
 					t.Fatalf("phases: %+v", r.Phases)
 				}
 				for _, p := range r.Phases {
-					bound := 100.0
+					bound := 400.0
 					if strings.Contains(p.Name, "killed") {
 						bound = 1000
 					}
