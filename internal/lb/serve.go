@@ -36,9 +36,6 @@ func (b *Balancer) serve(ctx context.Context, client net.Conn) {
 			}
 			continue
 		}
-		b.mu.Lock()
-		be.reached = time.Now()
-		b.mu.Unlock()
 		b.proxy(be, &proxyConn{client: client, server: server}, anyway)
 		return
 	}
@@ -86,6 +83,7 @@ func (b *Balancer) noBackend(client string) {
 // anyway: the picker chose be although it was not usable (a last resort).
 func (b *Balancer) proxy(be *backend, pc *proxyConn, anyway bool) {
 	b.mu.Lock()
+	be.reached = time.Now() // the dial just succeeded
 	if !b.stillWantedLocked(pc.client, be, anyway) {
 		b.pool.done(be)
 		b.mu.Unlock()
