@@ -103,7 +103,8 @@ func TestRBACIsWhatVigilUses(t *testing.T) {
 		if !a.WaitSynced(ctx) {
 			t.Fatalf("EndpointSlices never listed with %s", kc)
 		}
-		time.Sleep(300 * time.Millisecond) // the watch after the list
+		// The watch after the list: RBAC's "watch" verb.
+		testkit.WaitFor(t, 10*time.Second, "an EndpointSlice watch open with "+kc, a.Watching)
 		stop()
 		<-adone
 	}

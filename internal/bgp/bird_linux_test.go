@@ -415,7 +415,10 @@ func bfdChild(t *testing.T, sock string) {
 	}
 	testkit.WaitNil(t, 20*time.Second, "the route at the router", func() error { return routeIs(sock, vip, "192.0.2.1", MED(1)) })
 	fmt.Println("READY")
-	time.Sleep(time.Minute)
+	// The parent kills this process now; a minute is its bound.
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	<-wait.Done()
 	t.Fatal("not killed")
 }
 

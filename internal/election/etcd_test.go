@@ -316,8 +316,13 @@ func TestHolderKeepsLockThroughEtcdLeaderElection(t *testing.T) {
 			slow := func(cfg *Config) { cfg.Prober = lateProber{cfg.Prober, tc.delay} }
 			startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry, slow)
 			holder := tr.waitLeader(t, 15*time.Second, "")
-			startCandidate(t, "b", c.Endpoints, tr, tLease, tRenew, tRetry, slow)
-			time.Sleep(time.Second) // b watches the record and the voter list is cached
+			b := startCandidate(t, "b", c.Endpoints, tr, tLease, tRenew, tRetry, slow)
+			// b follows the record, and its voter list is cached before
+			// a member dies.
+			testkit.WaitFor(t, 10*time.Second, "b to see "+holder+" hold the lock", func() bool { return b.el.Status().Holder == holder })
+			if _, err := b.lock.MemberList(testkit.Context(t, 10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
 			raftLeader := c.WaitLeader(5 * time.Second)
 			t.Logf("killing etcd raft leader %s", c.Names[raftLeader])
 			c.Kill(raftLeader)

@@ -121,10 +121,11 @@ type APIServers struct {
 	onChange func([]string)
 	log      *slog.Logger
 
-	mu      sync.Mutex // guards cur, synced and failing
-	cur     []string
-	synced  bool
-	failing bool
+	mu       sync.Mutex // guards cur, synced, failing and watching
+	cur      []string
+	synced   bool
+	failing  bool
+	watching bool // a watch is open
 }
 
 // NewAPIServers returns a follower; nothing is read before Run. onChange
@@ -151,7 +152,8 @@ func (a *APIServers) Run(ctx context.Context) error {
 		store, rv, err := a.list(ctx)
 		if err == nil {
 			a.update(store)
-			err = a.watch(ctx, store, rv, func() { wait = retryMin })
+			err = a.watch(ctx, store, rv, func() { wait = retryMin; a.setWatching(true) })
+			a.setWatching(false)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -175,6 +177,20 @@ func (a *APIServers) Backends() ([]string, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.cur), a.synced
+}
+
+// Watching says whether a watch is open: the slices were listed, and the
+// server accepted the watch that follows them (RBAC's "watch" verb).
+func (a *APIServers) Watching() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.watching
+}
+
+func (a *APIServers) setWatching(on bool) {
+	a.mu.Lock()
+	a.watching = on
+	a.mu.Unlock()
 }
 
 // WaitSynced waits until the slices were read once, or ctx is done.
