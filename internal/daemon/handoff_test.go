@@ -9,12 +9,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/handoff"
+	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
@@ -298,4 +300,72 @@ func TestHeldHolderKeepsTheVIPWithoutAPeer(t *testing.T) {
 	if h.eligible() == nil {
 		t.Fatal("a stale view of the peers kept a held holder")
 	}
+}
+
+// In virtual time each of the handoff's clocks is exact: a fresh node is
+// out of the election until it has read the records or holdReadWait has
+// passed; a busy holder is forced to let go at handoffDrainMax, not
+// before; a hold ends at its Until; a held holder's view of live peers
+// counts for membership.ReportStale.
+func TestHandoffClocksAreExact(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		leading := false
+		fb := &fakeBusy{busy: 1, total: 3}
+		h := newHandoffs(nil, "a", nil, func() bool { return leading }, slog.New(slog.DiscardHandler))
+		h.bal = fb
+		time.Sleep(holdReadWait - time.Nanosecond)
+		if h.eligible() == nil {
+			t.Fatal("eligible 1 ns before holdReadWait, the records unread")
+		}
+		time.Sleep(time.Nanosecond)
+		if err := h.eligible(); err != nil {
+			t.Fatalf("not eligible at holdReadWait with no records: %v", err)
+		}
+
+		// A busy holder drains for handoffDrainMax exactly.
+		leading = true
+		h.set(handoff.State{Request: &handoff.Request{ID: "r1", From: "a", To: "b"}})
+		if _, y := h.handOff(); y {
+			t.Fatal("yielded at once while busy")
+		}
+		time.Sleep(handoffDrainMax - time.Nanosecond)
+		if _, y := h.handOff(); y {
+			t.Fatal("yielded 1 ns before handoffDrainMax")
+		}
+		time.Sleep(time.Nanosecond)
+		if _, y := h.handOff(); !y || h.status.Phase != handoff.Released || h.status.ForcedAfter != handoffDrainMax {
+			t.Fatalf("at handoffDrainMax: yield %v, status %+v; want released, forced after exactly %v", y, h.status, handoffDrainMax)
+		}
+		if fb.closed != 1 {
+			t.Fatalf("connections closed %d times, want once", fb.closed)
+		}
+
+		// A hold ends at its Until. A held candidate never campaigns.
+		leading = false
+		until := time.Now().Add(time.Minute)
+		h.set(handoff.State{Holds: map[string]handoff.Hold{"a": {Node: "a", Until: until}}})
+		time.Sleep(time.Until(until) - time.Nanosecond)
+		if h.eligible() == nil {
+			t.Fatal("eligible 1 ns before the hold ends")
+		}
+		time.Sleep(time.Nanosecond)
+		if err := h.eligible(); err != nil {
+			t.Fatalf("still held at Until: %v", err)
+		}
+
+		// Held while leading with no live unheld peer: it keeps the
+		// VIP while its view is fresh, and gives it up once the view is
+		// older than a report's staleness.
+		leading = true
+		h.set(handoff.State{Holds: map[string]handoff.Hold{"a": {Node: "a", Until: time.Now().Add(time.Hour)}}})
+		h.setLive([]string{"a"})
+		time.Sleep(membership.ReportStale)
+		if err := h.eligible(); err != nil {
+			t.Fatalf("gave the VIP up with a view as old as ReportStale: %v", err)
+		}
+		time.Sleep(time.Nanosecond)
+		if h.eligible() == nil {
+			t.Fatal("kept the VIP on a stale view of the peers")
+		}
+	})
 }

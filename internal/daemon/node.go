@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,9 +58,11 @@ func yieldFor(lease time.Duration) time.Duration { return 3 * lease }
 // Build order: everything that can fail on bad input or a busy port (the
 // TLS files, the VIP's interface, the load balancer's and the metrics
 // listeners) comes before the guard, the etcd client or any goroutine, so a
-// refused start leaves nothing behind. The parts call back into each other
-// (the balancer tells the checker of failed dials, the checker tells the
-// balancer of health, discovery feeds both); every field is set before Run
+// refused start leaves nothing behind. The parts do not call each other:
+// those that follow the API servers are given the methods of wire (the
+// balancer tells the checker of failed dials, the checker tells the
+// balancer of health, discovery feeds both), and what the parts report
+// goes to notes. wire is filled once every part is built, before Run
 // starts anything that calls back.
 type node struct {
 	cfg Config
@@ -90,6 +91,8 @@ type node struct {
 	pl            *placement     // nil without --health-grace
 	ecmp          *ecmpAnnouncer // nil without --bgp-mode ecmp
 	feed          *feedPart      // nil without --agent-feed-listen
+	wire          *apiWiring
+	notes         *notices
 
 	// closers release what was acquired, in the order acquired; Close runs
 	// them backwards.
@@ -124,7 +127,8 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		return nil, err
 	}
 	log = log.With("node", cfg.NodeName)
-	n := &node{cfg: cfg, log: log, m: newNodeMetrics()}
+	n := &node{cfg: cfg, log: log, m: newNodeMetrics(), wire: &apiWiring{}}
+	n.notes = &notices{node: cfg.NodeName, vip: cfg.VIPString(), iface: cfg.Interface, m: n.m, holderChanged: &n.holderChanged}
 	defer func() { // a return nil, err releases what was taken so far
 		if err != nil {
 			n.Close()
@@ -180,16 +184,8 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if n.checker, err = health.New(health.Config{
 		Path: cfg.HealthPath, Scheme: cfg.healthScheme(), Port: cfg.HealthPort, TLS: htc,
 		Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
-		OnChange: func(st health.Status) {
-			if n.bal != nil {
-				n.bal.Update(st)
-			}
-			if n.ecmp != nil {
-				n.ecmp.Kick()
-			}
-			n.feed.changed()
-		},
-		Metrics: hreg,
+		OnChange: n.wire.healthChanged,
+		Metrics:  hreg,
 	}, log); err != nil {
 		return nil, validate.Invalid(err)
 	}
@@ -205,7 +201,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		if p.checker, err = health.New(health.Config{
 			Path: path, Scheme: scheme, TLS: htc,
 			Interval: cfg.HealthInterval, Timeout: cfg.HealthTimeout, Rise: cfg.HealthRise, Fall: cfg.HealthFall,
-			OnChange: p.bal.Update,
+			OnChange: p.healthChanged,
 			Metrics:  portRegisterer(n.m.reg, p.spec.Port),
 		}, log.With("port", p.spec.Port)); err != nil {
 			return nil, validate.Invalid(err)
@@ -232,7 +228,29 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	if err := n.newElector(); err != nil {
 		return nil, err
 	}
+	n.connectParts()
 	return n, nil
+}
+
+// connectParts fills the wiring between the parts once all are built.
+func (n *node) connectParts() {
+	w := n.wire
+	w.checker = n.checker
+	if n.bal != nil {
+		w.bal = n.bal
+	}
+	for _, p := range n.more {
+		w.more = append(w.more, p)
+	}
+	if n.ecmp != nil {
+		w.ecmp = n.ecmp
+	}
+	if n.feed != nil {
+		w.feed = n.feed
+	}
+	if n.disc != nil {
+		w.disc = n.disc
+	}
 }
 
 // newHolder gives the holder its parts, a no-op for each that this
@@ -256,16 +274,27 @@ func (n *node) newHolder(vm *vip.Manager) *holder {
 		// The VIP, its balancers and its route are every healthy node's;
 		// the lock holder only prunes.
 		n.ecmp = newECMP(vm, n.speaker, n.balancers(), n.checker, cfg.VIPAddrs(), n.m.vipHeld, log)
-		return h
+	} else {
+		n.keeper = n.newKeeper(vm)
+		h.vip, h.lockVIP = n.keeper, true
+		h.serve = n.balancers()
+		switch {
+		case n.speaker != nil:
+			h.ann = &bgpAnnouncer{speaker: n.speaker, addrs: cfg.VIPAddrs(), log: log}
+		case n.ann != nil:
+			arp := &arpAnnouncer{ann: n.ann, keeper: n.keeper, conflicts: n.conflicts, log: log}
+			h.ann, n.notes.reannounce = arp, arp
+		}
 	}
-	n.keeper = n.newKeeper(vm)
-	h.vip, h.lockVIP = n.keeper, true
-	h.serve = n.balancers()
-	switch {
-	case n.speaker != nil:
-		h.ann = &bgpAnnouncer{speaker: n.speaker, addrs: cfg.VIPAddrs(), log: log}
-	case n.ann != nil:
-		h.ann = &arpAnnouncer{ann: n.ann, keeper: n.keeper, conflicts: n.conflicts}
+	if n.etcd != nil {
+		// Planned handoffs (vigil handoff) come through etcd. With
+		// --bgp-mode ecmp every node serves whoever leads: a handoff
+		// drains nothing.
+		var bal balancers
+		if h.lockVIP {
+			bal = n.balancers()
+		}
+		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, bal, h.leading, n.log)
 	}
 	return h
 }
@@ -273,23 +302,7 @@ func (n *node) newHolder(vm *vip.Manager) *holder {
 // newKeeper is the lock's VIP: added and refreshed with each lease,
 // removed at the deadline; an address found without the lock is removed.
 func (n *node) newKeeper(vm *vip.Manager) *vip.Keeper {
-	cfg, log := n.cfg, n.log
-	return vip.NewKeeper(vm, vip.KeeperConfig{
-		OnStray: func() {
-			n.m.strays.Inc()
-			if n.events != nil {
-				n.events.Emit(true, kube.ReasonStrayVIP, "%s removed the VIP %s from %s: it does not hold the lock, yet the address was there", cfg.NodeName, cfg.VIPString(), cfg.Interface)
-			}
-		},
-		OnRestored: func() {
-			n.m.restored.Inc()
-			if n.ann != nil && n.keeper.Valid() {
-				if err := n.ann.Once(); err != nil {
-					log.Warn("announcement failed", "err", err)
-				}
-			}
-		},
-	}, log)
+	return vip.NewKeeper(vm, vip.KeeperConfig{OnStray: n.notes.strayVIP, OnRestored: n.notes.restoredVIP}, n.log)
 }
 
 // openListeners opens the load balancers' listeners (bound to the VIP with
@@ -300,7 +313,7 @@ func (n *node) openListeners() error {
 		// Passive checking: a refused connection ejects the backend
 		// before its next health check; a timed-out one counts as a
 		// failed check.
-		bal, err := n.newBalancer(cfg.listenPort(), cfg.LBPort, false, func(b string, err error) { n.checker.DialFailed(b, err) })
+		bal, err := n.newBalancer(cfg.listenPort(), cfg.LBPort, false, n.wire.dialFailed)
 		if err != nil {
 			return err
 		}
@@ -309,7 +322,7 @@ func (n *node) openListeners() error {
 	for _, spec := range cfg.MorePorts {
 		p := &servedPort{spec: spec}
 		// Whatever the port speaks: its server may speak first.
-		bal, err := n.newBalancer(spec.Port, spec.Port, true, func(b string, err error) { p.checker.DialFailed(b, err) })
+		bal, err := n.newBalancer(spec.Port, spec.Port, true, p.dialFailed)
 		if err != nil {
 			return err
 		}
@@ -412,16 +425,11 @@ func (n *node) connect(tc *tls.Config) error {
 	cfg := n.cfg
 	if len(cfg.EtcdEndpoints) > 0 {
 		etcd, err := etcdcluster.New(etcdcluster.Config{Endpoints: cfg.EtcdEndpoints, TLS: tc, ListInterval: discovery.DefaultInterval,
-			OnForeign: func(f etcdcluster.Foreign) {
-				n.m.foreign.Inc()
-				if ev := n.events; ev != nil {
-					ev.Emit(true, kube.ReasonEtcdImpostor, "%s: etcd endpoint %s answers for cluster %x, not %x, the one vigil follows; its answers are refused", cfg.NodeName, f.Endpoint, f.ClusterID, n.etcd.ClusterID())
-				}
-			}}, n.log.With("component", "etcd"))
+			OnForeign: n.notes.foreignEtcd}, n.log.With("component", "etcd"))
 		if err != nil {
 			return err
 		}
-		n.etcd = etcd
+		n.etcd, n.notes.etcd = etcd, etcd
 		n.m.registerEtcd(etcd)
 		n.onClose(etcd.Close)
 		n.etcdLock = election.NewEtcdLockOn(etcd, cfg.LockKey, n.log)
@@ -437,6 +445,7 @@ func (n *node) connect(tc *tls.Config) error {
 			ref = kube.LeaseRef(cfg.LeaseNamespace, cfg.LeaseName)
 		}
 		n.events = kube.NewEvents(kc, ref, cfg.NodeName, n.log)
+		n.notes.events = n.events
 		// After the elector has stepped down (the last Event is queued
 		// then), before the process ends.
 		n.onClose(func() { n.events.Close(eventsFlushTimeout) })
@@ -449,17 +458,7 @@ func (n *node) connect(tc *tls.Config) error {
 func (n *node) newDiscovery() error {
 	cfg := n.cfg
 	dcfg := discovery.Config{
-		Port: cfg.BackendPort, Static: cfg.Backends,
-		OnChange: func(b []string) {
-			if n.bal != nil {
-				n.bal.SetBackends(b)
-			}
-			n.checker.Set(b)
-			for _, p := range n.more {
-				p.setBackends(b)
-			}
-			n.feed.changed()
-		},
+		Port: cfg.BackendPort, Static: cfg.Backends, OnChange: n.wire.backendsChanged,
 	}
 	if cfg.discovers(DiscoveryEtcd) {
 		dcfg.Members = n.etcd
@@ -469,7 +468,7 @@ func (n *node) newDiscovery() error {
 		if err != nil {
 			return validate.Invalid(err)
 		}
-		dcfg.Published = kubelite.NewAPIServers(hc, func([]string) { n.disc.PublishedChanged() }, n.log)
+		dcfg.Published = kubelite.NewAPIServers(hc, n.wire.publishedChanged, n.log)
 	}
 	if dcfg.Members == nil && dcfg.Published == nil && len(dcfg.Static) == 0 {
 		return nil
@@ -509,15 +508,14 @@ func (n *node) newObserver() error {
 	case cfg.PruneAfter > 0:
 		mlog.Info("--prune-after without --kubeconfig: vigil cannot see whether Cluster API manages these machines (its remediation removes etcd members itself); where it does, leave --prune-after off")
 	}
-	n.observer = membership.NewObserver(members, membership.ObserverConfig{
+	ocfg := membership.ObserverConfig{
 		Node: cfg.NodeName, Member: cfg.EtcdMemberName, PruneAfter: cfg.PruneAfter, Veto: veto,
 		Holding: n.h.holding, OnRound: w.observed, OnPruned: w.pruned,
-		OnLive: func(live []string) {
-			if hs := n.h.handoffs; hs != nil {
-				hs.setLive(live)
-			}
-		},
-	}, mlog)
+	}
+	if hs := n.h.handoffs; hs != nil {
+		ocfg.OnLive = hs.setLive
+	}
+	n.observer = membership.NewObserver(members, ocfg, mlog)
 	return nil
 }
 
@@ -553,31 +551,16 @@ func (n *node) newElector() error {
 			OnLease:          h.lease,
 			OnStartedLeading: h.start,
 			OnStoppedLeading: h.stop,
-			OnNewLeader: func(string) {
-				n.m.transitions.Inc()
-				n.holderChanged.Store(time.Now().UnixNano())
-			},
-			OnRenew: n.m.observeRenew,
-			OnOp:    n.m.lockOpObserver(cfg.Election == ElectionKubernetes),
-			OnAtRisk: func(why string) {
-				n.m.atRisk.Set(boolGauge(why != ""))
-				if why != "" && n.events != nil {
-					n.events.Emit(true, kube.ReasonLeaseAtRisk, "%s: %s", cfg.NodeName, why)
-				}
-			},
+			OnNewLeader:      n.notes.newLeader,
+			OnRenew:          n.m.observeRenew,
+			OnOp:             n.m.lockOpObserver(cfg.Election == ElectionKubernetes),
+			OnAtRisk:         n.notes.atRisk,
 		},
 	}
-	// Planned handoffs (vigil handoff) come through etcd; the stand-by
-	// they cause is bounded as placement's is.
+	// Planned handoffs (vigil handoff); the stand-by they cause is
+	// bounded as placement's is.
 	ecfg.YieldFor = yieldFor(cfg.LeaseDuration)
-	if n.etcd != nil {
-		// With --bgp-mode ecmp every node serves whoever leads: a handoff
-		// drains nothing.
-		var bal balancers
-		if h.lockVIP {
-			bal = n.balancers()
-		}
-		h.handoffs = newHandoffs(handoff.NewStore(n.etcd, ""), cfg.NodeName, bal, h.leading, n.log)
+	if h.handoffs != nil {
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
@@ -594,59 +577,64 @@ func (n *node) newElector() error {
 	return nil
 }
 
-// Run starts the parts, campaigns until ctx is cancelled, and steps down:
-// it returns once the VIP is gone and every goroutine it started has
-// ended.
-func (n *node) Run(ctx context.Context) error {
-	cfg, log, h := n.cfg, n.log, n.h
-	// Parts that must outlive the elector's shutdown (the balancer closes
-	// its connections only after the VIP is gone) run on their own
-	// context, cancelled after the elector has stepped down.
-	cctx, stopParts := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() {
-		stopParts()
-		wg.Wait()
-	}()
+// parts are what Run runs beside the election, in start order
+// (lifecycle): the metrics server first, so that it serves the whole
+// shutdown; the balancers before what feeds them their backends; the
+// systemd notifier last, once everything it reports on runs.
+func (n *node) parts() *lifecycle {
+	l := &lifecycle{}
+	if n.metricsLn != nil {
+		l.add("metrics", func(ctx context.Context) {
+			<-observe.Serve(ctx, n.metricsLn, n.m.reg, func() any { return n.report() },
+				observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, observe.Options{Pprof: n.cfg.Pprof}, n.log)
+		})
+	}
 	for _, b := range n.balancers() {
-		wg.Go(func() { _ = b.Run(cctx) })
+		l.add(fmt.Sprint("balancer ", b.Addr()), func(ctx context.Context) { _ = b.Run(ctx) })
 	}
 	if n.disc != nil {
-		wg.Go(func() { _ = n.disc.Run(cctx) })
+		l.add("discovery", func(ctx context.Context) { _ = n.disc.Run(ctx) })
 	}
 	if n.keeper != nil {
-		wg.Go(func() { _ = n.keeper.Run(cctx) })
+		l.add("vip keeper", func(ctx context.Context) { _ = n.keeper.Run(ctx) })
 	}
 	if n.observer != nil {
-		wg.Go(func() { n.observer.Run(cctx) })
+		l.add("membership observer", n.observer.Run)
 	}
 	if n.feed != nil {
-		wg.Go(func() { n.feed.Run(cctx) })
+		l.add("agent feed", n.feed.Run)
 	}
 	if n.ann != nil {
 		// ARP probes for a second holder on the segment; with BGP the
 		// router's table is what counts, and the VIP is on no segment.
-		wg.Go(func() { n.conflicts.Run(cctx) })
+		l.add("conflict probe", n.conflicts.Run)
 	}
 	if n.speaker != nil {
-		if err := n.speaker.Start(cctx); err != nil {
-			return err
-		}
+		l.addStart("bgp speaker", n.speaker.Start)
 	}
 	if n.ecmp != nil {
-		wg.Go(func() { n.ecmp.Run(cctx) })
+		l.add("ecmp", n.ecmp.Run)
 	}
-	if h.handoffs != nil {
-		wg.Go(func() { h.handoffs.Run(cctx) })
-	}
-	if n.metricsLn != nil {
-		done := observe.Serve(cctx, n.metricsLn, n.m.reg, func() any { return n.report() },
-			observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, observe.Options{Pprof: cfg.Pprof}, log)
-		defer func() { stopParts(); <-done }()
+	if hs := n.h.handoffs; hs != nil {
+		l.add("handoffs", hs.Run)
 	}
 	// Listeners are open and the parts run: ready as far as systemd is
 	// concerned, before etcd answers (kubeadm init starts etcd after vigil).
-	wg.Go(func() { observe.Systemd(cctx, n.el.Live, log) })
+	l.add("systemd", func(ctx context.Context) { observe.Systemd(ctx, n.el.Live, n.log) })
+	return l
+}
+
+// Run starts the parts, campaigns until ctx is cancelled, and steps down:
+// it returns once the VIP is gone and every part it started has ended.
+// The parts outlive the elector's shutdown: the balancers close their
+// connections only after the VIP is gone.
+func (n *node) Run(ctx context.Context) error {
+	cfg, log, h := n.cfg, n.log, n.h
+	parts := n.parts()
+	if err := parts.start(); err != nil {
+		return err
+	}
+	defer parts.stop()
 	log.Info("vigil starting", "vip", cfg.VIPString(), "interface", cfg.Interface, "announce", cfg.Announce, "election", cfg.Election,
 		"lease_duration", cfg.LeaseDuration, "renew_deadline", cfg.RenewDeadline, "retry_period", cfg.RetryPeriod,
 		"lb_port", cfg.LBPort, "backend_port", cfg.BackendPort, "health_grace", cfg.HealthGrace)
@@ -673,8 +661,7 @@ func (n *node) Run(ctx context.Context) error {
 	}
 	err := n.el.Run(ctx)
 	h.stop(election.StepDown{Cause: election.CauseShutdown, Detail: "shutting down"}) // idempotent; covers a Run that returned while leading
-	stopParts()
-	wg.Wait()
+	parts.stop()
 	log.Info("vigil stopped")
 	return err
 }

@@ -96,6 +96,18 @@ type arpAnnouncer struct {
 	keeper    interface{ Valid() bool }
 	conflicts interface{ Kick() }
 	group     *announce.Group // the current tenure's; used by the holder's goroutine only
+	log       *slog.Logger
+}
+
+// again announces once more, while the VIP is this node's: the keeper put
+// it back after something removed it.
+func (a *arpAnnouncer) again() {
+	if !a.keeper.Valid() {
+		return
+	}
+	if err := a.ann.Once(); err != nil {
+		a.log.Warn("announcement failed", "err", err)
+	}
 }
 
 func (a *arpAnnouncer) Eligible() error { return nil }

@@ -26,7 +26,7 @@ const localAddrsTTL = 5 * time.Second
 // And a node that yielded but saw no peer take the lock takes it back (see
 // election.Config.Yield).
 type placement struct {
-	checker *health.Checker
+	checker interface{ Statuses() []health.Status } // the API servers' health (health.Checker)
 	grace   time.Duration
 	host    *hostAddrs
 	log     *slog.Logger

@@ -8,12 +8,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/testkit"
@@ -106,4 +110,71 @@ func TestPlacement(t *testing.T) {
 	becomes(3*time.Second, true)
 	localOK.Store(true)
 	becomes(3*time.Second, false)
+}
+
+// statuses is a health checker's verdicts, set by the test.
+type statuses struct {
+	mu  sync.Mutex
+	sts []health.Status
+}
+
+func (s *statuses) Statuses() []health.Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.sts)
+}
+
+func (s *statuses) set(sts ...health.Status) {
+	s.mu.Lock()
+	s.sts = sts
+	s.mu.Unlock()
+}
+
+// In virtual time the grace is exact: a node whose API server has failed
+// for 1 ns less than the grace stays, and yields at the grace, with a
+// healthy peer; without one it never yields, however long it fails.
+func TestPlacementGraceIsExact(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const grace = 2 * time.Second
+		local, peer := "127.0.0.1:6443", "127.0.0.2:6443"
+		s := &statuses{}
+		gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
+		p := &placement{checker: s, grace: grace, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, slog.New(slog.DiscardHandler)),
+			log: slog.New(slog.DiscardHandler), gauge: gauge}
+		if !p.host.get()[netip.MustParseAddr("127.0.0.1")] || p.host.get()[netip.MustParseAddr("127.0.0.2")] {
+			t.Skip("this host's address list is not as the test expects (127.0.0.1 only on lo)")
+		}
+		failed := time.Now()
+		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed, LastError: "HTTP 500"},
+			health.Status{Backend: peer, State: health.Up})
+		time.Sleep(grace - time.Nanosecond)
+		if _, y := p.yield(); y {
+			t.Fatal("yielded 1 ns before the grace ended")
+		}
+		time.Sleep(time.Nanosecond)
+		reason, y := p.yield()
+		if !y || !strings.Contains(reason, local) || !strings.Contains(reason, peer) || !strings.Contains(reason, "failing for 2s") {
+			t.Fatalf("at the grace: yield = %v, %q; want a yield naming both servers and 2s", y, reason)
+		}
+		if v := testutil.ToFloat64(gauge); v != 1 || !p.isYielding() {
+			t.Fatalf("yielding gauge %v, isYielding %v", v, p.isYielding())
+		}
+		// The peer fails too: nobody yields, however long it lasts.
+		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
+			health.Status{Backend: peer, State: health.Down, FailingSince: time.Now()})
+		time.Sleep(time.Hour)
+		if _, y := p.yield(); y {
+			t.Fatal("yielded with no healthy peer")
+		}
+		if v := testutil.ToFloat64(gauge); v != 0 {
+			t.Fatalf("yielding gauge %v after the yield ended", v)
+		}
+		// A local server that has not failed (FailingSince zero) never
+		// yields.
+		s.set(health.Status{Backend: local, State: health.Up}, health.Status{Backend: peer, State: health.Up})
+		time.Sleep(time.Hour)
+		if _, y := p.yield(); y {
+			t.Fatal("yielded with a healthy local API server")
+		}
+	})
 }
