@@ -14,17 +14,18 @@ ROUNDS=${ROUNDS:-3}
 EJECTIONS=${EJECTIONS:-3}
 FLOOD=${FLOOD:-0} # connection attempts at the end of each run (0: none)
 FLOOD_SOURCES=${FLOOD_SOURCES:-1} # source addresses they come from (5 or more meet the total limit)
+LOOPS=${LOOPS:-0} # vigil --lb-event-loops (0: one per CPU; -1: none, every connection on goroutines)
 out=bench/lb/results/$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$out"
 lab=bin/vigil-lab
 trap '$lab down >/dev/null 2>&1 || true' EXIT
 $lab down >/dev/null 2>&1 || true
-$lab up --nodes 3 --lb-port 7443 --backend-port 7000 --health-port 6443 >/dev/null
+$lab up --nodes 3 --lb-port 7443 --backend-port 7000 --health-port 6443 --lb-event-loops "$LOOPS" >/dev/null
 for run in $(seq 1 "$RUNS"); do
   echo "== run $run"
   $lab bench-lb --rounds "$ROUNDS" --ejections "$EJECTIONS" --flood "$FLOOD" --flood-sources "$FLOOD_SOURCES" --json > "$out/run-$run.json"
 done
 $lab down
-echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS FLOOD=$FLOOD FLOOD_SOURCES=$FLOOD_SOURCES bash bench/lb/run.sh" > "$out/command"
+echo "RUNS=$RUNS ROUNDS=$ROUNDS EJECTIONS=$EJECTIONS FLOOD=$FLOOD FLOOD_SOURCES=$FLOOD_SOURCES LOOPS=$LOOPS bash bench/lb/run.sh" > "$out/command"
 { uname -r; nproc; haproxy -v | sed -n 1p; git rev-parse --short HEAD; echo "sched_autogroup_enabled $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo absent)"; } > "$out/machine"
 bench/lb/summarize.sh "$out"

@@ -31,6 +31,7 @@ func addSettingsFlags(cmd *cobra.Command, s *lab.Settings) {
 	f.IntVar(&s.BackendPort, "backend-port", lab.APIServerPort, "vigil --backend-port (the stand-in API servers listen on 6443, the benchmark backends on 7000)")
 	f.IntVar(&s.HealthPort, "health-port", 0, "vigil --health-port (0: the backend port)")
 	f.DurationVar(&s.HealthGrace, "health-grace", 0, "vigil --health-grace (default: vigil's)")
+	f.IntVar(&s.LBEventLoops, "lb-event-loops", 0, "vigil --lb-event-loops on every node (0: vigil's default, one per CPU; -1: none, every connection on goroutines), to compare the balancer's two data paths")
 	f.IntVar(&s.LBMaxConns, "lb-max-conns", 0, fmt.Sprintf("vigil --lb-max-conns on every node (0: vigil's default, -1: no limit); the reconnect-storm drill opens %d connections through the VIP and needs at least that", lab.StormClients))
 	f.StringVar(&s.APIServer, "apiserver", lab.APIServerStandIn, "each node's API server: standin (the lab's, with drillable modes) or kube (the real kube-apiserver from bin/, built by hack/build-kube-apiserver.sh)")
 	f.StringVar(&s.Election, "election", lab.ElectionEtcd, "vigil --election on every node: etcd, or kubernetes (a Lease through the node's own kube-apiserver; needs --apiserver kube)")

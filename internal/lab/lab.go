@@ -469,6 +469,9 @@ func (l *Lab) startVigil(n *Node) error {
 	if s.LBMaxConns != 0 {
 		args = append(args, "--lb-max-conns", itoa(s.LBMaxConns))
 	}
+	if s.LBEventLoops != 0 {
+		args = append(args, "--lb-event-loops", itoa(s.LBEventLoops))
+	}
 	if s.PruneAfter > 0 {
 		args = append(args, "--prune-after", s.PruneAfter.String())
 	}

@@ -23,6 +23,10 @@ type Settings struct {
 	// LBMaxConns is vigil's --lb-max-conns (0: vigil's default, -1: no
 	// limit). The reconnect-storm drill needs StormClients.
 	LBMaxConns int `json:"lbMaxConns,omitempty"`
+	// LBEventLoops is vigil's --lb-event-loops (0: vigil's default, one
+	// per CPU; -1: no loops, every connection on goroutines), to measure
+	// the two data paths side by side.
+	LBEventLoops int `json:"lbEventLoops,omitempty"`
 	// PruneAfter is vigil's --prune-after; with it, replace-node waits for
 	// vigil to prune the dead member instead of running vigil members
 	// prune.
@@ -270,6 +274,10 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("lab: --lb-max-conns %d: give a number of connections, 0 for vigil's default or -1 for no limit", s.LBMaxConns)
 	case s.LBMaxConns != 0 && (s.Impl != ImplVigil || s.LBPort == 0 || s.Kubeadm):
 		return fmt.Errorf("lab: --lb-max-conns needs vigil's load balancer in a lab of its own processes (--impl vigil, --lb-port, no --kubeadm)")
+	case s.LBEventLoops < -1:
+		return fmt.Errorf("lab: --lb-event-loops %d: give a number of loops, 0 for vigil's default or -1 for none", s.LBEventLoops)
+	case s.LBEventLoops != 0 && (s.Impl != ImplVigil || s.LBPort == 0 || s.Kubeadm):
+		return fmt.Errorf("lab: --lb-event-loops needs vigil's load balancer in a lab of its own processes (--impl vigil, --lb-port, no --kubeadm)")
 	}
 	return nil
 }

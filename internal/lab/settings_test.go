@@ -33,14 +33,19 @@ func TestSettingsValidate(t *testing.T) {
 		// --lb-max-conns is vigil's balancer's, in a lab of its own vigils.
 		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, LBMaxConns: -2},
 		{Nodes: 3, Impl: ImplVigil, LBMaxConns: 10000},
-		{Nodes: 3, Impl: ImplKeepalived, LBPort: APIServerPort, LBMaxConns: 10000}} {
+		{Nodes: 3, Impl: ImplKeepalived, LBPort: APIServerPort, LBMaxConns: 10000},
+		// So is --lb-event-loops.
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, LBEventLoops: -2},
+		{Nodes: 3, Impl: ImplVigil, LBEventLoops: -1},
+		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBEventLoops: 2}} {
 		if err := s.Validate(); err == nil {
 			t.Errorf("%+v accepted", s)
 		}
 	}
 	for _, s := range []Settings{{Nodes: 3, Impl: ImplKeepalived}, {Nodes: 3, Impl: ImplVigil, IPFamily: Dual, Announce: AnnounceBGP}, {Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, Workers: 1, PruneAfter: 30 * time.Second},
 		{Nodes: 3, Impl: ImplVigil, Kubeadm: true, LBPort: APIServerPort, BackendPort: APIServerPort, LBListenPort: 16443},
-		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: RouterHashThreshold, BGPBFD: true, BFDInterval: 50 * time.Millisecond}} {
+		{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, Announce: AnnounceBGP, BGPMode: BGPModeECMP, RouterHash: RouterHashThreshold, BGPBFD: true, BFDInterval: 50 * time.Millisecond},
+		{Nodes: 3, Impl: ImplVigil, LBPort: 7443, BackendPort: 7000, LBEventLoops: -1}} {
 		if err := s.Validate(); err != nil {
 			t.Error(err)
 		}
