@@ -36,6 +36,22 @@ type Config struct {
 	Also []netip.Addr
 	// Interval between periodic announcements; DefaultInterval when zero.
 	Interval time.Duration
+	// Links looks the interface up before each announcement (its index
+	// and MAC may change): netmon.Monitor. When nil the announcer asks
+	// the kernel (net.InterfaceByName).
+	Links Links
+}
+
+// Links finds a network interface by name.
+type Links interface {
+	InterfaceByName(name string) (*net.Interface, error)
+}
+
+// kernelLinks is Links without a monitor.
+type kernelLinks struct{}
+
+func (kernelLinks) InterfaceByName(name string) (*net.Interface, error) {
+	return net.InterfaceByName(name)
 }
 
 // sender sends one announcement; the Linux implementation uses raw sockets.
@@ -60,6 +76,9 @@ func New(cfg Config, log *slog.Logger) (*Announcer, error) {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
 	}
+	if cfg.Links == nil {
+		cfg.Links = kernelLinks{}
+	}
 	for _, a := range cfg.Also {
 		if !a.IsValid() {
 			return nil, fmt.Errorf("announce: invalid address")
@@ -73,7 +92,7 @@ func (a *Announcer) addrs() []netip.Addr { return append([]netip.Addr{a.cfg.Addr
 // Prepare opens the sockets announcements need, so that the first one after
 // a failover does not pay for it. Errors are reported again by Once.
 func (a *Announcer) Prepare() error {
-	ifi, err := net.InterfaceByName(a.cfg.Interface)
+	ifi, err := a.cfg.Links.InterfaceByName(a.cfg.Interface)
 	if err != nil {
 		return fmt.Errorf("announce %s: %w", a.cfg.Address, err)
 	}
@@ -89,7 +108,7 @@ func (a *Announcer) Close() { a.send.close() }
 
 // Once sends one announcement now, for every address.
 func (a *Announcer) Once() error {
-	ifi, err := net.InterfaceByName(a.cfg.Interface)
+	ifi, err := a.cfg.Links.InterfaceByName(a.cfg.Interface)
 	if err != nil {
 		return fmt.Errorf("announce %s: %w", a.cfg.Address, err)
 	}

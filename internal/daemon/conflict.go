@@ -64,6 +64,7 @@ type ConflictReport struct {
 // conflicts runs the probes of one node.
 type conflicts struct {
 	iface string
+	links announce.Links // the interface's index and MAC (netmon)
 	// vips are the VIP's addresses; each is probed (dual-stack: ARP and
 	// NDP).
 	vips []netip.Addr
@@ -138,7 +139,7 @@ func (c *conflicts) probeOnce() {
 	if !fresh || time.Since(changed) < conflictSettle || (holder != "" && mac == "") {
 		return // no current view, just changed, or a holder too old to say its MAC
 	}
-	ifi, err := net.InterfaceByName(c.iface)
+	ifi, err := c.links.InterfaceByName(c.iface)
 	var macs []net.HardwareAddr
 	more := 0
 	for _, vip := range c.vips {

@@ -50,8 +50,8 @@ type ecmpAnnouncer struct {
 	reason string     // why this node advertises, or does not
 }
 
-func newECMP(vm *vip.Manager, sp *bgp.Speaker, bal balancers, checker *health.Checker, vips []netip.Addr, held prometheus.Gauge, log *slog.Logger) *ecmpAnnouncer {
-	return &ecmpAnnouncer{vm: vm, speaker: sp, bal: bal, checker: checker, host: newHostAddrs(vips, log), vips: vips,
+func newECMP(vm *vip.Manager, sp *bgp.Speaker, bal balancers, checker *health.Checker, vips []netip.Addr, addrs addrSource, held prometheus.Gauge, log *slog.Logger) *ecmpAnnouncer {
+	return &ecmpAnnouncer{vm: vm, speaker: sp, bal: bal, checker: checker, host: newHostAddrs(vips, addrs), vips: vips,
 		held: held, log: log.With("part", "ecmp"), kick: make(chan struct{}, 1)}
 }
 

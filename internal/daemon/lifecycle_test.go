@@ -84,10 +84,10 @@ func TestNodePartsOrder(t *testing.T) {
 		h:         &holder{handoffs: &handoffs{}},
 	}
 	got := n.parts().names()
-	want := []string{"metrics", "discovery", "vip keeper", "membership observer", "agent feed", "conflict probe", "handoffs", "systemd"}
+	want := []string{"metrics", "link monitor", "discovery", "vip keeper", "membership observer", "agent feed", "conflict probe", "handoffs", "systemd"}
 	wantCalls(t, "parts", got, want...)
 
 	// ecmp: no keeper, no conflict probe, no handoffs without etcd.
 	n = &node{ecmp: &ecmpAnnouncer{}, h: &holder{}}
-	wantCalls(t, "ecmp parts", n.parts().names(), "ecmp", "systemd")
+	wantCalls(t, "ecmp parts", n.parts().names(), "link monitor", "ecmp", "systemd")
 }

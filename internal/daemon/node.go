@@ -25,6 +25,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/kubelite"
 	"github.com/vigil-ha/vigil/internal/lb"
 	"github.com/vigil-ha/vigil/internal/membership"
+	"github.com/vigil-ha/vigil/internal/netmon"
 	"github.com/vigil-ha/vigil/internal/observe"
 	"github.com/vigil-ha/vigil/internal/validate"
 	"github.com/vigil-ha/vigil/internal/vip"
@@ -69,6 +70,7 @@ type node struct {
 	log *slog.Logger
 	m   *nodeMetrics
 
+	mon       *netmon.Monitor     // this namespace's links and addresses
 	ann       *announce.Announcer // nil with --announce bgp
 	speaker   *bgp.Speaker        // nil without --announce bgp
 	bal       *lb.Balancer        // nil without --lb-port
@@ -135,6 +137,10 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		}
 	}()
 
+	if n.mon, err = netmon.New(log); err != nil {
+		return nil, err
+	}
+	n.onClose(n.mon.Close)
 	lifetime := cfg.VIPLifetime
 	if cfg.ecmp() {
 		// Carried for as long as vigil runs, not for a lease: the route,
@@ -153,7 +159,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		n.onClose(n.speaker.Close)
 		n.m.registerBGP(n.speaker)
 	} else {
-		if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIPs[0].Addr(), Also: cfg.VIPAddrs()[1:], Interval: cfg.AnnounceInterval}, log); err != nil {
+		if n.ann, err = announce.New(announce.Config{Interface: cfg.Interface, Address: cfg.VIPs[0].Addr(), Also: cfg.VIPAddrs()[1:], Interval: cfg.AnnounceInterval, Links: n.mon}, log); err != nil {
 			return nil, err
 		}
 		n.onClose(func() { n.ann.Close() })
@@ -218,7 +224,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 		return nil, err
 	}
 	n.conflicts = &conflicts{
-		iface: cfg.Interface, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
+		iface: cfg.Interface, links: n.mon, vips: cfg.VIPAddrs(), kick: make(chan struct{}, 1), events: n.events, log: n.log,
 		total: n.m.conflicts, gauge: n.m.conflict, untracked: n.m.conflictUntracked, changed: &n.holderChanged,
 	}
 	n.h = n.newHolder(vm)
@@ -273,7 +279,7 @@ func (n *node) newHolder(vm *vip.Manager) *holder {
 	if cfg.ecmp() {
 		// The VIP, its balancers and its route are every healthy node's;
 		// the lock holder only prunes.
-		n.ecmp = newECMP(vm, n.speaker, n.balancers(), n.checker, cfg.VIPAddrs(), n.m.vipHeld, log)
+		n.ecmp = newECMP(vm, n.speaker, n.balancers(), n.checker, cfg.VIPAddrs(), n.mon, n.m.vipHeld, log)
 	} else {
 		n.keeper = n.newKeeper(vm)
 		h.vip, h.lockVIP = n.keeper, true
@@ -302,7 +308,7 @@ func (n *node) newHolder(vm *vip.Manager) *holder {
 // newKeeper is the lock's VIP: added and refreshed with each lease,
 // removed at the deadline; an address found without the lock is removed.
 func (n *node) newKeeper(vm *vip.Manager) *vip.Keeper {
-	return vip.NewKeeper(vm, vip.KeeperConfig{OnStray: n.notes.strayVIP, OnRestored: n.notes.restoredVIP}, n.log)
+	return vip.NewKeeper(vm, vip.KeeperConfig{OnStray: n.notes.strayVIP, OnRestored: n.notes.restoredVIP, Changes: n.mon.Changes()}, n.log)
 }
 
 // openListeners opens the load balancers' listeners (bound to the VIP with
@@ -532,14 +538,10 @@ func (n *node) newElector() error {
 	default:
 		lock, prober = n.etcdLock, n.etcdLock
 	}
-	var mac string
-	if ifi, err := net.InterfaceByName(cfg.Interface); err == nil {
-		mac = ifi.HardwareAddr.String()
-	}
 	h := n.h
 	ecfg := election.Config{
 		Identity:        cfg.NodeName,
-		MAC:             mac,
+		MAC:             linkMAC{n.mon, cfg.Interface},
 		Eligible:        h.eligible,
 		Lock:            lock,
 		Prober:          prober,
@@ -564,7 +566,7 @@ func (n *node) newElector() error {
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
-		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, host: newHostAddrs(cfg.VIPAddrs(), n.log), log: n.log, gauge: n.m.yielding}
+		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, host: newHostAddrs(cfg.VIPAddrs(), n.mon), log: n.log, gauge: n.m.yielding}
 		ecfg.Yield = n.pl.yield
 	}
 	el, err := election.New(ecfg, n.log)
@@ -589,6 +591,8 @@ func (n *node) parts() *lifecycle {
 				observe.Probes{Live: n.el.Live, Ready: n.el.Ready}, observe.Options{Pprof: n.cfg.Pprof}, n.log)
 		})
 	}
+	// Before every part that reads links or addresses from it.
+	l.add("link monitor", n.mon.Run)
 	for _, b := range n.balancers() {
 		l.add(fmt.Sprint("balancer ", b.Addr()), func(ctx context.Context) { _ = b.Run(ctx) })
 	}

@@ -3,7 +3,6 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -13,10 +12,6 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/health"
 )
-
-// localAddrsTTL is how long the host's address list is cached between
-// placement checks (asked every renewal, 10 times a second by default).
-const localAddrsTTL = 5 * time.Second
 
 // placement decides whether this node should leave the VIP to a peer: its own
 // API server has failed its checks for longer than grace, while at least one
@@ -83,41 +78,30 @@ func (p *placement) isYielding() bool {
 	return p.yielding
 }
 
-// hostAddrs is this host's addresses without the VIP, cached: asked on
-// every renewal, 10 times a second by default. Its API servers are the
-// backends at these addresses.
+// hostAddrs is this host's addresses without the VIP, as the link monitor
+// (netmon) last read them: current within milliseconds of a change, and
+// asked on every renewal, 10 times a second by default. Its API servers
+// are the backends at these addresses.
 type hostAddrs struct {
 	vips []netip.Addr
-	log  *slog.Logger
-
-	mu    sync.Mutex // guards local and at
-	local map[netip.Addr]bool
-	at    time.Time
+	src  addrSource
 }
 
-func newHostAddrs(vips []netip.Addr, log *slog.Logger) *hostAddrs {
-	return &hostAddrs{vips: vips, log: log}
+// addrSource lists every address of this host (netmon.Monitor).
+type addrSource interface{ Addrs() []netip.Addr }
+
+func newHostAddrs(vips []netip.Addr, src addrSource) *hostAddrs {
+	return &hostAddrs{vips: vips, src: src}
 }
 
-// get is the addresses, read afresh once localAddrsTTL has passed.
+// get is the addresses.
 func (h *hostAddrs) get() map[netip.Addr]bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if time.Since(h.at) < localAddrsTTL {
-		return h.local
-	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		h.log.Warn("cannot list this host's addresses; keeping the last list", "err", err)
-		return h.local
-	}
 	m := map[netip.Addr]bool{}
-	for _, a := range addrs {
-		if pfx, err := netip.ParsePrefix(a.String()); err == nil && !slices.Contains(h.vips, pfx.Addr()) {
-			m[pfx.Addr().Unmap()] = true
+	for _, a := range h.src.Addrs() {
+		if !slices.Contains(h.vips, a) {
+			m[a] = true
 		}
 	}
-	h.local, h.at = m, time.Now()
 	return m
 }
 

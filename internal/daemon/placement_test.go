@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/vigil-ha/vigil/internal/health"
+	"github.com/vigil-ha/vigil/internal/netmon"
 	"github.com/vigil-ha/vigil/internal/testkit"
 )
 
@@ -56,7 +57,12 @@ func TestPlacement(t *testing.T) {
 	}
 	defer c.Close()
 	c.Set([]string{local, peer})
-	p := &placement{checker: c, grace: 300 * time.Millisecond, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, slog.New(slog.DiscardHandler)),
+	mon, err := netmon.New(slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mon.Close()
+	p := &placement{checker: c, grace: 300 * time.Millisecond, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, mon),
 		log: slog.New(slog.DiscardHandler), gauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
 	if !p.host.get()[netip.MustParseAddr("127.0.0.1")] || p.host.get()[netip.MustParseAddr("127.0.0.2")] {
 		t.Skip("this host's address list is not as the test expects (127.0.0.1 only on lo)")
@@ -139,11 +145,9 @@ func TestPlacementGraceIsExact(t *testing.T) {
 		local, peer := "127.0.0.1:6443", "127.0.0.2:6443"
 		s := &statuses{}
 		gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
-		p := &placement{checker: s, grace: grace, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, slog.New(slog.DiscardHandler)),
+		host := fixedAddrs{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.0.0.100")} // the VIP's is not the host's
+		p := &placement{checker: s, grace: grace, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, host),
 			log: slog.New(slog.DiscardHandler), gauge: gauge}
-		if !p.host.get()[netip.MustParseAddr("127.0.0.1")] || p.host.get()[netip.MustParseAddr("127.0.0.2")] {
-			t.Skip("this host's address list is not as the test expects (127.0.0.1 only on lo)")
-		}
 		failed := time.Now()
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed, LastError: "HTTP 500"},
 			health.Status{Backend: peer, State: health.Up})
@@ -177,4 +181,20 @@ func TestPlacementGraceIsExact(t *testing.T) {
 			t.Fatal("yielded with a healthy local API server")
 		}
 	})
+}
+
+// fixedAddrs is a host's address list that does not change.
+type fixedAddrs []netip.Addr
+
+func (f fixedAddrs) Addrs() []netip.Addr { return slices.Clone(f) }
+
+// The host's addresses are the monitor's, without the VIP's: an API server
+// on the VIP's address is not this node's.
+func TestHostAddrsLeaveTheVIPOut(t *testing.T) {
+	vip := netip.MustParseAddr("10.0.0.100")
+	h := newHostAddrs([]netip.Addr{vip}, fixedAddrs{netip.MustParseAddr("10.0.0.11"), vip})
+	mine := h.mine([]health.Status{{Backend: "10.0.0.11:6443"}, {Backend: "10.0.0.100:6443"}, {Backend: "10.0.0.12:6443"}})
+	if len(mine) != 1 || mine[0].Backend != "10.0.0.11:6443" {
+		t.Fatalf("mine = %+v, want the API server at 10.0.0.11 only", mine)
+	}
 }

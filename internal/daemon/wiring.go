@@ -7,6 +7,7 @@ import (
 	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/health"
 	"github.com/vigil-ha/vigil/internal/kube"
+	"github.com/vigil-ha/vigil/internal/netmon"
 )
 
 // apiWiring is how the parts that follow the API servers reach each other.
@@ -150,4 +151,19 @@ func (x *notices) atRisk(why string) {
 	if why != "" {
 		x.emit(true, kube.ReasonLeaseAtRisk, "%s: %s", x.node, why)
 	}
+}
+
+// linkMAC is the VIP interface's MAC as the link monitor last read it, for
+// the lock record (election.MACSource).
+type linkMAC struct {
+	links *netmon.Monitor
+	name  string
+}
+
+func (l linkMAC) MAC() string {
+	lk, err := l.links.Link(l.name)
+	if err != nil {
+		return ""
+	}
+	return lk.MAC.String()
 }

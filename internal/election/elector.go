@@ -121,8 +121,11 @@ type Config struct {
 	// with the same node name, which makes Run fail with
 	// ErrDuplicateIdentity.
 	Instance string
-	// MAC is written into the record for peers' conflict checks (optional).
-	MAC  string
+	// MAC gives the MAC of the VIP's interface, written into the record
+	// for peers' conflict checks. It is read at every write, so a changed
+	// MAC (a replaced NIC, a bond's failover) reaches the peers with the
+	// next renewal. Optional.
+	MAC  MACSource
 	Lock Lock
 	// Eligible, when set, is asked before every attempt to take the lock
 	// and after every successful renewal. While it returns an error this
@@ -559,7 +562,7 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 		cb(l.deadline)
 	}
 	e.mu.Lock()
-	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now(), HolderMAC: e.cfg.MAC, Seen: time.Now()}
+	e.status = Status{Leader: true, Holder: e.cfg.Identity, LeaderSince: time.Now(), HolderMAC: e.mac(), Seen: time.Now()}
 	if obs.Record != nil {
 		e.status.Transitions = obs.Record.Transitions
 	}
@@ -648,6 +651,18 @@ func (e *Elector) release(l lease, rec Record) {
 	}
 }
 
+// MACSource gives the MAC of the interface the VIP is on ("" when
+// unknown).
+type MACSource interface{ MAC() string }
+
+// mac is the MAC to write now.
+func (e *Elector) mac() string {
+	if e.cfg.MAC == nil {
+		return ""
+	}
+	return e.cfg.MAC.MAC()
+}
+
 // record builds the record a candidate writes to take the lock.
 func (e *Elector) record(obs Observation, now time.Time) Record {
 	r := Record{
@@ -658,7 +673,7 @@ func (e *Elector) record(obs Observation, now time.Time) Record {
 		RenewTime:           now.UTC(),
 		Nonce:               nonce(),
 		Instance:            e.cfg.Instance,
-		MAC:                 e.cfg.MAC,
+		MAC:                 e.mac(),
 	}
 	if obs.Record != nil {
 		r.Transitions = obs.Record.Transitions

@@ -147,6 +147,7 @@ func (p *pipeline) issue(rec Record, rev int64, now time.Time) bool {
 	next := rec
 	next.RenewTime = now.UTC()
 	next.Nonce = nonce()
+	next.MAC = p.e.mac()
 	go func() {
 		wctx, cancel := context.WithDeadline(p.ctx, now.Add(p.e.writeBudget()))
 		defer cancel()

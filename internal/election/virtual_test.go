@@ -169,3 +169,46 @@ func TestCutOffLeaderStepsDownAtItsDeadline(t *testing.T) {
 		t.Logf("a stepped down %v after the cut; b took over %v after that", stopped["a"].Sub(cut), started["b"].Sub(stopped["a"]))
 	})
 }
+
+// macOf is a MAC that the test changes.
+type macOf struct {
+	mu  sync.Mutex
+	mac string
+}
+
+func (m *macOf) MAC() string  { m.mu.Lock(); defer m.mu.Unlock(); return m.mac }
+func (m *macOf) set(s string) { m.mu.Lock(); m.mac = s; m.mu.Unlock() }
+
+// The record carries the MAC of the moment: one that changes while this
+// node leads reaches the record with the next renewal.
+func TestRecordFollowsTheMAC(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &memLock{cut: map[string]bool{}}
+		mac := &macOf{mac: "02:00:00:00:00:01"}
+		ctx, cancel := context.WithCancel(context.Background())
+		el, err := New(Config{Identity: "a", Lock: memView{l, "a"}, MAC: mac,
+			LeaseDuration: DefaultLeaseDuration, RenewDeadline: DefaultRenewDeadline, RetryPeriod: DefaultRetryPeriod}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- el.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		recorded := func() string {
+			o, _ := memView{l, "test"}.Get(context.Background())
+			if o.Record == nil {
+				return ""
+			}
+			return o.Record.MAC
+		}
+		synctest.Wait()
+		if got := recorded(); got != "02:00:00:00:00:01" {
+			t.Fatalf("record's MAC %q at the take-over", got)
+		}
+		mac.set("02:00:00:00:00:02")
+		time.Sleep(2 * DefaultRetryPeriod)
+		if got := recorded(); got != "02:00:00:00:00:02" {
+			t.Fatalf("record's MAC %q two retry periods after it changed", got)
+		}
+	})
+}

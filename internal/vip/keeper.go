@@ -58,6 +58,10 @@ type KeeperConfig struct {
 	// OnRestored runs after the VIP, missing on the holder, was re-added
 	// (the caller re-announces it).
 	OnRestored func()
+	// Changes, when set, says that links or addresses changed
+	// (netmon.Monitor.Changes): the keeper looks again at once. When nil
+	// the keeper subscribes to netlink events itself.
+	Changes <-chan struct{}
 }
 
 // RefreshInterval is how often the holder re-adds the VIP, which resets its
@@ -146,11 +150,15 @@ func (k *Keeper) Eligible() error {
 // the address with the role until ctx is done. The caller runs it for the
 // whole life of the process; the VIP is removed when it returns.
 func (k *Keeper) Run(ctx context.Context) error {
-	events, stop, err := subscribe(ctx)
-	if err != nil {
-		k.log.Warn("cannot follow netlink events; checking the VIP on a timer only", "err", err)
-	} else {
-		defer stop()
+	events := k.cfg.Changes
+	if events == nil {
+		ev, stop, err := subscribe(ctx)
+		if err != nil {
+			k.log.Warn("cannot follow netlink events; checking the VIP on a timer only", "err", err)
+		} else {
+			events = ev
+			defer stop()
+		}
 	}
 	t := time.NewTicker(RefreshInterval)
 	defer t.Stop()

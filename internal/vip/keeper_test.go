@@ -1,6 +1,7 @@
 package vip
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/netip"
@@ -185,6 +186,33 @@ func TestKeeperEligibility(t *testing.T) {
 		k.check(true)
 		if err := k.Eligible(); err != nil || !l.isPresent() {
 			t.Fatalf("after a successful add: Eligible %v, present %v", err, l.isPresent())
+		}
+	})
+}
+
+// With a change source (netmon), the keeper looks again the moment links
+// or addresses change, not at its next refresh: a stray that appears is
+// gone before any time passes.
+func TestKeeperLooksAgainOnAChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var strays atomic.Int32
+		changes := make(chan struct{}, 1)
+		l := &memLink{}
+		k := newTestKeeper(l, KeeperConfig{OnStray: func() { strays.Add(1) }, Changes: changes})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- k.Run(ctx) }()
+		synctest.Wait() // Run's first look
+		start := time.Now()
+		l.set(func(l *memLink) { l.present = true })
+		changes <- struct{}{}
+		synctest.Wait()
+		if l.isPresent() || strays.Load() != 1 || time.Since(start) != 0 {
+			t.Fatalf("after a change: present %v, strays %d, %v later", l.isPresent(), strays.Load(), time.Since(start))
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
 	})
 }
