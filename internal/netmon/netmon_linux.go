@@ -21,7 +21,7 @@ import (
 // created in. New reads them, Run keeps them current, Close ends it.
 type Monitor struct {
 	h    *netlink.Handle // bound to the namespace of New's thread
-	ns   netns.NsHandle  // that namespace, for subscribing again
+	ns   netns.NsHandle  // that namespace, for subscribing again (None if unknown)
 	log  *slog.Logger
 	hint chan struct{} // a netlink event arrived (coalesced)
 	lost chan struct{} // a subscription ended by itself
@@ -42,14 +42,16 @@ const resubscribeWait = time.Second
 // (in that order, so no change falls between the two), in the network
 // namespace of the calling thread.
 func New(log *slog.Logger) (*Monitor, error) {
+	// The handle and the first subscriptions are opened on this thread,
+	// in its namespace: entering a namespace (setns) would need
+	// CAP_SYS_ADMIN, which vigil's container does not have.
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return nil, fmt.Errorf("netmon: open netlink: %w", err)
+	}
 	ns, err := netns.Get()
 	if err != nil {
-		return nil, fmt.Errorf("netmon: this thread's network namespace: %w", err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		_ = ns.Close()
-		return nil, fmt.Errorf("netmon: open netlink: %w", err)
+		ns = netns.None() // subscribe again in the namespace of whichever thread does
 	}
 	m := &Monitor{h: h, ns: ns, log: log.With("part", "netmon"), hint: make(chan struct{}, 1), lost: make(chan struct{}, 1)}
 	if err := m.subscribe(); err != nil {
@@ -67,16 +69,25 @@ func New(log *slog.Logger) (*Monitor, error) {
 // events, each forwarded as hints. If either ends by itself (a receive
 // error, such as an overflow of its buffer), lost says so.
 func (m *Monitor) subscribe() error {
+	// Named only when this thread is in another namespace than the
+	// monitor's (a test's netns.Do): then the library enters it, as root.
+	var at *netns.NsHandle
+	if cur, err := netns.Get(); err == nil {
+		if m.ns.IsOpen() && !cur.Equal(m.ns) {
+			at = &m.ns
+		}
+		_ = cur.Close()
+	}
 	m.sub = make(chan struct{})
 	links := make(chan netlink.LinkUpdate, 64)
 	addrs := make(chan netlink.AddrUpdate, 64)
 	errf := func(err error) { m.log.Debug("netlink subscription ended", "err", err) }
-	if err := netlink.LinkSubscribeWithOptions(links, m.sub, netlink.LinkSubscribeOptions{Namespace: &m.ns, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
+	if err := netlink.LinkSubscribeWithOptions(links, m.sub, netlink.LinkSubscribeOptions{Namespace: at, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
 		close(m.sub)
 		m.sub = nil
 		return fmt.Errorf("netmon: subscribe to link events: %w", err)
 	}
-	if err := netlink.AddrSubscribeWithOptions(addrs, m.sub, netlink.AddrSubscribeOptions{Namespace: &m.ns, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
+	if err := netlink.AddrSubscribeWithOptions(addrs, m.sub, netlink.AddrSubscribeOptions{Namespace: at, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
 		close(m.sub) // ends the link subscription
 		m.sub = nil
 		for range links {

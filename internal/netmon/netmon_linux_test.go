@@ -6,7 +6,10 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,4 +87,39 @@ func TestMonitorFollowsALink(t *testing.T) {
 	testkit.WaitFor(t, 10*time.Second, "a0 without carrier", func() bool { l := link(); return l.Up && !l.Carrier })
 	nstest.IP(t, "-n", p.A, "link", "del", "a0")
 	testkit.WaitFor(t, 10*time.Second, "a0 gone", func() bool { _, err := m.Link("a0"); return errors.Is(err, ErrNoLink) })
+}
+
+// vigil's container has NET_ADMIN and NET_RAW, not SYS_ADMIN: the monitor
+// must open and follow its own namespace without entering one (setns).
+// The test runs itself again without CAP_SYS_ADMIN (setpriv).
+func TestMonitorWithoutSysAdmin(t *testing.T) {
+	if os.Getenv("NETMON_CHILD") != "" {
+		m, err := New(testkit.Log(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		m.lost <- struct{}{} // and subscribe again
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); m.Run(ctx) }()
+		testkit.WaitFor(t, 10*time.Second, "subscribed again", func() bool { return len(m.lost) == 0 })
+		if l, err := m.Link("lo"); err != nil || l.Index == 0 {
+			t.Fatalf("lo: %+v, %v", l, err)
+		}
+		cancel()
+		<-done
+		return
+	}
+	nstest.RequireRoot(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		nstest.Unavailable(t, "setpriv is not installed (util-linux)")
+	}
+	cmd := exec.Command(setpriv, "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", os.Args[0], "-test.run", "^TestMonitorWithoutSysAdmin$", "-test.v")
+	cmd.Env = append(os.Environ(), "NETMON_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS") {
+		t.Fatalf("without CAP_SYS_ADMIN: %v\n%s", err, out)
+	}
 }
