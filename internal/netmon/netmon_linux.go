@@ -78,24 +78,25 @@ func (m *Monitor) subscribe() error {
 		}
 		_ = cur.Close()
 	}
-	m.sub = make(chan struct{})
+	sub := make(chan struct{}) // the forwarders' own copy: m.sub changes when Run subscribes again
+	m.sub = sub
 	links := make(chan netlink.LinkUpdate, 64)
 	addrs := make(chan netlink.AddrUpdate, 64)
 	errf := func(err error) { m.log.Debug("netlink subscription ended", "err", err) }
-	if err := netlink.LinkSubscribeWithOptions(links, m.sub, netlink.LinkSubscribeOptions{Namespace: at, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
+	if err := netlink.LinkSubscribeWithOptions(links, sub, netlink.LinkSubscribeOptions{Namespace: at, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
 		close(m.sub)
 		m.sub = nil
 		return fmt.Errorf("netmon: subscribe to link events: %w", err)
 	}
-	if err := netlink.AddrSubscribeWithOptions(addrs, m.sub, netlink.AddrSubscribeOptions{Namespace: at, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
+	if err := netlink.AddrSubscribeWithOptions(addrs, sub, netlink.AddrSubscribeOptions{Namespace: at, ErrorCallback: errf, ReceiveBufferSize: 1 << 20}); err != nil {
 		close(m.sub) // ends the link subscription
 		m.sub = nil
 		for range links {
 		}
 		return fmt.Errorf("netmon: subscribe to address events: %w", err)
 	}
-	m.wg.Go(func() { forward(links, m.hint, m.sub, m.lost) })
-	m.wg.Go(func() { forward(addrs, m.hint, m.sub, m.lost) })
+	m.wg.Go(func() { forward(links, m.hint, sub, m.lost) })
+	m.wg.Go(func() { forward(addrs, m.hint, sub, m.lost) })
 	return nil
 }
 
