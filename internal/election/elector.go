@@ -339,6 +339,168 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 }
 
+// campaign returns once this node holds the lock, or ctx is done.
+func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
+	var (
+		w          window
+		failures   int
+		failedAt   time.Time
+		yielding   time.Time   // since when a takeable lock was left alone
+		yieldOnce  bool        // whether this stand-by was logged
+		prev       Observation // the last record seen, for twin detection
+		ineligible string      // why this node does not campaign, as last logged
+		movedTo    string      // where the election moved, as last logged
+	)
+	changes, stopWatch := watchLock(ctx, e.cfg.Lock)
+	defer stopWatch()
+	for {
+		e.tick()
+		if err := ctx.Err(); err != nil {
+			return lease{}, Observation{}, err
+		}
+		began := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, e.readBudget())
+		obs, err := e.cfg.Lock.Get(rctx)
+		cancel()
+		done := time.Now()
+		readTook := done.Sub(began)
+		e.op(OpGet, readTook, err)
+		if err != nil {
+			if ctx.Err() != nil {
+				return lease{}, Observation{}, ctx.Err()
+			}
+			failures++
+			if failures == 1 {
+				failedAt = done
+				e.log.Warn("cannot read the lock; retrying with backoff", "err", err)
+			} else if failures%20 == 0 {
+				e.log.Info("still cannot read the lock", "for", done.Sub(failedAt).Round(time.Millisecond), "err", err)
+			}
+			if !sleep(ctx, readBackoff(e.cfg.RetryPeriod, failures)) {
+				return lease{}, Observation{}, ctx.Err()
+			}
+			continue
+		}
+		if failures > 0 {
+			e.log.Info("lock readable again", "after", done.Sub(failedAt).Round(time.Millisecond))
+			failures = 0
+		}
+		if twinRenewed(prev, obs, e.cfg.Identity, e.cfg.Instance) {
+			return lease{}, Observation{}, e.duplicate(obs)
+		}
+		prev = obs
+		e.setHolder(obs)
+		if to := e.noteMoved(obs, movedTo); to != movedTo {
+			movedTo, ineligible = to, "" // the status was rewritten; log eligibility afresh
+		}
+		w.observe(obs, done)
+		ok, wait := acquirable(obs, w, e.cfg.Identity, e.cfg.Instance, time.Now())
+		if ok && e.cfg.Eligible != nil {
+			if err := e.cfg.Eligible(); err != nil {
+				if why := err.Error(); why != ineligible {
+					e.log.Warn("not campaigning: this node cannot hold the VIP now", "err", err)
+					ineligible = why
+					e.setIneligibleCheck(why)
+				}
+				ok, wait = false, e.cfg.RetryPeriod
+			} else if ineligible != "" {
+				e.log.Info("campaigning again: this node can hold the VIP")
+				ineligible = ""
+				e.setIneligible("")
+			}
+		} else if !ok && e.cfg.Eligible != nil && e.failedCheck() && e.cfg.Eligible() == nil {
+			// A peer holds the lock, and what kept this node out (seen
+			// here, or by the renewals that made it step down) is over:
+			// the status must not go on saying it is ineligible.
+			e.log.Info("eligible again: this node can hold the VIP")
+			ineligible = ""
+			e.clearFailedCheck()
+		}
+		if !ok {
+			yielding, yieldOnce = time.Time{}, false // a peer holds it: stand-by starts anew
+		}
+		if ok && (e.cfg.Yield != nil || e.cfg.HandOff != nil) {
+			reason, yield := e.cfg.yieldNow()
+			switch {
+			case !yield:
+				yielding, yieldOnce = time.Time{}, false
+			case yielding.IsZero():
+				yielding = time.Now()
+				fallthrough
+			default:
+				if left := e.cfg.YieldFor - time.Since(yielding); left > 0 {
+					if !yieldOnce {
+						e.log.Info("standing by: leaving the lock to a healthier peer", "reason", reason, "for", e.cfg.YieldFor)
+						yieldOnce = true
+					}
+					ok, wait = false, left
+				} else {
+					e.log.Warn("no healthier peer took the lock; taking it anyway", "reason", reason, "waited", time.Since(yielding).Round(time.Millisecond))
+				}
+			}
+		}
+		if !ok {
+			alive, held, twin := waitForChange(ctx, min(wait, e.standbyPoll(changes != nil)), changes, &w, obs, e.cfg.Identity, e.cfg.Instance)
+			if twin != nil {
+				return lease{}, Observation{}, e.duplicate(*twin)
+			}
+			if !alive {
+				return lease{}, Observation{}, ctx.Err()
+			}
+			if held {
+				yielding, yieldOnce = time.Time{}, false
+			}
+			continue
+		}
+		start := time.Now()
+		rec := e.record(obs, start)
+		pipe := e.newPipeline(ctx, rec.Tenure)
+		stopSpeculating := pipe.speculate(rec, e.renewInterval(readTook))
+		wctx, cancel := context.WithTimeout(ctx, e.writeBudget())
+		got, err := e.cfg.Lock.Write(wctx, rec, obs.Revision)
+		cancel()
+		stopSpeculating()
+		took := time.Since(start)
+		e.op(OpAcquire, took, err)
+		if err != nil {
+			pipe.close()
+		}
+		switch {
+		case err == nil:
+			l := lease{start: start, latency: took, pipe: pipe}
+			l.renewed(got.Revision, start, e.cfg.RenewDeadline)
+			// A tenure taken while yielding is kept: see Config.Yield.
+			l.mayYield = yielding.IsZero()
+			return l, got, nil
+		case errors.Is(err, ErrConflict):
+			e.log.Debug("lost the race for the lock", "holder", got.Holder())
+			continue // read again at once
+		default:
+			e.log.Debug("acquire failed", "err", err)
+			if !sleep(ctx, e.cfg.RetryPeriod) {
+				return lease{}, Observation{}, ctx.Err()
+			}
+		}
+	}
+}
+
+// standbyPoll is how long a stand-by waits between reads of a lock held by
+// a peer, unless the lease runs out sooner (then it reads at the expiry) or
+// a watched change ends the wait. Without a watch it reads every retry
+// period. With one, the watch delivers every renewal as it commits (each
+// restarts the lease window at its arrival) and a release at once, so the
+// reads are only the net under a watch that has silently stalled: they go
+// out every quarter lease (200 ms at the defaults, twice fewer reads). A
+// stalled watch can then start the window up to that much later, which
+// delays a takeover and never hastens one; and the takeover itself is a
+// compare-and-swap on the revision read.
+func (e *Elector) standbyPoll(watching bool) time.Duration {
+	if !watching {
+		return e.cfg.RetryPeriod
+	}
+	return max(e.cfg.RetryPeriod, e.cfg.LeaseDuration/4)
+}
+
 // watchLock streams changes of the record, when the lock supports it. stop
 // ends the stream and waits for it.
 func watchLock(ctx context.Context, lock Lock) (<-chan Observation, func()) {
