@@ -187,7 +187,7 @@ func (l *Lab) addMachine(ctx context.Context, n *Node, in kubeadmInputs) error {
 	if err := os.MkdirAll(l.nodeDir(n), 0o755); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	if err := createHost(ctx, n.Name, n.IP, netip.Addr{}); err != nil {
+	if err := createHost(ctx, n.Name, n.IP, netip.Addr{}, l.st.Settings.reservedPorts()); err != nil {
 		return err
 	}
 	if err := l.createMachine(ctx, n); err != nil {

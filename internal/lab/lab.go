@@ -200,7 +200,7 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 		if err := createRoutedClient(ctx, s); err != nil {
 			return err
 		}
-	} else if err := createHost(ctx, "cl", clientIP, s.clientIP6()); err != nil {
+	} else if err := createHost(ctx, "cl", clientIP, s.clientIP6(), s.reservedPorts()); err != nil {
 		return err
 	}
 	ca, err := l.newPKI()
@@ -271,7 +271,7 @@ func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 
 // createNodeHost makes a control-plane node's namespace and links.
 func (l *Lab) createNodeHost(ctx context.Context, n *Node) error {
-	if err := createHost(ctx, n.Name, n.IP, l.st.Settings.addr6(n.Index)); err != nil {
+	if err := createHost(ctx, n.Name, n.IP, l.st.Settings.addr6(n.Index), l.st.Settings.reservedPorts()); err != nil {
 		return err
 	}
 	if l.st.Settings.bgp() {

@@ -79,7 +79,7 @@ func createRoutedClient(ctx context.Context, s Settings) error {
 	if s.has6() {
 		rip6 = routerIP6
 	}
-	if err := createHost(ctx, routerName, routerIP, rip6); err != nil {
+	if err := createHost(ctx, routerName, routerIP, rip6, nil); err != nil {
 		return err
 	}
 	rt, cl := nodeNS(routerName), clientNS

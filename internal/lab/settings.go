@@ -3,6 +3,7 @@ package lab
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -280,4 +281,18 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("lab: --lb-event-loops needs vigil's load balancer in a lab of its own processes (--impl vigil, --lb-port, no --kubeadm)")
 	}
 	return nil
+}
+
+// reservedPorts are the ports the user chose that are inside the lab's
+// ephemeral range (ephemeralFloor and up), sorted, each once: no outgoing
+// connection in a lab namespace may take one before its listener binds.
+func (s Settings) reservedPorts() []int {
+	var ps []int
+	for _, p := range []int{s.LBPort, s.BackendPort, s.HealthPort, s.LBListenPort} {
+		if p >= ephemeralFloor && p <= 65535 && !slices.Contains(ps, p) {
+			ps = append(ps, p)
+		}
+	}
+	slices.Sort(ps)
+	return ps
 }

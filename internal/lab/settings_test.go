@@ -1,8 +1,13 @@
 package lab
 
 import (
+	"net"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/feed"
 )
 
 func TestSettingsValidate(t *testing.T) {
@@ -49,5 +54,44 @@ func TestSettingsValidate(t *testing.T) {
 		if err := s.Validate(); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestListenPortsBelowEphemeral: no outgoing connection inside a lab
+// namespace can draw a port a lab process is about to listen on.
+func TestListenPortsBelowEphemeral(t *testing.T) {
+	_, prom, err := net.SplitHostPort(promListen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	promPort, err := strconv.Atoi(prom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := map[string]int{
+		"etcd direct": etcdDirectPort, "etcd front": etcdFrontPort, "etcd client": etcdClientPort,
+		"etcd peer": 2380, "kubeadm etcd metrics": 2381,
+		"API server": APIServerPort, "bulk": BulkPort, "responder": ResponderPort,
+		"bench vigil": BenchVigilPort, "bench HAProxy": BenchHAProxyPort,
+		"agent feed": feed.DefaultPort, "vigil metrics": labMetricsPort, "Prometheus": promPort,
+		"kubelet": 10250, "kube-controller-manager": 10257, "kube-scheduler": 10259,
+	}
+	for name, p := range ports {
+		if p <= 0 || p >= ephemeralFloor {
+			t.Errorf("%s listens on %d, not below the lab's ephemeral range (%d-%d)", name, p, ephemeralFloor, ephemeralCeiling)
+		}
+	}
+	if ephemeralCeiling-ephemeralFloor < 50000 {
+		t.Errorf("ephemeral range %d-%d: under 50,000 ports for the benchmarks' clients", ephemeralFloor, ephemeralCeiling)
+	}
+}
+
+func TestReservedPorts(t *testing.T) {
+	s := Settings{LBPort: APIServerPort, BackendPort: 20000, HealthPort: 20000, LBListenPort: 16443}
+	if got := s.reservedPorts(); !slices.Equal(got, []int{16443, 20000}) {
+		t.Fatalf("reservedPorts = %v, want [16443 20000]", got)
+	}
+	if got := (Settings{LBPort: APIServerPort, BackendPort: APIServerPort}).reservedPorts(); len(got) != 0 {
+		t.Fatalf("reservedPorts = %v, want none", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 )
 
@@ -101,11 +102,23 @@ func createSwitch(ctx context.Context) error {
 	return nil
 }
 
+// The ephemeral port range inside the lab's namespaces. Every port a lab
+// process listens on is below ephemeralFloor (TestListenPortsBelowEphemeral):
+// etcd (2378-2381), the API servers (6443), the bulk and responder
+// services, the benchmarks' balancers, vigil's feed and metrics (9557,
+// 9558), Prometheus (9090), and in the kubeadm lab the kubelet and the
+// control plane's health ports (10248-10259). 54,700 ports remain.
+const (
+	ephemeralFloor   = 10300
+	ephemeralCeiling = 65000
+)
+
 // createHost makes a namespace for a host, plugs it into the bridge through
 // a veth pair (port name = host name on the switch side, eth0 inside) and
 // gives it addr, and addr6 when valid (labs with IPv6; without duplicate
 // address detection, which would leave the address unusable for a second).
-func createHost(ctx context.Context, name string, addr, addr6 netip.Addr) error {
+// Outgoing connections in it never draw a port in reserved.
+func createHost(ctx context.Context, name string, addr, addr6 netip.Addr, reserved []int) error {
 	ns := Prefix + name
 	steps := [][]string{
 		{"netns", "add", ns},
@@ -126,8 +139,21 @@ func createHost(ctx context.Context, name string, addr, addr6 netip.Addr) error 
 	// Benchmarks open tens of thousands of short connections to one
 	// address: a wide port range and reuse of TIME_WAIT ports keep the
 	// client (and the balancers' side towards the backends) from running
-	// out of ports. Per namespace; the host is untouched.
-	for _, kv := range []string{"net.ipv4.ip_local_port_range=1024 65000", "net.ipv4.tcp_tw_reuse=1"} {
+	// out of ports. The range starts above every port a lab process
+	// listens on (ephemeralFloor): an outgoing connection of the node's
+	// etcd that drew 9558 once kept vigil's metrics server from binding.
+	// Per namespace; the host is untouched.
+	portRange := fmt.Sprintf("net.ipv4.ip_local_port_range=%d %d", ephemeralFloor, ephemeralCeiling)
+	sysctls := []string{portRange, "net.ipv4.tcp_tw_reuse=1"}
+	if len(reserved) > 0 {
+		// Ports the user chose (--lb-listen-port 16443) may be inside it.
+		ps := make([]string, len(reserved))
+		for i, p := range reserved {
+			ps[i] = strconv.Itoa(p)
+		}
+		sysctls = append(sysctls, "net.ipv4.ip_local_reserved_ports="+strings.Join(ps, ","))
+	}
+	for _, kv := range sysctls {
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "sysctl", "-qw", kv).CombinedOutput(); err != nil {
 			return fmt.Errorf("lab: sysctl %s in %s: %w: %s", kv, ns, err, strings.TrimSpace(string(out)))
 		}

@@ -50,7 +50,7 @@ func (l *Lab) ensureWorkers(ctx context.Context, n int) error {
 		if err := os.MkdirAll(l.nodeDir(w), 0o755); err != nil {
 			return fmt.Errorf("lab: %w", err)
 		}
-		if err := createHost(ctx, w.Name, w.IP, netip.Addr{}); err != nil {
+		if err := createHost(ctx, w.Name, w.IP, netip.Addr{}, l.st.Settings.reservedPorts()); err != nil {
 			return err
 		}
 		l.st.Workers = append(l.st.Workers, w)
