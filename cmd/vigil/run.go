@@ -89,7 +89,7 @@ the etcd member list (each member's client URL host with --backend-port),
 and, with --kubeconfig, from the kubernetes Service's EndpointSlices, where
 every kube-apiserver publishes itself (this also finds API servers that do
 not run beside an etcd member). --backend is only for bootstrap. A node whose own API server fails its checks for --health-grace
-while a peer's passes gives the VIP up and does not campaign, unless no peer
+while a peer's has passed every check as long gives the VIP up and does not campaign, unless no peer
 takes it (then it holds it rather than leave the cluster without a VIP).
 
 Load balancer (--lb-port). The VIP holder accepts TCP on VIP:--lb-port and
@@ -221,7 +221,7 @@ any rights. See docs/kubeadm.md.`,
 	f.DurationVar(&cfg.HealthTimeout, "health-timeout", health.DefaultTimeout, "a check without an answer within this is a failure")
 	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "consecutive passed checks that bring a failed backend back")
 	f.IntVar(&cfg.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
-	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's passes, give the VIP to that peer (0: off)")
+	f.DurationVar(&cfg.HealthGrace, "health-grace", daemon.DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's has passed every check this long, give the VIP to that peer (0: off)")
 	f.DurationVar(&cfg.PruneAfter, "prune-after", 0, "while holding the VIP, remove etcd members that a majority of the voters' vigils have seen unreachable, without a break, for this long, never below a healthy quorum; no prune in the first period after start or takeover (0: off; at least 10s; under 30s a removal can stall etcd, and the VIP, for up to 5 s; minutes in production)")
 	f.BoolVar(&cfg.PruneDeleteNode, "prune-delete-node", false, "with --prune-after and --kubeconfig: also delete the Node named like each pruned member, once its kubelet has not renewed its node Lease for --prune-after (and unless it is Ready)")
 	f.StringVar(&cfg.MetricsAddress, "metrics-address", "127.0.0.1:9558", "serve /metrics, /healthz and /status here (empty: off)")

@@ -15,11 +15,15 @@ import (
 
 // placement decides whether this node should leave the VIP to a peer: its own
 // API server has failed its checks for longer than grace, while at least one
-// other API server passes them. The rule never leaves the cluster without a
-// holder merely because every API server is unhealthy at once (a shared etcd
-// outage fails them all): then nobody yields and the VIP stays where it is.
-// And a node that yielded but saw no peer take the lock takes it back (see
-// election.Config.Yield).
+// other API server has passed every check for at least grace too. The rule
+// never leaves the cluster without a holder merely because every API server
+// is unhealthy at once (a shared etcd outage fails them all): then nobody
+// yields and the VIP stays where it is. Nor does it move the VIP when such a
+// brownout ends and the servers recover a moment apart (a storm of
+// reconnections through the VIP saturates them all; whichever answers first
+// is no better a home than the holder's): the peer must have answered for
+// as long as the local server has failed. And a node that yielded but saw
+// no peer take the lock takes it back (see election.Config.Yield).
 type placement struct {
 	checker interface{ Statuses() []health.Status } // the API servers' health (health.Checker)
 	grace   time.Duration
@@ -40,7 +44,7 @@ func (p *placement) yield() (string, bool) {
 		ap, err := netip.ParseAddrPort(st.Backend)
 		if err == nil && local[ap.Addr().Unmap()] {
 			mine = append(mine, st)
-		} else if st.State == health.Up && healthyPeer == "" {
+		} else if healthyPeer == "" && p.settled(st) {
 			healthyPeer = st.Backend
 		}
 	}
@@ -70,6 +74,12 @@ func (p *placement) yield() (string, bool) {
 		}
 	}
 	return reason, yield
+}
+
+// settled says whether a peer's API server is Up and has passed its checks
+// for at least the grace.
+func (p *placement) settled(st health.Status) bool {
+	return st.State == health.Up && !st.PassingSince.IsZero() && time.Since(st.PassingSince) >= p.grace
 }
 
 func (p *placement) isYielding() bool {

@@ -150,7 +150,7 @@ func TestPlacementGraceIsExact(t *testing.T) {
 			log: slog.New(slog.DiscardHandler), gauge: gauge}
 		failed := time.Now()
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed, LastError: "HTTP 500"},
-			health.Status{Backend: peer, State: health.Up})
+			health.Status{Backend: peer, State: health.Up, PassingSince: failed.Add(-time.Hour)})
 		time.Sleep(grace - time.Nanosecond)
 		if _, y := p.yield(); y {
 			t.Fatal("yielded 1 ns before the grace ended")
@@ -173,9 +173,31 @@ func TestPlacementGraceIsExact(t *testing.T) {
 		if v := testutil.ToFloat64(gauge); v != 0 {
 			t.Fatalf("yielding gauge %v after the yield ended", v)
 		}
+		// A brownout ends: the peer answers again first, while the local
+		// server still fails. No yield until the peer has passed its
+		// checks for the grace, then a yield at it.
+		recovered := time.Now()
+		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
+			health.Status{Backend: peer, State: health.Up, PassingSince: recovered})
+		time.Sleep(grace - time.Nanosecond)
+		if _, y := p.yield(); y {
+			t.Fatal("yielded to a peer that has passed its checks for 1 ns less than the grace")
+		}
+		time.Sleep(time.Nanosecond)
+		if _, y := p.yield(); !y {
+			t.Fatal("no yield to a peer that has passed its checks for the grace")
+		}
+		// A peer still Up but failing its checks (fewer than fall
+		// failures) is no home either.
+		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
+			health.Status{Backend: peer, State: health.Up, FailingSince: time.Now()})
+		if _, y := p.yield(); y {
+			t.Fatal("yielded to a peer that is failing its checks")
+		}
 		// A local server that has not failed (FailingSince zero) never
 		// yields.
-		s.set(health.Status{Backend: local, State: health.Up}, health.Status{Backend: peer, State: health.Up})
+		s.set(health.Status{Backend: local, State: health.Up, PassingSince: recovered},
+			health.Status{Backend: peer, State: health.Up, PassingSince: recovered})
 		time.Sleep(time.Hour)
 		if _, y := p.yield(); y {
 			t.Fatal("yielded with a healthy local API server")

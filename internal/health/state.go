@@ -77,6 +77,12 @@ type Status struct {
 	// consecutive failures started; zero when the last check passed or none
 	// ran yet.
 	FailingSince time.Time
+	// PassingSince is when the current run of consecutive passed checks
+	// began (the first of them ended); zero when the last check failed or
+	// none ran yet. A backend can be Up while failing (fewer than fall
+	// failures) and Up again after a brownout without ever going Down:
+	// this, not Since, says how long it has answered.
+	PassingSince time.Time
 	// Since is when State last changed.
 	Since time.Time
 }
@@ -122,6 +128,9 @@ func (t *tracker) observe(r result, now time.Time) bool {
 		t.failRun = 0
 		t.okRun++
 		t.st.FailingSince = time.Time{}
+		if t.st.PassingSince.IsZero() {
+			t.st.PassingSince = now
+		}
 		switch t.st.State {
 		case Unknown:
 			t.set(Up, now)
@@ -137,6 +146,7 @@ func (t *tracker) observe(r result, now time.Time) bool {
 	}
 	t.okRun = 0
 	t.failRun++
+	t.st.PassingSince = time.Time{}
 	t.st.LastError = r.err
 	if t.st.FailingSince.IsZero() {
 		t.st.FailingSince = now
@@ -164,6 +174,7 @@ func (t *tracker) markDead(err string, now time.Time) bool {
 	before := t.st
 	t.okRun = 0
 	t.failRun = max(t.failRun+1, t.fall)
+	t.st.PassingSince = time.Time{}
 	t.st.LastError = err
 	if t.st.FailingSince.IsZero() {
 		t.st.FailingSince = now

@@ -96,6 +96,34 @@ func TestTrackerFailingSince(t *testing.T) {
 	}
 }
 
+// PassingSince is the start of the current run of passes: it survives
+// further passes, a single failure clears it even while the backend stays
+// Up (fall 2), and so does a refused connection.
+func TestTrackerPassingSince(t *testing.T) {
+	tr := tracker{rise: 2, fall: 2}
+	t0 := time.Unix(1000, 0)
+	if !tr.st.PassingSince.IsZero() {
+		t.Fatal("PassingSince set before any check")
+	}
+	tr.observe(result{}, t0)
+	tr.observe(result{}, t0.Add(time.Second))
+	if got := tr.st.PassingSince; !got.Equal(t0) {
+		t.Fatalf("PassingSince = %v, want the first pass %v", got, t0)
+	}
+	tr.observe(result{cause: Unreachable}, t0.Add(2*time.Second))
+	if tr.st.State != Up || !tr.st.PassingSince.IsZero() {
+		t.Fatalf("after one failure: %v, PassingSince %v; want up and zero", tr.st.State, tr.st.PassingSince)
+	}
+	tr.observe(result{}, t0.Add(3*time.Second))
+	if got := tr.st.PassingSince; tr.st.State != Up || !got.Equal(t0.Add(3*time.Second)) {
+		t.Fatalf("after passing again: %v, PassingSince %v; want up since %v", tr.st.State, got, t0.Add(3*time.Second))
+	}
+	tr.markDead("refused", t0.Add(4*time.Second))
+	if !tr.st.PassingSince.IsZero() {
+		t.Fatal("PassingSince kept after a refused connection")
+	}
+}
+
 func TestValidatePath(t *testing.T) {
 	for _, p := range []string{"/readyz", "/readyz?exclude=etcd", "/livez", "/"} {
 		if err := ValidatePath(p); err != nil {

@@ -510,6 +510,11 @@ func TestLeaseLab(t *testing.T) {
 			t.Errorf("down: %v", err)
 		}
 	})
+	t.Cleanup(func() { // before Down
+		if t.Failed() {
+			logNodeLogs(t, l, 60)
+		}
+	})
 	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, APIServer: APIServerKube, Election: ElectionKubernetes}
 	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
