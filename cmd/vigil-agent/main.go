@@ -13,6 +13,7 @@ import (
 
 	"github.com/vigil-ha/vigil"
 	"github.com/vigil-ha/vigil/internal/agent"
+	"github.com/vigil-ha/vigil/internal/config"
 )
 
 func main() {
@@ -23,7 +24,7 @@ func main() {
 	cmd.SetVersionTemplate("{{.Name}} {{.Version}}\n")
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	if err := cmd.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "vigil-agent:", err)
+		fmt.Fprintln(os.Stderr, "vigil-agent:", config.FlagNames(err.Error(), cmd))
 		stop()
 		os.Exit(1)
 	}

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/vigil-ha/vigil"
@@ -261,5 +263,75 @@ func TestSystemdNotify(t *testing.T) {
 			t.Fatalf("no STOPPING=1 after SIGTERM: %v (got %v)", err, got)
 		}
 		got[string(buf[:n])]++
+	}
+}
+
+// Libraries name settings, not flags: no error built in internal/ (the
+// lab's own tool aside) names one of vigil's flags, and every setting an
+// error names in backquotes is the key of a flag of vigil or vigil-agent,
+// which config.FlagNames turns into that flag when the command reports it.
+func TestLibrariesNameSettingsNotFlags(t *testing.T) {
+	flags := map[string]bool{}
+	keys := map[string]bool{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) { flags[f.Name], keys[config.Key(f.Name)] = true, true })
+		c.PersistentFlags().VisitAll(func(f *pflag.Flag) { flags[f.Name], keys[config.Key(f.Name)] = true, true })
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot())
+	delete(flags, "help")
+	construction := regexp.MustCompile(`(Errorf|errors\.New)\(`)
+	literal := regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+	flagRef := regexp.MustCompile(`(?:^|[^\w-])--([a-z][a-z0-9-]*[a-z0-9])`)
+	settingRef := regexp.MustCompile("`([a-z][A-Za-z0-9]*)`")
+	root := filepath.Join("..", "..", "internal")
+	checked := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") ||
+			strings.HasPrefix(path, filepath.Join(root, "lab")+string(filepath.Separator)) {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if !construction.MatchString(line) || strings.HasPrefix(strings.TrimSpace(line), "//") {
+				continue
+			}
+			checked++
+			for _, lit := range literal.FindAllString(line, -1) {
+				for _, m := range flagRef.FindAllStringSubmatchIndex(lit, -1) {
+					name, before := lit[m[2]:m[3]], lit[:m[2]]
+					// A command line to run (vigil handoff --release), or
+					// etcd's own flag, is no setting of this command.
+					if strings.Contains(before, "vigil ") || strings.HasSuffix(before, "etcd's --") {
+						continue
+					}
+					if flags[name] {
+						t.Errorf("%s:%d: an error names the flag --%s; name the setting, `%s`", path, i+1, name, config.Key(name))
+					}
+				}
+				for _, m := range settingRef.FindAllStringSubmatch(lit, -1) {
+					if !keys[m[1]] {
+						t.Errorf("%s:%d: an error names `%s`, which is no flag's key", path, i+1, m[1])
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("only %d error constructions found under %s", checked, root)
+	}
+	// And the command shows them as its flags.
+	if got := config.FlagNames("invalid configuration: `leaseDuration` 1s is not above `renewDeadline` 2s; `notAFlag` stays", newRoot()); got != "invalid configuration: --lease-duration 1s is not above --renew-deadline 2s; `notAFlag` stays" {
+		t.Fatalf("FlagNames: %q", got)
 	}
 }

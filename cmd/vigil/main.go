@@ -12,13 +12,15 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vigil-ha/vigil"
+	"github.com/vigil-ha/vigil/internal/config"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := newRoot().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "vigil:", err)
+	root := newRoot()
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "vigil:", config.FlagNames(err.Error(), root))
 		stop()
 		os.Exit(1)
 	}

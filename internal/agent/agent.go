@@ -250,7 +250,7 @@ func New(cfg Config, log *slog.Logger) (a *Agent, err error) {
 		}
 	}
 	if cfg.MetricsAddress != "" {
-		if a.metricsLn, err = observe.Listen(cfg.MetricsAddress, "--metrics-address"); err != nil {
+		if a.metricsLn, err = observe.Listen(cfg.MetricsAddress, "`metricsAddress`"); err != nil {
 			return nil, validate.Invalid(err)
 		}
 	}
@@ -421,10 +421,10 @@ func (c *Config) withDefaults() error {
 		c.DrainTimeout = lb.DefaultDrainTimeout
 	}
 	if c.Server == "" {
-		return fmt.Errorf("%w: --server is required: the API server URL workers used so far, such as https://VIP:6443", validate.ErrInvalid)
+		return fmt.Errorf("%w: `server` is required: the API server URL workers used so far, such as https://VIP:6443", validate.ErrInvalid)
 	}
 	if err := validate.APIServerURL(c.Server); err != nil {
-		return fmt.Errorf("%w: --server %w", validate.ErrInvalid, err)
+		return fmt.Errorf("%w: `server` %w", validate.ErrInvalid, err)
 	}
 	u, _ := url.Parse(c.Server)
 	if u.Port() == "" {
@@ -435,9 +435,9 @@ func (c *Config) withDefaults() error {
 		c.BackendPort, _ = strconv.Atoi(u.Port())
 	}
 	if c.BackendPort < 1 || c.BackendPort > 65535 {
-		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", validate.ErrInvalid, c.BackendPort)
+		return fmt.Errorf("%w: `backendPort` %d is out of range 1-65535", validate.ErrInvalid, c.BackendPort)
 	}
-	for flag, addr := range map[string]string{"--apiserver-listen": c.APIServerListen, "--etcd-listen": c.EtcdListen} {
+	for flag, addr := range map[string]string{"`apiserverListen`": c.APIServerListen, "`etcdListen`": c.EtcdListen} {
 		if addr == "" {
 			continue
 		}
@@ -446,23 +446,23 @@ func (c *Config) withDefaults() error {
 		}
 	}
 	if c.EtcdListen != "" && len(c.EtcdSeeds) == 0 {
-		return fmt.Errorf("%w: --etcd-listen needs --etcd-endpoints: the agent learns the etcd members from them", validate.ErrInvalid)
+		return fmt.Errorf("%w: `etcdListen` needs `etcdEndpoints`: the agent learns the etcd members from them", validate.ErrInvalid)
 	}
 	if _, _, err := parseEtcdURLs(c.EtcdSeeds); err != nil {
 		return err
 	}
 	if err := health.ValidatePath(c.HealthPath); err != nil {
-		return fmt.Errorf("%w: --health-path: %w", validate.ErrInvalid, err)
+		return fmt.Errorf("%w: `healthPath`: %w", validate.ErrInvalid, err)
 	}
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
-		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", validate.ErrInvalid)
+		return fmt.Errorf("%w: `healthInterval`, `healthTimeout`, `healthRise` and `healthFall` must be positive", validate.ErrInvalid)
 	case c.DiscoveryInterval < 100*time.Millisecond:
-		return fmt.Errorf("%w: --discovery-interval %v is below 100ms", validate.ErrInvalid, c.DiscoveryInterval)
+		return fmt.Errorf("%w: `discoveryInterval` %v is below 100ms", validate.ErrInvalid, c.DiscoveryInterval)
 	case c.DrainTimeout < 0:
-		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", validate.ErrInvalid, c.DrainTimeout)
+		return fmt.Errorf("%w: `lbDrainTimeout` %v must be positive", validate.ErrInvalid, c.DrainTimeout)
 	case c.FeedPort < 0 || c.FeedPort > 65535:
-		return fmt.Errorf("%w: --feed-port %d is out of range 0-65535 (0: no feed)", validate.ErrInvalid, c.FeedPort)
+		return fmt.Errorf("%w: `feedPort` %d is out of range 0-65535 (0: no feed)", validate.ErrInvalid, c.FeedPort)
 	}
 	if err := lb.CheckLimits(c.MaxConns, c.MaxConnsPerSource, c.IdleTimeout); err != nil {
 		return err
@@ -471,9 +471,9 @@ func (c *Config) withDefaults() error {
 		return err
 	}
 	if c.Pprof && c.MetricsAddress == "" {
-		return fmt.Errorf("%w: --pprof serves on --metrics-address, which is empty", validate.ErrInvalid)
+		return fmt.Errorf("%w: `pprof` serves on `metricsAddress`, which is empty", validate.ErrInvalid)
 	}
-	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
+	if err := validate.ListenAddress("`metricsAddress`", c.MetricsAddress, true); err != nil {
 		return validate.Invalid(err)
 	}
 	return nil

@@ -464,24 +464,24 @@ func TestConfigErrors(t *testing.T) {
 		edit func(*Config)
 		want string
 	}{
-		{"no server", func(c *Config) { c.Server = "" }, "--server is required"},
+		{"no server", func(c *Config) { c.Server = "" }, "`server` is required"},
 		{"http server", func(c *Config) { c.Server = "http://10.0.0.100:6443" }, "must be an https URL"},
 		{"server with path", func(c *Config) { c.Server = "https://10.0.0.100:6443/api" }, "must be an https URL"},
-		{"bad listen", func(c *Config) { c.APIServerListen = "6443" }, "--apiserver-listen"},
-		{"etcd listen without seeds", func(c *Config) { c.EtcdListen = "127.0.0.1:0" }, "needs --etcd-endpoints"},
+		{"bad listen", func(c *Config) { c.APIServerListen = "6443" }, "`apiserverListen`"},
+		{"etcd listen without seeds", func(c *Config) { c.EtcdListen = "127.0.0.1:0" }, "needs `etcdEndpoints`"},
 		{"bad etcd seed", func(c *Config) { c.EtcdSeeds = []string{"10.0.0.11:2379"} }, "must look like https://HOST:PORT"},
 		{"mixed etcd schemes", func(c *Config) { c.EtcdSeeds = []string{"http://a:1", "https://b:1"} }, "mix http and https"},
-		{"bad backend port", func(c *Config) { c.BackendPort = 70000 }, "--backend-port"},
-		{"bad health path", func(c *Config) { c.HealthPath = "readyz" }, "--health-path"},
-		{"tiny discovery interval", func(c *Config) { c.DiscoveryInterval = time.Millisecond }, "--discovery-interval"},
-		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9559" }, "--metrics-address"},
-		{"pprof without a metrics address", func(c *Config) { c.Pprof, c.MetricsAddress = true, "" }, "--pprof serves on --metrics-address"},
-		{"unwritable cache dir", func(c *Config) { c.CacheDir = "/proc/vigil-agent" }, "--cache-dir"},
-		{"per-source above total", func(c *Config) { c.MaxConns, c.MaxConnsPerSource = 10, 20 }, "--lb-max-conns-per-source 20 is above --lb-max-conns 10"},
-		{"negative idle timeout", func(c *Config) { c.IdleTimeout = -time.Second }, "--lb-idle-timeout"},
-		{"too many event loops", func(c *Config) { c.EventLoops = 65 }, "--lb-event-loops 65"},
-		{"feed port out of range", func(c *Config) { c.FeedPort = 70000 }, "--feed-port 70000"},
-		{"negative feed port", func(c *Config) { c.FeedPort = -1 }, "--feed-port -1"},
+		{"bad backend port", func(c *Config) { c.BackendPort = 70000 }, "`backendPort`"},
+		{"bad health path", func(c *Config) { c.HealthPath = "readyz" }, "`healthPath`"},
+		{"tiny discovery interval", func(c *Config) { c.DiscoveryInterval = time.Millisecond }, "`discoveryInterval`"},
+		{"bad metrics address", func(c *Config) { c.MetricsAddress = "9559" }, "`metricsAddress`"},
+		{"pprof without a metrics address", func(c *Config) { c.Pprof, c.MetricsAddress = true, "" }, "`pprof` serves on `metricsAddress`"},
+		{"unwritable cache dir", func(c *Config) { c.CacheDir = "/proc/vigil-agent" }, "`cacheDir`"},
+		{"per-source above total", func(c *Config) { c.MaxConns, c.MaxConnsPerSource = 10, 20 }, "`lbMaxConnsPerSource` 20 is above `lbMaxConns` 10"},
+		{"negative idle timeout", func(c *Config) { c.IdleTimeout = -time.Second }, "`lbIdleTimeout`"},
+		{"too many event loops", func(c *Config) { c.EventLoops = 65 }, "`lbEventLoops` 65"},
+		{"feed port out of range", func(c *Config) { c.FeedPort = 70000 }, "`feedPort` 70000"},
+		{"negative feed port", func(c *Config) { c.FeedPort = -1 }, "`feedPort` -1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

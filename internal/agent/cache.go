@@ -105,11 +105,11 @@ func ensureCacheDir(dir string) error {
 		return nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("%w: --cache-dir: %w", validate.ErrInvalid, err)
+		return fmt.Errorf("%w: `cacheDir`: %w", validate.ErrInvalid, err)
 	}
 	f, err := os.CreateTemp(dir, ".probe-*")
 	if err != nil {
-		return fmt.Errorf("%w: --cache-dir %s is not writable: %w", validate.ErrInvalid, dir, err)
+		return fmt.Errorf("%w: `cacheDir` %s is not writable: %w", validate.ErrInvalid, dir, err)
 	}
 	f.Close()
 	return os.Remove(f.Name())

@@ -97,7 +97,7 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 				return err
 			}
 			if healthCA != "" && healthInsecure {
-				return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", validate.ErrInvalid)
+				return fmt.Errorf("%w: `healthCa` and `healthInsecureSkipVerify` exclude each other", validate.ErrInvalid)
 			}
 			if cfg.APITLS, err = validate.HealthTLS(healthCA, healthInsecure); err != nil {
 				return validate.Invalid(err)
@@ -107,7 +107,7 @@ apiServer.certSANs, or set tls-server-name: kubernetes in the kubeconfig
 			}
 			switch {
 			case kubeconfig != "" && inCluster:
-				return fmt.Errorf("%w: --kubeconfig and --in-cluster exclude each other", validate.ErrInvalid)
+				return fmt.Errorf("%w: `kubeconfig` and `inCluster` exclude each other", validate.ErrInvalid)
 			case kubeconfig != "":
 				if cfg.Kube, err = kubelite.FromKubeconfig(kubeconfig); err != nil {
 					return err

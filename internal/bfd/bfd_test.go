@@ -63,10 +63,10 @@ func TestValidateTimers(t *testing.T) {
 		iv   time.Duration
 		mult uint8
 	}{
-		"--bgp-bfd-interval 10ms": {10 * time.Millisecond, 3},
-		"--bgp-bfd-interval 2m0s": {2 * time.Minute, 3},
-		"microseconds":            {100*time.Millisecond + 1, 3},
-		"--bgp-bfd-multiplier 0":  {100 * time.Millisecond, 0},
+		"`bgpBfdInterval` 10ms": {10 * time.Millisecond, 3},
+		"`bgpBfdInterval` 2m0s": {2 * time.Minute, 3},
+		"microseconds":          {100*time.Millisecond + 1, 3},
+		"`bgpBfdMultiplier` 0":  {100 * time.Millisecond, 0},
 	} {
 		if err := ValidateTimers(tc.iv, tc.mult); err == nil || !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: ValidateTimers = %v", want, err)

@@ -56,11 +56,11 @@ func (c Config) Validate() error {
 func ValidateTimers(interval time.Duration, multiplier uint8) error {
 	switch {
 	case interval < MinInterval || interval > time.Minute:
-		return fmt.Errorf("%w: --bgp-bfd-interval %v: give %v to 1m (300ms is usual)", validate.ErrInvalid, interval, MinInterval)
+		return fmt.Errorf("%w: `bgpBfdInterval` %v: give %v to 1m (300ms is usual)", validate.ErrInvalid, interval, MinInterval)
 	case interval%time.Microsecond != 0:
-		return fmt.Errorf("%w: --bgp-bfd-interval %v: BFD counts in microseconds", validate.ErrInvalid, interval)
+		return fmt.Errorf("%w: `bgpBfdInterval` %v: BFD counts in microseconds", validate.ErrInvalid, interval)
 	case multiplier == 0:
-		return fmt.Errorf("%w: --bgp-bfd-multiplier 0: give 1 to 255 (3 is usual): a peer is declared down after this many intervals without a packet", validate.ErrInvalid)
+		return fmt.Errorf("%w: `bgpBfdMultiplier` 0: give 1 to 255 (3 is usual): a peer is declared down after this many intervals without a packet", validate.ErrInvalid)
 	}
 	return nil
 }

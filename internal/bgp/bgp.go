@@ -79,7 +79,7 @@ func ParseCommunity(s string) (uint32, error) {
 	a, errA := strconv.ParseUint(hi, 10, 16)
 	b, errB := strconv.ParseUint(lo, 10, 16)
 	if !ok || errA != nil || errB != nil {
-		return 0, fmt.Errorf("%w: --bgp-community %q: give AS:VALUE, each 0 to 65535 (65001:100), or no-export, no-advertise or no-export-subconfed", validate.ErrInvalid, s)
+		return 0, fmt.Errorf("%w: `bgpCommunity` %q: give AS:VALUE, each 0 to 65535 (65001:100), or no-export, no-advertise or no-export-subconfed", validate.ErrInvalid, s)
 	}
 	return uint32(a)<<16 | uint32(b), nil
 }
@@ -121,7 +121,7 @@ func (p Peer) String() string {
 func ParsePeer(s string) (Peer, error) {
 	parts := strings.Split(s, ",")
 	bad := func(format string, a ...any) (Peer, error) {
-		return Peer{}, fmt.Errorf("%w: --bgp-peer %q: %s (want ADDRESS,AS[,password-file=PATH][,port=N])", validate.ErrInvalid, redact(s), fmt.Sprintf(format, a...))
+		return Peer{}, fmt.Errorf("%w: `bgpPeer` %q: %s (want ADDRESS,AS[,password-file=PATH][,port=N])", validate.ErrInvalid, redact(s), fmt.Sprintf(format, a...))
 	}
 	if len(parts) < 2 {
 		return bad("no AS number")
@@ -143,7 +143,7 @@ func ParsePeer(s string) (Peer, error) {
 		case !ok:
 			return bad("%q is not KEY=VALUE", kv)
 		case k == "password":
-			return bad("a password on the command line can be read by every process on the node (ps) and in the mirror pod; put it in a file readable by vigil alone and give password-file=PATH, or --bgp-password-file PATH for every peer")
+			return bad("a password on the command line can be read by every process on the node (ps) and in the mirror pod; put it in a file readable by vigil alone and give password-file=PATH, or `bgpPasswordFile` PATH for every peer")
 		case k == "password-file":
 			if !filepath.IsAbs(v) {
 				return bad("password-file %q: give an absolute path", v)
@@ -254,47 +254,47 @@ func (c Config) Timers() (hold, keepalive time.Duration) {
 func (c Config) Validate() error {
 	switch {
 	case c.LocalAS == 0 || c.LocalAS == math.MaxUint32:
-		return fmt.Errorf("%w: --bgp-local-as: give this node's AS number, 1 to 4294967294", validate.ErrInvalid)
+		return fmt.Errorf("%w: `bgpLocalAs`: give this node's AS number, 1 to 4294967294", validate.ErrInvalid)
 	case !c.RouterID.IsValid() || !c.RouterID.Is4() || c.RouterID.IsUnspecified():
-		return fmt.Errorf("%w: --bgp-router-id %q: give an IPv4 address unique among the speakers, usually the node's own", validate.ErrInvalid, routerID(c.RouterID))
+		return fmt.Errorf("%w: `bgpRouterId` %q: give an IPv4 address unique among the speakers, usually the node's own", validate.ErrInvalid, routerID(c.RouterID))
 	case len(c.Peers) == 0:
-		return fmt.Errorf("%w: --announce bgp needs at least one --bgp-peer ADDRESS,AS", validate.ErrInvalid)
+		return fmt.Errorf("%w: `announce` bgp needs at least one `bgpPeer` ADDRESS,AS", validate.ErrInvalid)
 	}
 	seen := map[netip.Addr]bool{}
 	for _, p := range c.Peers {
 		if seen[p.Address] {
-			return fmt.Errorf("%w: --bgp-peer %s is given twice", validate.ErrInvalid, p.Address)
+			return fmt.Errorf("%w: `bgpPeer` %s is given twice", validate.ErrInvalid, p.Address)
 		}
 		seen[p.Address] = true
 	}
 	hold, keepalive := c.Timers()
 	switch {
 	case hold%time.Second != 0 || keepalive%time.Second != 0:
-		return fmt.Errorf("%w: --bgp-hold-time %v and --bgp-keepalive %v: BGP counts its timers in whole seconds", validate.ErrInvalid, hold, keepalive)
+		return fmt.Errorf("%w: `bgpHoldTime` %v and `bgpKeepalive` %v: BGP counts its timers in whole seconds", validate.ErrInvalid, hold, keepalive)
 	case hold < MinHoldTime || hold > math.MaxUint16*time.Second:
-		return fmt.Errorf("%w: --bgp-hold-time %v: give 3s to 65535s (BGP's bounds; 0, no hold timer, would leave a dead node's route with the routers)", validate.ErrInvalid, hold)
+		return fmt.Errorf("%w: `bgpHoldTime` %v: give 3s to 65535s (BGP's bounds; 0, no hold timer, would leave a dead node's route with the routers)", validate.ErrInvalid, hold)
 	case keepalive < time.Second:
-		return fmt.Errorf("%w: --bgp-keepalive %v: give at least 1s", validate.ErrInvalid, keepalive)
+		return fmt.Errorf("%w: `bgpKeepalive` %v: give at least 1s", validate.ErrInvalid, keepalive)
 	case hold < 3*keepalive:
-		return fmt.Errorf("%w: --bgp-hold-time %v is less than 3 x --bgp-keepalive %v: one lost keepalive would end the session; give a hold time of at least %v or a shorter keepalive", validate.ErrInvalid, hold, keepalive, 3*keepalive)
+		return fmt.Errorf("%w: `bgpHoldTime` %v is less than 3 x `bgpKeepalive` %v: one lost keepalive would end the session; give a hold time of at least %v or a shorter keepalive", validate.ErrInvalid, hold, keepalive, 3*keepalive)
 	}
 	if c.SourceAddress.IsValid() {
 		if c.SourceAddress.IsUnspecified() || c.SourceAddress.IsMulticast() || c.SourceAddress.Zone() != "" {
-			return fmt.Errorf("%w: --bgp-source-address %s: give one of this node's unicast addresses", validate.ErrInvalid, c.SourceAddress)
+			return fmt.Errorf("%w: `bgpSourceAddress` %s: give one of this node's unicast addresses", validate.ErrInvalid, c.SourceAddress)
 		}
 		for _, p := range c.Peers {
 			if p.Address.Is4() != c.SourceAddress.Is4() {
-				return fmt.Errorf("%w: --bgp-source-address %s cannot reach --bgp-peer %s (another address family): a session leaves from one address; give peers of its family only", validate.ErrInvalid, c.SourceAddress, p.Address)
+				return fmt.Errorf("%w: `bgpSourceAddress` %s cannot reach `bgpPeer` %s (another address family): a session leaves from one address; give peers of its family only", validate.ErrInvalid, c.SourceAddress, p.Address)
 			}
 		}
 	}
 	if c.Multihop > 0 && !slices.ContainsFunc(c.Peers, func(p Peer) bool { return p.AS != c.LocalAS }) {
-		return fmt.Errorf("%w: --bgp-multihop %d: applies to eBGP peers only, and every --bgp-peer is in --bgp-local-as %d (iBGP sessions are multihop already)", validate.ErrInvalid, c.Multihop, c.LocalAS)
+		return fmt.Errorf("%w: `bgpMultihop` %d: applies to eBGP peers only, and every `bgpPeer` is in `bgpLocalAs` %d (iBGP sessions are multihop already)", validate.ErrInvalid, c.Multihop, c.LocalAS)
 	}
 	cs := map[uint32]bool{}
 	for _, x := range c.Communities {
 		if cs[x] {
-			return fmt.Errorf("%w: --bgp-community %s is given twice", validate.ErrInvalid, FormatCommunity(x))
+			return fmt.Errorf("%w: `bgpCommunity` %s is given twice", validate.ErrInvalid, FormatCommunity(x))
 		}
 		cs[x] = true
 	}
@@ -303,11 +303,11 @@ func (c Config) Validate() error {
 			return err
 		}
 		if c.Multihop > 0 {
-			return fmt.Errorf("%w: --bgp-bfd with --bgp-multihop: vigil's BFD is single-hop (RFC 5881), for routers on the node's own network", validate.ErrInvalid)
+			return fmt.Errorf("%w: `bgpBfd` with `bgpMultihop`: vigil's BFD is single-hop (RFC 5881), for routers on the node's own network", validate.ErrInvalid)
 		}
 	}
 	if c.LocalPref > 0 && !slices.ContainsFunc(c.Peers, func(p Peer) bool { return p.AS == c.LocalAS }) {
-		return fmt.Errorf("%w: --bgp-local-pref %d: BGP sends LOCAL_PREF to iBGP peers only, and no --bgp-peer is in --bgp-local-as %d; to steer eBGP routers use --bgp-community with their policy", validate.ErrInvalid, c.LocalPref, c.LocalAS)
+		return fmt.Errorf("%w: `bgpLocalPref` %d: BGP sends LOCAL_PREF to iBGP peers only, and no `bgpPeer` is in `bgpLocalAs` %d; to steer eBGP routers use `bgpCommunity` with their policy", validate.ErrInvalid, c.LocalPref, c.LocalAS)
 	}
 	return nil
 }

@@ -85,20 +85,20 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 	bad := map[string]func(c *Config){
-		"--bgp-local-as":                           func(c *Config) { c.LocalAS = 0 },
-		"--bgp-router-id":                          func(c *Config) { c.RouterID = netip.MustParseAddr("fd00::1") },
-		"at least one":                             func(c *Config) { c.Peers = nil },
-		"given twice":                              func(c *Config) { c.Peers = []Peer{peer, peer} },
-		"less than 3 x --bgp-keepalive":            func(c *Config) { c.HoldTime, c.Keepalive = 6*time.Second, 3*time.Second },
-		"3s to 65535s":                             func(c *Config) { c.HoldTime, c.Keepalive = 2*time.Second, time.Second },
-		"--bgp-hold-time 18h12m16s":                func(c *Config) { c.HoldTime = 65536 * time.Second },
-		"whole seconds":                            func(c *Config) { c.HoldTime = 4500 * time.Millisecond },
-		"--bgp-keepalive":                          func(c *Config) { c.Keepalive = 500 * time.Millisecond },
-		"another address family":                   func(c *Config) { c.SourceAddress = netip.MustParseAddr("fd00::11") },
-		"unicast":                                  func(c *Config) { c.SourceAddress = netip.IPv4Unspecified() },
-		"eBGP peers only":                          func(c *Config) { c.Peers, c.Multihop = []Peer{ibgp}, 2 },
-		"--bgp-community 65001:100 is given twice": func(c *Config) { c.Communities = []uint32{65001<<16 | 100, 65001<<16 | 100} },
-		"iBGP peers only":                          func(c *Config) { c.LocalPref = 200 },
+		"`bgpLocalAs`":                 func(c *Config) { c.LocalAS = 0 },
+		"`bgpRouterId`":                func(c *Config) { c.RouterID = netip.MustParseAddr("fd00::1") },
+		"at least one":                 func(c *Config) { c.Peers = nil },
+		"given twice":                  func(c *Config) { c.Peers = []Peer{peer, peer} },
+		"less than 3 x `bgpKeepalive`": func(c *Config) { c.HoldTime, c.Keepalive = 6*time.Second, 3*time.Second },
+		"3s to 65535s":                 func(c *Config) { c.HoldTime, c.Keepalive = 2*time.Second, time.Second },
+		"`bgpHoldTime` 18h12m16s":      func(c *Config) { c.HoldTime = 65536 * time.Second },
+		"whole seconds":                func(c *Config) { c.HoldTime = 4500 * time.Millisecond },
+		"`bgpKeepalive`":               func(c *Config) { c.Keepalive = 500 * time.Millisecond },
+		"another address family":       func(c *Config) { c.SourceAddress = netip.MustParseAddr("fd00::11") },
+		"unicast":                      func(c *Config) { c.SourceAddress = netip.IPv4Unspecified() },
+		"eBGP peers only":              func(c *Config) { c.Peers, c.Multihop = []Peer{ibgp}, 2 },
+		"`bgpCommunity` 65001:100 is given twice": func(c *Config) { c.Communities = []uint32{65001<<16 | 100, 65001<<16 | 100} },
+		"iBGP peers only":                         func(c *Config) { c.LocalPref = 200 },
 	}
 	for want, mutate := range bad {
 		c := ok

@@ -26,11 +26,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/vigil-ha/vigil/internal/validate"
 	"sigs.k8s.io/yaml"
@@ -352,3 +354,35 @@ func typed(f *pflag.Flag) any {
 	}
 	return f.DefValue
 }
+
+// FlagNames is msg with every setting it names written as the flag that
+// sets it in cmd or one of its subcommands: `leaseDuration` becomes
+// --lease-duration. Libraries name settings by their keys in the file, in
+// backquotes, and never by a command's flags (the errors of
+// validate.ErrInvalid); the command that reports them maps them here, once.
+// A backquoted word that is no flag's key is left as it is.
+func FlagNames(msg string, cmd *cobra.Command) string {
+	if !strings.Contains(msg, "`") {
+		return msg
+	}
+	flags := map[string]string{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.Flags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) { flags[Key(f.Name)] = "--" + f.Name })
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cmd.Root())
+	return settingRef.ReplaceAllStringFunc(msg, func(ref string) string {
+		if f, ok := flags[strings.Trim(ref, "`")]; ok {
+			return f
+		}
+		return ref
+	})
+}
+
+// settingRef is a setting named in a message: a key in backquotes.
+var settingRef = regexp.MustCompile("`[a-z][A-Za-z0-9]*`")

@@ -276,42 +276,42 @@ func (c *Config) Validate() error {
 		return validate.Invalid(err)
 	}
 	if c.Interface == "" {
-		return fmt.Errorf("%w: --interface is required", validate.ErrInvalid)
+		return fmt.Errorf("%w: `interface` is required", validate.ErrInvalid)
 	}
 	switch name := strings.ToLower(strings.TrimSpace(c.NodeName)); {
 	case name == "":
-		return fmt.Errorf("%w: --node-name is required (and must be unique among control-plane nodes)", validate.ErrInvalid)
+		return fmt.Errorf("%w: `nodeName` is required (and must be unique among control-plane nodes)", validate.ErrInvalid)
 	case name == "localhost" || strings.HasPrefix(name, "localhost."):
-		return fmt.Errorf("%w: --node-name %q is not unique: every machine whose hostname is not set yet is called that. Set the hostname, or pass --node-name with this node's name", validate.ErrInvalid, c.NodeName)
+		return fmt.Errorf("%w: `nodeName` %q is not unique: every machine whose hostname is not set yet is called that. Set the hostname, or pass `nodeName` with this node's name", validate.ErrInvalid, c.NodeName)
 	case name != c.NodeName && strings.TrimSpace(c.NodeName) != c.NodeName:
-		return fmt.Errorf("%w: --node-name %q has leading or trailing spaces", validate.ErrInvalid, c.NodeName)
+		return fmt.Errorf("%w: `nodeName` %q has leading or trailing spaces", validate.ErrInvalid, c.NodeName)
 	}
 	switch c.Election {
 	case ElectionEtcd:
 		if len(c.EtcdEndpoints) == 0 {
-			return fmt.Errorf("%w: --etcd-endpoints is required with --election etcd", validate.ErrInvalid)
+			return fmt.Errorf("%w: `etcdEndpoints` is required with `election` etcd", validate.ErrInvalid)
 		}
 	case ElectionKubernetes:
 		if c.Kubeconfig == "" {
-			return fmt.Errorf("%w: --kubeconfig is required with --election kubernetes (a kubeconfig for this node's own API server)", validate.ErrInvalid)
+			return fmt.Errorf("%w: `kubeconfig` is required with `election` kubernetes (a kubeconfig for this node's own API server)", validate.ErrInvalid)
 		}
 		if _, err := os.Stat(c.Kubeconfig); err != nil {
-			return fmt.Errorf("%w: --kubeconfig: %w", validate.ErrInvalid, err)
+			return fmt.Errorf("%w: `kubeconfig`: %w", validate.ErrInvalid, err)
 		}
 		if c.LeaseNamespace == "" || c.LeaseName == "" {
-			return fmt.Errorf("%w: --lease-namespace and --lease-name must not be empty", validate.ErrInvalid)
+			return fmt.Errorf("%w: `leaseNamespace` and `leaseName` must not be empty", validate.ErrInvalid)
 		}
 		if err := c.checkLeaseServer(); err != nil {
 			return err
 		}
 	case "":
-		return fmt.Errorf("%w: --election is required (etcd or kubernetes)", validate.ErrInvalid)
+		return fmt.Errorf("%w: `election` is required (etcd or kubernetes)", validate.ErrInvalid)
 	default:
-		return fmt.Errorf("%w: unknown --election backend %q (etcd or kubernetes)", validate.ErrInvalid, c.Election)
+		return fmt.Errorf("%w: unknown `election` backend %q (etcd or kubernetes)", validate.ErrInvalid, c.Election)
 	}
 	if c.Kubeconfig != "" && c.Election != ElectionKubernetes {
 		if _, err := os.Stat(c.Kubeconfig); err != nil {
-			return fmt.Errorf("%w: --kubeconfig: %w", validate.ErrInvalid, err)
+			return fmt.Errorf("%w: `kubeconfig`: %w", validate.ErrInvalid, err)
 		}
 	}
 	if err := c.validateDiscovery(); err != nil {
@@ -319,13 +319,13 @@ func (c *Config) Validate() error {
 	}
 	if len(c.EtcdEndpoints) > 0 {
 		if err := validate.EtcdEndpoints(c.EtcdEndpoints); err != nil {
-			return fmt.Errorf("%w: --etcd-endpoints: %w", validate.ErrInvalid, err)
+			return fmt.Errorf("%w: `etcdEndpoints`: %w", validate.ErrInvalid, err)
 		}
 	}
 	if (c.EtcdCert == "") != (c.EtcdKey == "") {
-		return fmt.Errorf("%w: --etcd-cert and --etcd-key go together", validate.ErrInvalid)
+		return fmt.Errorf("%w: `etcdCert` and `etcdKey` go together", validate.ErrInvalid)
 	}
-	for flag, f := range map[string]string{"--etcd-cacert": c.EtcdCACert, "--etcd-cert": c.EtcdCert, "--etcd-key": c.EtcdKey} {
+	for flag, f := range map[string]string{"`etcdCacert`": c.EtcdCACert, "`etcdCert`": c.EtcdCert, "`etcdKey`": c.EtcdKey} {
 		if f == "" {
 			continue
 		}
@@ -337,7 +337,7 @@ func (c *Config) Validate() error {
 		return err // wraps validate.ErrInvalid and says which flag
 	}
 	if c.VIPLifetime != 0 && (c.VIPLifetime < time.Second || c.VIPLifetime%time.Second != 0) {
-		return fmt.Errorf("%w: --vip-lifetime %v must be 0 (no lifetime) or whole seconds, at least 1s: the kernel counts address lifetimes in seconds", validate.ErrInvalid, c.VIPLifetime)
+		return fmt.Errorf("%w: `vipLifetime` %v must be 0 (no lifetime) or whole seconds, at least 1s: the kernel counts address lifetimes in seconds", validate.ErrInvalid, c.VIPLifetime)
 	}
 	if err := c.validateLB(); err != nil {
 		return err
@@ -390,43 +390,43 @@ func (c *Config) validateAnnounce() error {
 		c.BGPMode = BGPModeSingle
 	case BGPModeSingle, BGPModeECMP:
 	default:
-		return fmt.Errorf("%w: unknown --bgp-mode %q (single or ecmp)", validate.ErrInvalid, c.BGPMode)
+		return fmt.Errorf("%w: unknown `bgpMode` %q (single or ecmp)", validate.ErrInvalid, c.BGPMode)
 	}
 	switch c.Announce {
 	case "", AnnounceARP:
 		c.Announce = AnnounceARP
 		if c.BGPMode == BGPModeECMP {
-			return fmt.Errorf("%w: --bgp-mode ecmp needs --announce bgp: only routers can spread the VIP's flows across nodes; on a shared segment one node answers ARP for it", validate.ErrInvalid)
+			return fmt.Errorf("%w: `bgpMode` ecmp needs `announce` bgp: only routers can spread the VIP's flows across nodes; on a shared segment one node answers ARP for it", validate.ErrInvalid)
 		}
 		if bgpFlags {
-			return fmt.Errorf("%w: --bgp-local-as, --bgp-router-id, --bgp-peer and --bgp-password-file need --announce bgp", validate.ErrInvalid)
+			return fmt.Errorf("%w: `bgpLocalAs`, `bgpRouterId`, `bgpPeer` and `bgpPasswordFile` need `announce` bgp", validate.ErrInvalid)
 		}
 		if policy {
-			return fmt.Errorf("%w: --bgp-hold-time, --bgp-keepalive, --bgp-multihop, --bgp-source-address, --bgp-community, --bgp-local-pref, --bgp-graceful-restart and --bgp-bfd need --announce bgp", validate.ErrInvalid)
+			return fmt.Errorf("%w: `bgpHoldTime`, `bgpKeepalive`, `bgpMultihop`, `bgpSourceAddress`, `bgpCommunity`, `bgpLocalPref`, `bgpGracefulRestart` and `bgpBfd` need `announce` bgp", validate.ErrInvalid)
 		}
 		return nil
 	case AnnounceBGP:
 	default:
-		return fmt.Errorf("%w: unknown --announce %q (arp or bgp)", validate.ErrInvalid, c.Announce)
+		return fmt.Errorf("%w: unknown `announce` %q (arp or bgp)", validate.ErrInvalid, c.Announce)
 	}
 	if c.BGPMode == BGPModeECMP && c.LBListenPort != 0 {
-		return fmt.Errorf("%w: --lb-listen-port needs one VIP holder, and --bgp-mode ecmp has none: with ecmp every node's balancer listens on VIP:--lb-port, so bind kube-apiserver to the node's address (or give --lb-port another port)", validate.ErrInvalid)
+		return fmt.Errorf("%w: `lbListenPort` needs one VIP holder, and `bgpMode` ecmp has none: with ecmp every node's balancer listens on VIP:`lbPort`, so bind kube-apiserver to the node's address (or give `lbPort` another port)", validate.ErrInvalid)
 	}
 	for _, v := range c.VIPs {
 		if v.Bits() != v.Addr().BitLen() {
-			return fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto --interface", validate.ErrInvalid, v, v.Addr(), v.Addr().BitLen())
+			return fmt.Errorf("%w: `vip` %s: with `announce` bgp give the VIP as a host address (%s/%d): routers learn it as a host route, and the VIP must not bring a subnet onto `interface`", validate.ErrInvalid, v, v.Addr(), v.Addr().BitLen())
 		}
 	}
 	if c.BGPLocalAS < 0 || c.BGPLocalAS > 4294967294 {
-		return fmt.Errorf("%w: --bgp-local-as %d: give this node's AS number, 1 to 4294967294", validate.ErrInvalid, c.BGPLocalAS)
+		return fmt.Errorf("%w: `bgpLocalAs` %d: give this node's AS number, 1 to 4294967294", validate.ErrInvalid, c.BGPLocalAS)
 	}
 	cfg := bgp.Config{LocalAS: uint32(c.BGPLocalAS), HoldTime: c.BGPHoldTime, Keepalive: c.BGPKeepalive, GracefulRestart: c.BGPGracefulRestart}
 	if c.BGPMultihop < 0 || c.BGPMultihop > 255 {
-		return fmt.Errorf("%w: --bgp-multihop %d: give the TTL, 2 to 255, for routers that are not on this node's network (0: directly connected)", validate.ErrInvalid, c.BGPMultihop)
+		return fmt.Errorf("%w: `bgpMultihop` %d: give the TTL, 2 to 255, for routers that are not on this node's network (0: directly connected)", validate.ErrInvalid, c.BGPMultihop)
 	}
 	cfg.Multihop = uint8(c.BGPMultihop)
 	if c.BGPLocalPref < 0 || c.BGPLocalPref > math.MaxUint32 {
-		return fmt.Errorf("%w: --bgp-local-pref %d: give 1 to 4294967295 (0: none)", validate.ErrInvalid, c.BGPLocalPref)
+		return fmt.Errorf("%w: `bgpLocalPref` %d: give 1 to 4294967295 (0: none)", validate.ErrInvalid, c.BGPLocalPref)
 	}
 	cfg.LocalPref = uint32(c.BGPLocalPref)
 	bfdTimers := (c.BGPBFDInterval != 0 && c.BGPBFDInterval != bfd.DefaultInterval) || (c.BGPBFDMultiplier != 0 && c.BGPBFDMultiplier != bfd.DefaultMultiplier)
@@ -435,11 +435,11 @@ func (c *Config) validateAnnounce() error {
 		// 0 is refused (bfd.ValidateTimers), not taken for the default:
 		// the flags' defaults are what --bgp-bfd alone gets.
 		if c.BGPBFDMultiplier < 0 || c.BGPBFDMultiplier > 255 {
-			return fmt.Errorf("%w: --bgp-bfd-multiplier %d: give 1 to 255 (3 is usual)", validate.ErrInvalid, c.BGPBFDMultiplier)
+			return fmt.Errorf("%w: `bgpBfdMultiplier` %d: give 1 to 255 (3 is usual)", validate.ErrInvalid, c.BGPBFDMultiplier)
 		}
 		cfg.BFDInterval, cfg.BFDMultiplier = c.BGPBFDInterval, uint8(c.BGPBFDMultiplier)
 	case bfdTimers:
-		return fmt.Errorf("%w: --bgp-bfd-interval and --bgp-bfd-multiplier need --bgp-bfd", validate.ErrInvalid)
+		return fmt.Errorf("%w: `bgpBfdInterval` and `bgpBfdMultiplier` need `bgpBfd`", validate.ErrInvalid)
 	}
 	for _, s := range c.BGPCommunities {
 		x, err := bgp.ParseCommunity(s)
@@ -451,12 +451,12 @@ func (c *Config) validateAnnounce() error {
 	if c.BGPSourceAddress != "" {
 		a, err := netip.ParseAddr(c.BGPSourceAddress)
 		if err != nil || a.Zone() != "" {
-			return fmt.Errorf("%w: --bgp-source-address %q is not an IP address", validate.ErrInvalid, c.BGPSourceAddress)
+			return fmt.Errorf("%w: `bgpSourceAddress` %q is not an IP address", validate.ErrInvalid, c.BGPSourceAddress)
 		}
 		cfg.SourceAddress = a.Unmap()
 	}
 	if c.BGPPasswordFile != "" && !filepath.IsAbs(c.BGPPasswordFile) {
-		return fmt.Errorf("%w: --bgp-password-file %q: give an absolute path", validate.ErrInvalid, c.BGPPasswordFile)
+		return fmt.Errorf("%w: `bgpPasswordFile` %q: give an absolute path", validate.ErrInvalid, c.BGPPasswordFile)
 	}
 	for _, s := range c.BGPPeers {
 		p, err := bgp.ParsePeer(s)
@@ -471,7 +471,7 @@ func (c *Config) validateAnnounce() error {
 	if c.BGPRouterID != "" {
 		a, err := netip.ParseAddr(c.BGPRouterID)
 		if err != nil {
-			return fmt.Errorf("%w: --bgp-router-id %q is not an IPv4 address", validate.ErrInvalid, c.BGPRouterID)
+			return fmt.Errorf("%w: `bgpRouterId` %q is not an IPv4 address", validate.ErrInvalid, c.BGPRouterID)
 		}
 		cfg.RouterID = a
 	} else if len(cfg.Peers) > 0 {
@@ -479,14 +479,14 @@ func (c *Config) validateAnnounce() error {
 		// among the nodes, and what an operator would pick.
 		cfg.RouterID = bgp.SourceAddr(cfg.Peers[0].Address)
 		if !cfg.RouterID.Is4() {
-			return fmt.Errorf("%w: --bgp-router-id: this node has no IPv4 address towards %s to default to; give one", validate.ErrInvalid, cfg.Peers[0].Address)
+			return fmt.Errorf("%w: `bgpRouterId`: this node has no IPv4 address towards %s to default to; give one", validate.ErrInvalid, cfg.Peers[0].Address)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	if cfg.SourceAddress.IsValid() && !isLocalAddr(cfg.SourceAddress) {
-		return fmt.Errorf("%w: --bgp-source-address %s is not an address of this node (a session can only leave from one)", validate.ErrInvalid, cfg.SourceAddress)
+		return fmt.Errorf("%w: `bgpSourceAddress` %s is not an address of this node (a session can only leave from one)", validate.ErrInvalid, cfg.SourceAddress)
 	}
 	c.BGP = cfg
 	return nil
@@ -513,10 +513,10 @@ func (c *Config) checkLeaseServer() error {
 	}
 	u, err := url.Parse(server)
 	if err != nil {
-		return fmt.Errorf("%w: --kubeconfig %s: server %q: %w", validate.ErrInvalid, c.Kubeconfig, server, err)
+		return fmt.Errorf("%w: `kubeconfig` %s: server %q: %w", validate.ErrInvalid, c.Kubeconfig, server, err)
 	}
 	if a, err := netip.ParseAddr(u.Hostname()); err == nil && slices.Contains(c.VIPAddrs(), a.Unmap()) {
-		return fmt.Errorf("%w: --kubeconfig %s points at the VIP (%s): the Lease election must reach an API server without the VIP it elects, or with no holder nobody could ever take the Lease. Point it at this node's own API server (https://<node IP>:6443)", validate.ErrInvalid, c.Kubeconfig, server)
+		return fmt.Errorf("%w: `kubeconfig` %s points at the VIP (%s): the Lease election must reach an API server without the VIP it elects, or with no holder nobody could ever take the Lease. Point it at this node's own API server (https://<node IP>:6443)", validate.ErrInvalid, c.Kubeconfig, server)
 	}
 	return nil
 }
@@ -532,7 +532,7 @@ func (c *Config) validateDiscovery() error {
 		switch d {
 		case DiscoveryAuto:
 			if len(c.Discovery) > 1 {
-				return fmt.Errorf("%w: --discovery auto stands alone", validate.ErrInvalid)
+				return fmt.Errorf("%w: `discovery` auto stands alone", validate.ErrInvalid)
 			}
 			if len(c.EtcdEndpoints) > 0 {
 				out = append(out, DiscoveryEtcd)
@@ -542,25 +542,25 @@ func (c *Config) validateDiscovery() error {
 			}
 		case DiscoveryEtcd:
 			if len(c.EtcdEndpoints) == 0 {
-				return fmt.Errorf("%w: --discovery etcd needs --etcd-endpoints", validate.ErrInvalid)
+				return fmt.Errorf("%w: `discovery` etcd needs `etcdEndpoints`", validate.ErrInvalid)
 			}
 			out = append(out, d)
 		case DiscoveryKubernetes:
 			if c.Kubeconfig == "" {
-				return fmt.Errorf("%w: --discovery kubernetes needs --kubeconfig", validate.ErrInvalid)
+				return fmt.Errorf("%w: `discovery` kubernetes needs `kubeconfig`", validate.ErrInvalid)
 			}
 			out = append(out, d)
 		case DiscoveryNone:
 			if len(c.Discovery) > 1 {
-				return fmt.Errorf("%w: --discovery none stands alone", validate.ErrInvalid)
+				return fmt.Errorf("%w: `discovery` none stands alone", validate.ErrInvalid)
 			}
 		default:
-			return fmt.Errorf("%w: unknown --discovery source %q (auto, etcd, kubernetes or none)", validate.ErrInvalid, d)
+			return fmt.Errorf("%w: unknown `discovery` source %q (auto, etcd, kubernetes or none)", validate.ErrInvalid, d)
 		}
 	}
 	c.Discovery = out
 	if c.LBPort != 0 && len(out) == 0 && len(c.Backends) == 0 {
-		return fmt.Errorf("%w: --lb-port needs backends: give --etcd-endpoints (the member list), --kubeconfig (the kubernetes Service's EndpointSlices) or --backend", validate.ErrInvalid)
+		return fmt.Errorf("%w: `lbPort` needs backends: give `etcdEndpoints` (the member list), `kubeconfig` (the kubernetes Service's EndpointSlices) or `backend`", validate.ErrInvalid)
 	}
 	return nil
 }
@@ -579,60 +579,60 @@ func (c *Config) tlsConfig() (*tls.Config, error) {
 
 func (c *Config) validateLB() error {
 	if c.LBPort < 0 || c.LBPort > 65535 {
-		return fmt.Errorf("%w: --lb-port %d is out of range (1-65535, or 0 for no load balancer)", validate.ErrInvalid, c.LBPort)
+		return fmt.Errorf("%w: `lbPort` %d is out of range (1-65535, or 0 for no load balancer)", validate.ErrInvalid, c.LBPort)
 	}
 
 	if c.BackendPort < 1 || c.BackendPort > 65535 {
-		return fmt.Errorf("%w: --backend-port %d is out of range 1-65535", validate.ErrInvalid, c.BackendPort)
+		return fmt.Errorf("%w: `backendPort` %d is out of range 1-65535", validate.ErrInvalid, c.BackendPort)
 	}
 	switch {
 	case c.LBListenPort < 0 || c.LBListenPort > 65535:
-		return fmt.Errorf("%w: --lb-listen-port %d is out of range (1-65535, or 0 to listen on --lb-port itself)", validate.ErrInvalid, c.LBListenPort)
+		return fmt.Errorf("%w: `lbListenPort` %d is out of range (1-65535, or 0 to listen on `lbPort` itself)", validate.ErrInvalid, c.LBListenPort)
 	case c.LBListenPort != 0 && c.LBPort == 0:
-		return fmt.Errorf("%w: --lb-listen-port needs --lb-port (the port clients use, which the holder sends to it)", validate.ErrInvalid)
+		return fmt.Errorf("%w: `lbListenPort` needs `lbPort` (the port clients use, which the holder sends to it)", validate.ErrInvalid)
 	case c.LBListenPort != 0 && c.LBListenPort == c.LBPort:
-		return fmt.Errorf("%w: --lb-listen-port %d is --lb-port: give another port, or leave it out to listen on --lb-port itself", validate.ErrInvalid, c.LBListenPort)
+		return fmt.Errorf("%w: `lbListenPort` %d is `lbPort`: give another port, or leave it out to listen on `lbPort` itself", validate.ErrInvalid, c.LBListenPort)
 	}
 	if err := c.validatePorts(); err != nil {
 		return err
 	}
 	if c.HealthPort < 0 || c.HealthPort > 65535 {
-		return fmt.Errorf("%w: --health-port %d is out of range (1-65535, or 0 for the backend port)", validate.ErrInvalid, c.HealthPort)
+		return fmt.Errorf("%w: `healthPort` %d is out of range (1-65535, or 0 for the backend port)", validate.ErrInvalid, c.HealthPort)
 	}
 	if _, err := lb.ParsePolicy(c.LBPolicy); err != nil {
-		return fmt.Errorf("%w: --lb-policy: %w", validate.ErrInvalid, err)
+		return fmt.Errorf("%w: `lbPolicy`: %w", validate.ErrInvalid, err)
 	}
 	for _, b := range c.Backends {
 		host, port, err := net.SplitHostPort(b)
 		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("%w: --backend %q must be HOST:PORT", validate.ErrInvalid, b)
+			return fmt.Errorf("%w: `backend` %q must be HOST:PORT", validate.ErrInvalid, b)
 		}
 	}
 	if c.HealthPath == "" {
 		c.HealthPath = health.DefaultPath
 	}
 	if err := health.ValidatePath(c.HealthPath); err != nil {
-		return fmt.Errorf("%w: --health-path: %w", validate.ErrInvalid, err)
+		return fmt.Errorf("%w: `healthPath`: %w", validate.ErrInvalid, err)
 	}
 	if c.HealthCA != "" && c.HealthInsecure {
-		return fmt.Errorf("%w: --health-ca and --health-insecure-skip-verify exclude each other", validate.ErrInvalid)
+		return fmt.Errorf("%w: `healthCa` and `healthInsecureSkipVerify` exclude each other", validate.ErrInvalid)
 	}
 	if c.HealthCA != "" {
 		if _, err := os.Stat(c.HealthCA); err != nil {
-			return fmt.Errorf("%w: --health-ca %s: %w", validate.ErrInvalid, c.HealthCA, err)
+			return fmt.Errorf("%w: `healthCa` %s: %w", validate.ErrInvalid, c.HealthCA, err)
 		}
 	}
 	switch {
 	case c.HealthInterval < 0, c.HealthTimeout < 0, c.HealthRise < 0, c.HealthFall < 0:
-		return fmt.Errorf("%w: --health-interval, --health-timeout, --health-rise and --health-fall must be positive", validate.ErrInvalid)
+		return fmt.Errorf("%w: `healthInterval`, `healthTimeout`, `healthRise` and `healthFall` must be positive", validate.ErrInvalid)
 	case c.PruneDeleteNode && (c.PruneAfter == 0 || c.Kubeconfig == ""):
-		return fmt.Errorf("%w: --prune-delete-node needs --prune-after (it acts on pruned members) and --kubeconfig (to delete their Nodes)", validate.ErrInvalid)
+		return fmt.Errorf("%w: `pruneDeleteNode` needs `pruneAfter` (it acts on pruned members) and `kubeconfig` (to delete their Nodes)", validate.ErrInvalid)
 	case c.PruneAfter != 0 && c.PruneAfter < MinPruneAfter:
-		return fmt.Errorf("%w: --prune-after %v is shorter than %v; a member must be gone for longer than a reboot takes (minutes in production)", validate.ErrInvalid, c.PruneAfter, MinPruneAfter)
+		return fmt.Errorf("%w: `pruneAfter` %v is shorter than %v; a member must be gone for longer than a reboot takes (minutes in production)", validate.ErrInvalid, c.PruneAfter, MinPruneAfter)
 	case c.LBDrainTimeout < 0:
-		return fmt.Errorf("%w: --lb-drain-timeout %v must be positive", validate.ErrInvalid, c.LBDrainTimeout)
+		return fmt.Errorf("%w: `lbDrainTimeout` %v must be positive", validate.ErrInvalid, c.LBDrainTimeout)
 	case c.HealthGrace < 0:
-		return fmt.Errorf("%w: --health-grace %v must be 0 (off) or positive", validate.ErrInvalid, c.HealthGrace)
+		return fmt.Errorf("%w: `healthGrace` %v must be 0 (off) or positive", validate.ErrInvalid, c.HealthGrace)
 	}
 	if err := lb.CheckLimits(c.LBMaxConns, c.LBMaxConnsPerSource, c.LBIdleTimeout); err != nil {
 		return err
@@ -641,12 +641,12 @@ func (c *Config) validateLB() error {
 		return err
 	}
 	if c.Pprof && c.MetricsAddress == "" {
-		return fmt.Errorf("%w: --pprof serves on --metrics-address, which is empty", validate.ErrInvalid)
+		return fmt.Errorf("%w: `pprof` serves on `metricsAddress`, which is empty", validate.ErrInvalid)
 	}
-	if err := validate.ListenAddress("--agent-feed-listen", c.AgentFeedListen, true); err != nil {
+	if err := validate.ListenAddress("`agentFeedListen`", c.AgentFeedListen, true); err != nil {
 		return validate.Invalid(err)
 	}
-	if err := validate.ListenAddress("--metrics-address", c.MetricsAddress, true); err != nil {
+	if err := validate.ListenAddress("`metricsAddress`", c.MetricsAddress, true); err != nil {
 		return validate.Invalid(err)
 	}
 	return nil

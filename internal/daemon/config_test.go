@@ -258,7 +258,7 @@ func TestValidateAnnounce(t *testing.T) {
 		{"an empty password file", func(c *Config) { c.BGPPasswordFile = own + ".empty"; _ = os.WriteFile(c.BGPPasswordFile, nil, 0o600) }, "holds no password"},
 		{"a password file without bgp", func(c *Config) {
 			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPPasswordFile = AnnounceARP, 0, "", nil, every
-		}, "need --announce bgp"},
+		}, "need `announce` bgp"},
 	} {
 		c := bgpConfig()
 		tc.edit(&c)
@@ -296,36 +296,36 @@ func TestValidateAnnounce(t *testing.T) {
 	}
 	bfdOn := func(c *Config) { c.BGPBFD, c.BGPBFDInterval, c.BGPBFDMultiplier = true, 300*time.Millisecond, 3 }
 	bad := map[string]func(c *Config){
-		"--bgp-bfd-multiplier 0":   func(c *Config) { bfdOn(c); c.BGPBFDMultiplier = 0 },
-		"--bgp-bfd-multiplier 256": func(c *Config) { bfdOn(c); c.BGPBFDMultiplier = 256 },
-		"--bgp-bfd-interval 10ms":  func(c *Config) { bfdOn(c); c.BGPBFDInterval = 10 * time.Millisecond },
-		"need --bgp-bfd":           func(c *Config) { c.BGPBFDInterval = 100 * time.Millisecond },
-		"single-hop":               func(c *Config) { bfdOn(c); c.BGPMultihop = 2 },
-		"--bgp-hold-time, --bgp-keepalive": func(c *Config) {
+		"`bgpBfdMultiplier` 0":   func(c *Config) { bfdOn(c); c.BGPBFDMultiplier = 0 },
+		"`bgpBfdMultiplier` 256": func(c *Config) { bfdOn(c); c.BGPBFDMultiplier = 256 },
+		"`bgpBfdInterval` 10ms":  func(c *Config) { bfdOn(c); c.BGPBFDInterval = 10 * time.Millisecond },
+		"need `bgpBfd`":          func(c *Config) { c.BGPBFDInterval = 100 * time.Millisecond },
+		"single-hop":             func(c *Config) { bfdOn(c); c.BGPMultihop = 2 },
+		"`bgpHoldTime`, `bgpKeepalive`": func(c *Config) {
 			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPGracefulRestart = AnnounceARP, 0, "", nil, true
 		},
-		"less than 3 x --bgp-keepalive":   func(c *Config) { c.BGPHoldTime, c.BGPKeepalive = 5*time.Second, 2*time.Second },
-		"--bgp-multihop 256":              func(c *Config) { c.BGPMultihop = 256 },
-		"--bgp-local-pref -1":             func(c *Config) { c.BGPLocalPref = -1 },
-		"--bgp-local-pref 100: BGP sends": func(c *Config) { c.BGPLocalPref = 100 },
-		"--bgp-community \"65001\"":       func(c *Config) { c.BGPCommunities = []string{"65001"} },
-		"is not an IP address":            func(c *Config) { c.BGPSourceAddress = "lo" },
-		"not an address of this node":     func(c *Config) { c.BGPSourceAddress = "192.0.2.77" },
-		"need --announce bgp":             func(c *Config) { c.Announce = AnnounceARP },
-		"unknown --announce":              func(c *Config) { c.Announce = "ospf" },
-		"host address":                    func(c *Config) { c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")} },
-		"fd00:250::100/64":                func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) },
-		"--bgp-local-as":                  func(c *Config) { c.BGPLocalAS = 0 },
-		"--bgp-local-as -1":               func(c *Config) { c.BGPLocalAS = -1 },
-		"not an IPv4 address":             func(c *Config) { c.BGPRouterID = "router1" },
-		"needs at least one":              func(c *Config) { c.BGPPeers = nil },
-		"no AS number":                    func(c *Config) { c.BGPPeers = []string{"10.250.0.254"} },
-		"--bgp-peer 10.250.0.254":         func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.254,65001"} },
-		"--bgp-mode ecmp needs --announce bgp": func(c *Config) {
+		"less than 3 x `bgpKeepalive`":  func(c *Config) { c.BGPHoldTime, c.BGPKeepalive = 5*time.Second, 2*time.Second },
+		"`bgpMultihop` 256":             func(c *Config) { c.BGPMultihop = 256 },
+		"`bgpLocalPref` -1":             func(c *Config) { c.BGPLocalPref = -1 },
+		"`bgpLocalPref` 100: BGP sends": func(c *Config) { c.BGPLocalPref = 100 },
+		"`bgpCommunity` \"65001\"":      func(c *Config) { c.BGPCommunities = []string{"65001"} },
+		"is not an IP address":          func(c *Config) { c.BGPSourceAddress = "lo" },
+		"not an address of this node":   func(c *Config) { c.BGPSourceAddress = "192.0.2.77" },
+		"need `announce` bgp":           func(c *Config) { c.Announce = AnnounceARP },
+		"unknown `announce`":            func(c *Config) { c.Announce = "ospf" },
+		"host address":                  func(c *Config) { c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")} },
+		"fd00:250::100/64":              func(c *Config) { c.VIPs = append(c.VIPs, netip.MustParsePrefix("fd00:250::100/64")) },
+		"`bgpLocalAs`":                  func(c *Config) { c.BGPLocalAS = 0 },
+		"`bgpLocalAs` -1":               func(c *Config) { c.BGPLocalAS = -1 },
+		"not an IPv4 address":           func(c *Config) { c.BGPRouterID = "router1" },
+		"needs at least one":            func(c *Config) { c.BGPPeers = nil },
+		"no AS number":                  func(c *Config) { c.BGPPeers = []string{"10.250.0.254"} },
+		"`bgpPeer` 10.250.0.254":        func(c *Config) { c.BGPPeers = []string{"10.250.0.254,65000", "10.250.0.254,65001"} },
+		"`bgpMode` ecmp needs `announce` bgp": func(c *Config) {
 			c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPMode = AnnounceARP, 0, "", nil, BGPModeECMP
 		},
-		"unknown --bgp-mode": func(c *Config) { c.BGPMode = "anycast" },
-		"--lb-listen-port needs one VIP holder": func(c *Config) {
+		"unknown `bgpMode`": func(c *Config) { c.BGPMode = "anycast" },
+		"`lbListenPort` needs one VIP holder": func(c *Config) {
 			c.BGPMode, c.LBPort, c.LBListenPort, c.Backends = BGPModeECMP, 6443, 16443, []string{"10.0.0.1:6443"}
 		},
 	}
@@ -378,7 +378,7 @@ func TestSetLBPorts(t *testing.T) {
 		t.Fatalf("the default: %v, %d, %v", err, c.LBPort, c.MorePorts)
 	}
 	c.BackendPort = 7000
-	if err := c.SetLBPorts([]string{"8443:6443"}, true); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "--backend-port") {
+	if err := c.SetLBPorts([]string{"8443:6443"}, true); !errors.Is(err, validate.ErrInvalid) || !strings.Contains(err.Error(), "`backendPort`") {
 		t.Fatalf("PORT:BACKENDPORT against --backend-port: %v", err)
 	}
 	for _, bad := range [][]string{{"x"}, {"6443", "0"}, {"6443", "9345:"}, {"70000"}} {

@@ -40,7 +40,7 @@ func (n *node) newFeedPart() error {
 	if n.cfg.AgentFeedListen == "" {
 		return nil
 	}
-	ln, err := observe.Listen(n.cfg.AgentFeedListen, "--agent-feed-listen")
+	ln, err := observe.Listen(n.cfg.AgentFeedListen, "`agentFeedListen`")
 	if err != nil {
 		return validate.Invalid(err)
 	}

@@ -176,7 +176,7 @@ func newNode(cfg Config, log *slog.Logger) (_ *node, err error) {
 	}
 	if err := dnat.Remove(); err != nil {
 		if cfg.LBListenPort != 0 {
-			return nil, fmt.Errorf("--lb-listen-port needs nftables: %w", err)
+			return nil, fmt.Errorf("`lbListenPort` needs nftables: %w", err)
 		}
 		log.Debug("cannot look for stale VIP port rules (nftables)", "err", err)
 	}

@@ -409,7 +409,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // listenMetrics opens the metrics address at start.
 func listenMetrics(addr string) (net.Listener, error) {
-	ln, err := observe.Listen(addr, "--metrics-address")
+	ln, err := observe.Listen(addr, "`metricsAddress`")
 	if err != nil {
 		return nil, validate.Invalid(err)
 	}

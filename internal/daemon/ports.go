@@ -64,7 +64,7 @@ func (c *Config) SetLBPorts(values []string, backendPortGiven bool) error {
 		c.LBPort = port
 		if backend != 0 {
 			if backendPortGiven && c.BackendPort != backend {
-				return fmt.Errorf("%w: --lb-port %s sends to port %d, --backend-port says %d: give one of them", validate.ErrInvalid, v, backend, c.BackendPort)
+				return fmt.Errorf("%w: `lbPort` %s sends to port %d, `backendPort` says %d: give one of them", validate.ErrInvalid, v, backend, c.BackendPort)
 			}
 			c.BackendPort = backend
 		}
@@ -78,7 +78,7 @@ func (c *Config) SetLBPorts(values []string, backendPortGiven bool) error {
 // each. A check for the first port replaces --health-path.
 func (c *Config) validatePorts() error {
 	if len(c.MorePorts) > 0 && c.LBPort == 0 {
-		return fmt.Errorf("%w: more than one --lb-port, yet no first one", validate.ErrInvalid)
+		return fmt.Errorf("%w: more than one `lbPort`, yet no first one", validate.ErrInvalid)
 	}
 	seen := map[int]string{}
 	use := func(port int, as string) error {
@@ -91,17 +91,17 @@ func (c *Config) validatePorts() error {
 		seen[port] = as
 		return nil
 	}
-	if err := use(c.LBPort, "--lb-port"); err != nil {
+	if err := use(c.LBPort, "`lbPort`"); err != nil {
 		return err
 	}
-	if err := use(c.LBListenPort, "--lb-listen-port"); err != nil {
+	if err := use(c.LBListenPort, "`lbListenPort`"); err != nil {
 		return err
 	}
 	for i, p := range c.MorePorts {
 		if p.Port < 1 || p.Port > 65535 || p.BackendPort < 1 || p.BackendPort > 65535 {
-			return fmt.Errorf("%w: --lb-port %s is out of range 1-65535", validate.ErrInvalid, p)
+			return fmt.Errorf("%w: `lbPort` %s is out of range 1-65535", validate.ErrInvalid, p)
 		}
-		if err := use(p.Port, "--lb-port"); err != nil {
+		if err := use(p.Port, "`lbPort`"); err != nil {
 			return err
 		}
 		if p.Check == "" {
@@ -116,17 +116,17 @@ func (c *Config) validatePorts() error {
 		}
 		if check != CheckTCP {
 			if err := health.ValidatePath(check); err != nil {
-				return fmt.Errorf("%w: --lb-port-check %q: want PORT=tcp or PORT=/PATH: %w", validate.ErrInvalid, v, err)
+				return fmt.Errorf("%w: `lbPortCheck` %q: want PORT=tcp or PORT=/PATH: %w", validate.ErrInvalid, v, err)
 			}
 		}
 		if checked[port] {
-			return fmt.Errorf("%w: --lb-port-check for port %d given twice", validate.ErrInvalid, port)
+			return fmt.Errorf("%w: `lbPortCheck` for port %d given twice", validate.ErrInvalid, port)
 		}
 		checked[port] = true
 		switch i := slices.IndexFunc(c.MorePorts, func(p PortSpec) bool { return p.Port == port }); {
 		case port != 0 && port == c.LBPort:
 			if c.HealthPath != "" && c.HealthPath != health.DefaultPath && c.HealthPath != check {
-				return fmt.Errorf("%w: --lb-port-check %q and --health-path %s both say how port %d is checked: give one", validate.ErrInvalid, v, c.HealthPath, port)
+				return fmt.Errorf("%w: `lbPortCheck` %q and `healthPath` %s both say how port %d is checked: give one", validate.ErrInvalid, v, c.HealthPath, port)
 			}
 			c.HealthTCP = check == CheckTCP
 			if !c.HealthTCP {
@@ -135,7 +135,7 @@ func (c *Config) validatePorts() error {
 		case i >= 0:
 			c.MorePorts[i].Check = check
 		default:
-			return fmt.Errorf("%w: --lb-port-check %q: port %d is not an --lb-port", validate.ErrInvalid, v, port)
+			return fmt.Errorf("%w: `lbPortCheck` %q: port %d is not an `lbPort`", validate.ErrInvalid, v, port)
 		}
 	}
 	return nil

@@ -140,7 +140,7 @@ func New(cfg Config, log *slog.Logger) (*Discovery, error) {
 		}
 	}
 	if cfg.Members == nil && cfg.Published == nil && cfg.Fed == nil && len(cfg.Static) == 0 {
-		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor --backend)", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: no source of backends (neither etcd, nor Kubernetes, nor `backend`)", validate.ErrInvalid)
 	}
 	d := &Discovery{cfg: cfg, log: log.With("component", "discovery"), poke: make(chan struct{}, 1), pokePub: make(chan struct{}, 1), sources: map[string]*SourceState{}}
 	if cfg.Members != nil {

@@ -99,7 +99,7 @@ func (l *EtcdLock) ClaimName(ctx context.Context, name, instance string, log *sl
 			// Held by another instance: alive, or dead and never rewritten.
 			alive, werr := l.watchClaim(ctx, key, other)
 			if werr == nil && alive {
-				return nil, fmt.Errorf("%w: node name %q is claimed by another running process (instance %s; this process is %s). Give every node a unique --node-name",
+				return nil, fmt.Errorf("%w: node name %q is claimed by another running process (instance %s; this process is %s). Give every node a unique `nodeName`",
 					ErrDuplicateIdentity, name, other.instance, instance)
 			}
 			if werr == nil {

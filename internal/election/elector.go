@@ -552,7 +552,7 @@ func waitForChange(ctx context.Context, d time.Duration, changes <-chan Observat
 
 // duplicate builds the error for a twin seen renewing the lock.
 func (e *Elector) duplicate(o Observation) error {
-	return fmt.Errorf("%w: the lock %s is being renewed by another process with node name %q (instance %s; this process is %s). Give every node a unique --node-name",
+	return fmt.Errorf("%w: the lock %s is being renewed by another process with node name %q (instance %s; this process is %s). Give every node a unique `nodeName`",
 		ErrDuplicateIdentity, e.cfg.Lock.Describe(), e.cfg.Identity, o.Record.Instance, e.cfg.Instance)
 }
 

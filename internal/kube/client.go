@@ -18,7 +18,7 @@ import (
 func load(kubeconfig string) (*rest.Config, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", validate.ErrInvalid, kubeconfig, err)
+		return nil, fmt.Errorf("%w: `kubeconfig` %s: %w", validate.ErrInvalid, kubeconfig, err)
 	}
 	return rc, nil
 }
@@ -32,7 +32,7 @@ func NewClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newClient(rc, "--kubeconfig "+kubeconfig)
+	return newClient(rc, "`kubeconfig` "+kubeconfig)
 }
 
 // Server returns the API server URL a kubeconfig points at.
@@ -55,7 +55,7 @@ func HTTPClient(kubeconfig string) (*kubelite.Client, error) {
 	rc.UserAgent = "vigil"
 	hc, err := rest.HTTPClientFor(rc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", validate.ErrInvalid, kubeconfig, err)
+		return nil, fmt.Errorf("%w: `kubeconfig` %s: %w", validate.ErrInvalid, kubeconfig, err)
 	}
 	return &kubelite.Client{Server: strings.TrimSuffix(rc.Host, "/"), HTTP: hc}, nil
 }

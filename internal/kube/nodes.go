@@ -83,7 +83,7 @@ func CheckCanDeleteNodes(ctx context.Context, cs kubernetes.Interface) error {
 		return fmt.Errorf("check permission to delete nodes: %w", err)
 	}
 	if !r.Status.Allowed {
-		return fmt.Errorf("%w: grant it (vigil manifest rbac) or drop --delete-node", ErrCannotDeleteNodes)
+		return fmt.Errorf("%w: grant it (vigil manifest rbac) or drop `deleteNode`", ErrCannotDeleteNodes)
 	}
 	return nil
 }

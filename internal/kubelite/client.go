@@ -193,7 +193,7 @@ type kubeconfig struct {
 func FromKubeconfig(path string) (*Client, error) {
 	c, err := fromKubeconfig(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --kubeconfig %s: %w", validate.ErrInvalid, path, err)
+		return nil, fmt.Errorf("%w: `kubeconfig` %s: %w", validate.ErrInvalid, path, err)
 	}
 	return c, nil
 }

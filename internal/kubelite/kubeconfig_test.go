@@ -66,7 +66,7 @@ func TestFromKubeconfig(t *testing.T) {
 			}
 		})
 	}
-	if _, err := FromKubeconfig(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "--kubeconfig") {
+	if _, err := FromKubeconfig(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "`kubeconfig`") {
 		t.Fatalf("a missing kubeconfig: %v", err)
 	}
 }

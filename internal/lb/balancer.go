@@ -235,8 +235,8 @@ func openListener(addr string, cfg Config) (net.Listener, error) {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("%w: cannot listen on %s: something already listens on port %s of all or this address. "+
 				"If it is kube-apiserver bound to 0.0.0.0, start it with --bind-address set to the node's own IP, "+
-				"or give vigil --lb-listen-port (such as 16443: the holder then sends VIP:--lb-port there with nftables), "+
-				"or another --lb-port (such as 8443) and use that in controlPlaneEndpoint", ErrPortInUse, addr, port)
+				"or give vigil `lbListenPort` (such as 16443: the holder then sends VIP:`lbPort` there with nftables), "+
+				"or another `lbPort` (such as 8443) and use that in controlPlaneEndpoint", ErrPortInUse, addr, port)
 		}
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}

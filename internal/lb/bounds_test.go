@@ -143,8 +143,8 @@ func TestLimitConfigErrors(t *testing.T) {
 				b.Close()
 			}
 			t.Errorf("New(%+v) = %v, want validate.ErrInvalid", cfg, err)
-		} else if !strings.Contains(err.Error(), "--lb-") && !strings.Contains(err.Error(), "timeout") {
-			t.Errorf("error %q names neither the flag nor the timeout", err)
+		} else if !strings.Contains(err.Error(), "`lb") && !strings.Contains(err.Error(), "timeout") {
+			t.Errorf("error %q names neither the setting nor the timeout", err)
 		}
 	}
 }

@@ -147,13 +147,13 @@ type Config struct {
 func CheckLimits(maxConns, perSource int, idle time.Duration) error {
 	switch {
 	case maxConns < -1:
-		return fmt.Errorf("%w: --lb-max-conns %d: give a positive number, or -1 for no limit", validate.ErrInvalid, maxConns)
+		return fmt.Errorf("%w: `lbMaxConns` %d: give a positive number, or -1 for no limit", validate.ErrInvalid, maxConns)
 	case perSource < -1:
-		return fmt.Errorf("%w: --lb-max-conns-per-source %d: give a positive number, or -1 for no limit", validate.ErrInvalid, perSource)
+		return fmt.Errorf("%w: `lbMaxConnsPerSource` %d: give a positive number, or -1 for no limit", validate.ErrInvalid, perSource)
 	case maxConns > 0 && perSource > maxConns:
-		return fmt.Errorf("%w: --lb-max-conns-per-source %d is above --lb-max-conns %d", validate.ErrInvalid, perSource, maxConns)
+		return fmt.Errorf("%w: `lbMaxConnsPerSource` %d is above `lbMaxConns` %d", validate.ErrInvalid, perSource, maxConns)
 	case idle < 0:
-		return fmt.Errorf("%w: --lb-idle-timeout %v must be 0 (off) or positive", validate.ErrInvalid, idle)
+		return fmt.Errorf("%w: `lbIdleTimeout` %v must be 0 (off) or positive", validate.ErrInvalid, idle)
 	}
 	return nil
 }
@@ -165,7 +165,7 @@ const MaxLoops = 64
 // 0 (one per CPU, at most 4), 1 to MaxLoops, or -1 (none: goroutines).
 func CheckLoops(n int) error {
 	if n < -1 || n > MaxLoops {
-		return fmt.Errorf("%w: --lb-event-loops %d: give 0 (one per CPU, at most 4), 1 to %d, or -1 (serve connections with goroutines)", validate.ErrInvalid, n, MaxLoops)
+		return fmt.Errorf("%w: `lbEventLoops` %d: give 0 (one per CPU, at most 4), 1 to %d, or -1 (serve connections with goroutines)", validate.ErrInvalid, n, MaxLoops)
 	}
 	return nil
 }

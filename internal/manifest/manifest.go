@@ -152,12 +152,12 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	switch o.Announce {
 	case "", "arp":
 		if o.BGPLocalAS != 0 || len(o.BGPPeers) > 0 || o.BGPPasswordFile != "" || o.bgpTuned() {
-			return nil, fmt.Errorf("%w: --bgp-local-as, --bgp-peer and the other --bgp-* flags need --announce bgp", validate.ErrInvalid)
+			return nil, fmt.Errorf("%w: `bgpLocalAs`, `bgpPeer` and the other BGP settings need `announce` bgp", validate.ErrInvalid)
 		}
 		return nil, nil
 	case "bgp":
 	default:
-		return nil, fmt.Errorf("%w: --announce %q: use arp or bgp", validate.ErrInvalid, o.Announce)
+		return nil, fmt.Errorf("%w: `announce` %q: use arp or bgp", validate.ErrInvalid, o.Announce)
 	}
 	for _, vip := range vips {
 		host := false // a bare address is a host address to vigil run
@@ -167,14 +167,14 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 			host = true
 		}
 		if !host {
-			return nil, fmt.Errorf("%w: --vip %s: with --announce bgp give the VIP as a host address (/32 or /128), and --interface lo", validate.ErrInvalid, vip)
+			return nil, fmt.Errorf("%w: `vip` %s: with `announce` bgp give the VIP as a host address (/32 or /128), and `interface` lo", validate.ErrInvalid, vip)
 		}
 	}
 	if o.BGPLocalAS < 1 || o.BGPLocalAS > 4294967294 {
-		return nil, fmt.Errorf("%w: --bgp-local-as %d: give the nodes' AS number, 1 to 4294967294", validate.ErrInvalid, o.BGPLocalAS)
+		return nil, fmt.Errorf("%w: `bgpLocalAs` %d: give the nodes' AS number, 1 to 4294967294", validate.ErrInvalid, o.BGPLocalAS)
 	}
 	if len(o.BGPPeers) == 0 {
-		return nil, fmt.Errorf("%w: --announce bgp needs at least one --bgp-peer ADDRESS,AS", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: `announce` bgp needs at least one `bgpPeer` ADDRESS,AS", validate.ErrInvalid)
 	}
 	args := []string{"--announce", "bgp", "--bgp-local-as", strconv.Itoa(o.BGPLocalAS)}
 	// The speaker's own checks, on what every node will share; the
@@ -191,12 +191,12 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	}
 	if o.BGPPasswordFile != "" {
 		if !path.IsAbs(o.BGPPasswordFile) {
-			return nil, fmt.Errorf("%w: --bgp-password-file %q must be an absolute path on the host", validate.ErrInvalid, o.BGPPasswordFile)
+			return nil, fmt.Errorf("%w: `bgpPasswordFile` %q must be an absolute path on the host", validate.ErrInvalid, o.BGPPasswordFile)
 		}
 		args = append(args, "--bgp-password-file", o.BGPPasswordFile)
 	}
 	if o.BGPMultihop < 0 || o.BGPMultihop > 255 || o.BGPLocalPref < 0 || o.BGPLocalPref > math.MaxUint32 || o.BGPBFDMultiplier < 0 || o.BGPBFDMultiplier > 255 {
-		return nil, fmt.Errorf("%w: --bgp-multihop (0-255), --bgp-local-pref (0-4294967295) or --bgp-bfd-multiplier (1-255) out of range", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: `bgpMultihop` (0-255), `bgpLocalPref` (0-4294967295) or `bgpBfdMultiplier` (1-255) out of range", validate.ErrInvalid)
 	}
 	cfg.Multihop, cfg.LocalPref = uint8(o.BGPMultihop), uint32(o.BGPLocalPref)
 	for _, c := range o.BGPCommunities {
@@ -212,7 +212,7 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 		cfg.BFDInterval, cfg.BFDMultiplier = cmp.Or(o.BGPBFDInterval, bfd.DefaultInterval), uint8(cmp.Or(o.BGPBFDMultiplier, bfd.DefaultMultiplier))
 		args = append(args, "--bgp-bfd", "--bgp-bfd-interval", cfg.BFDInterval.String(), "--bgp-bfd-multiplier", strconv.Itoa(int(cfg.BFDMultiplier)))
 	case o.BGPBFDInterval != 0 || o.BGPBFDMultiplier != 0:
-		return nil, fmt.Errorf("%w: --bgp-bfd-interval and --bgp-bfd-multiplier need --bgp-bfd", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: `bgpBfdInterval` and `bgpBfdMultiplier` need `bgpBfd`", validate.ErrInvalid)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, validate.Invalid(err)
@@ -236,11 +236,11 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 	case "", "single":
 	case "ecmp":
 		if o.LBListenPort != 0 {
-			return nil, fmt.Errorf("%w: --lb-listen-port needs one VIP holder; --bgp-mode ecmp has none", validate.ErrInvalid)
+			return nil, fmt.Errorf("%w: `lbListenPort` needs one VIP holder; `bgpMode` ecmp has none", validate.ErrInvalid)
 		}
 		args = append(args, "--bgp-mode", "ecmp")
 	default:
-		return nil, fmt.Errorf("%w: --bgp-mode %q: use single or ecmp", validate.ErrInvalid, o.BGPMode)
+		return nil, fmt.Errorf("%w: `bgpMode` %q: use single or ecmp", validate.ErrInvalid, o.BGPMode)
 	}
 	return args, nil
 }
@@ -251,26 +251,26 @@ func announceArgs(o PodOptions, vips []string) ([]string, error) {
 // init` with controlPlaneEndpoint: VIP works from its first second.
 func Pod(o PodOptions) (*corev1.Pod, error) {
 	if o.Interface == "" {
-		return nil, fmt.Errorf("%w: --interface is required (the interface that carries the VIP, e.g. eth0)", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: `interface` is required (the interface that carries the VIP, e.g. eth0)", validate.ErrInvalid)
 	}
 	vips, err := parseVIPs(o.VIPs)
 	if err != nil {
 		return nil, err
 	}
 	if o.LBPort < 0 || o.LBPort > 65535 {
-		return nil, fmt.Errorf("%w: --lb-port %d is out of range", validate.ErrInvalid, o.LBPort)
+		return nil, fmt.Errorf("%w: `lbPort` %d is out of range", validate.ErrInvalid, o.LBPort)
 	}
 	if err := checkPorts(o); err != nil {
 		return nil, err
 	}
 	switch {
 	case o.LBListenPort < 0 || o.LBListenPort > 65535:
-		return nil, fmt.Errorf("%w: --lb-listen-port %d is out of range", validate.ErrInvalid, o.LBListenPort)
+		return nil, fmt.Errorf("%w: `lbListenPort` %d is out of range", validate.ErrInvalid, o.LBListenPort)
 	case o.LBListenPort != 0 && (o.LBPort == 0 || o.LBListenPort == o.LBPort):
-		return nil, fmt.Errorf("%w: --lb-listen-port needs --lb-port, and another port than it", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: `lbListenPort` needs `lbPort`, and another port than it", validate.ErrInvalid)
 	}
 	if o.PruneAfter != 0 && o.PruneAfter < minPruneAfter {
-		return nil, fmt.Errorf("%w: --prune-after %v: use 0 (off) or at least %v", validate.ErrInvalid, o.PruneAfter, minPruneAfter)
+		return nil, fmt.Errorf("%w: `pruneAfter` %v: use 0 (off) or at least %v", validate.ErrInvalid, o.PruneAfter, minPruneAfter)
 	}
 	switch o.Election {
 	case "":
@@ -278,10 +278,10 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	case ElectionEtcd:
 	case ElectionKubernetes:
 		if o.Kubeconfig == "" {
-			return nil, fmt.Errorf("%w: --election kubernetes needs --kubeconfig, a kubeconfig for this node's own API server (not the VIP)", validate.ErrInvalid)
+			return nil, fmt.Errorf("%w: `election` kubernetes needs `kubeconfig`, a kubeconfig for this node's own API server (not the VIP)", validate.ErrInvalid)
 		}
 	default:
-		return nil, fmt.Errorf("%w: --election %q: use etcd or kubernetes", validate.ErrInvalid, o.Election)
+		return nil, fmt.Errorf("%w: `election` %q: use etcd or kubernetes", validate.ErrInvalid, o.Election)
 	}
 	bgpArgs, err := announceArgs(o, vips)
 	if err != nil {
@@ -291,7 +291,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 		o.EtcdEndpoints = []string{DefaultEtcdURL}
 	}
 	if err := validate.EtcdEndpoints(o.EtcdEndpoints); err != nil {
-		return nil, fmt.Errorf("%w: --etcd-endpoints: %w", validate.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: `etcdEndpoints`: %w", validate.ErrInvalid, err)
 	}
 	args := append([]string{"run"}, vipArgs(vips)...)
 	args = append(args,
@@ -346,7 +346,7 @@ func Pod(o PodOptions) (*corev1.Pod, error) {
 	args = append(args, m.args...)
 	if o.Kubeconfig != "" {
 		if !path.IsAbs(o.Kubeconfig) {
-			return nil, fmt.Errorf("%w: --kubeconfig %q must be an absolute path on the host", validate.ErrInvalid, o.Kubeconfig)
+			return nil, fmt.Errorf("%w: `kubeconfig` %q must be an absolute path on the host", validate.ErrInvalid, o.Kubeconfig)
 		}
 		args = append(args, "--kubeconfig", o.Kubeconfig)
 		mounts = append(mounts, corev1.VolumeMount{Name: "kubeconfig", MountPath: o.Kubeconfig, ReadOnly: true})
@@ -437,16 +437,16 @@ type DaemonSetOptions struct {
 // later: kube-proxy, flannel, etcd clients.
 func DaemonSet(o DaemonSetOptions) (*appsv1.DaemonSet, error) {
 	if o.Server == "" {
-		return nil, fmt.Errorf("%w: --server is required: the API server URL, such as https://10.0.0.100:6443", validate.ErrInvalid)
+		return nil, fmt.Errorf("%w: `server` is required: the API server URL, such as https://10.0.0.100:6443", validate.ErrInvalid)
 	}
 	if err := validate.APIServerURL(o.Server); err != nil {
-		return nil, fmt.Errorf("%w: --server %w", validate.ErrInvalid, err)
+		return nil, fmt.Errorf("%w: `server` %w", validate.ErrInvalid, err)
 	}
 	if o.Listen == "" {
 		o.Listen = "127.0.0.1:6443"
 	}
 	if _, err := netip.ParseAddrPort(o.Listen); err != nil {
-		return nil, fmt.Errorf("%w: --apiserver-listen %q must be IP:PORT", validate.ErrInvalid, o.Listen)
+		return nil, fmt.Errorf("%w: `apiserverListen` %q must be IP:PORT", validate.ErrInvalid, o.Listen)
 	}
 	m, err := metricsEndpoint(o.MetricsAddress, metricsPortAgent)
 	if err != nil {
@@ -642,7 +642,7 @@ func metricsEndpoint(addr string, def int) (metrics, error) {
 	}
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" {
-		return metrics{}, fmt.Errorf("%w: --metrics-address %q must be IP:PORT, such as 0.0.0.0:%d for Prometheus to scrape it", validate.ErrInvalid, addr, def)
+		return metrics{}, fmt.Errorf("%w: `metricsAddress` %q must be IP:PORT, such as 0.0.0.0:%d for Prometheus to scrape it", validate.ErrInvalid, addr, def)
 	}
 	m := metrics{host: "127.0.0.1", port: int(ap.Port()), args: []string{"--metrics-address", addr}}
 	a := ap.Addr().Unmap()
@@ -685,10 +685,10 @@ func ptr[T any](v T) *T { return &v }
 // balanced.
 func checkPorts(o PodOptions) error {
 	if len(o.MorePorts) > 0 && o.LBPort == 0 {
-		return fmt.Errorf("%w: more than one --lb-port, yet no first one", validate.ErrInvalid)
+		return fmt.Errorf("%w: more than one `lbPort`, yet no first one", validate.ErrInvalid)
 	}
 	if o.BackendPort < 0 || o.BackendPort > 65535 {
-		return fmt.Errorf("%w: --backend-port %d is out of range", validate.ErrInvalid, o.BackendPort)
+		return fmt.Errorf("%w: `backendPort` %d is out of range", validate.ErrInvalid, o.BackendPort)
 	}
 	seen := map[int]bool{o.LBPort: o.LBPort != 0}
 	for _, v := range o.MorePorts {
@@ -708,7 +708,7 @@ func checkPorts(o PodOptions) error {
 			return validate.Invalid(err)
 		}
 		if !seen[port] || checked[port] {
-			return fmt.Errorf("%w: --lb-port-check %q: port %d is not an --lb-port, or is checked twice", validate.ErrInvalid, v, port)
+			return fmt.Errorf("%w: `lbPortCheck` %q: port %d is not an `lbPort`, or is checked twice", validate.ErrInvalid, v, port)
 		}
 		checked[port] = true
 	}

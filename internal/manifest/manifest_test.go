@@ -371,14 +371,14 @@ func TestBGPSettingsPassedOn(t *testing.T) {
 		}
 	}
 	for want, mutate := range map[string]func(o *PodOptions){
-		"less than 3 x --bgp-keepalive": func(o *PodOptions) { o.BGPHoldTime, o.BGPKeepalive = 5*time.Second, 2*time.Second },
-		"need --bgp-bfd":                func(o *PodOptions) { o.BGPBFDMultiplier = 5 },
-		"need --announce bgp":           func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPBFD = "", 0, nil, true },
-		"iBGP peers only":               func(o *PodOptions) { o.BGPLocalPref = 100 },
-		"AS:VALUE":                      func(o *PodOptions) { o.BGPCommunities = []string{"x"} },
-		"use single or ecmp":            func(o *PodOptions) { o.BGPMode = "anycast" },
-		"--bgp-mode ecmp has none":      func(o *PodOptions) { o.BGPMode, o.LBPort, o.LBListenPort = "ecmp", 6443, 16443 },
-		"the other --bgp-* flags need":  func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPMode = "", 0, nil, "ecmp" },
+		"less than 3 x `bgpKeepalive`": func(o *PodOptions) { o.BGPHoldTime, o.BGPKeepalive = 5*time.Second, 2*time.Second },
+		"need `bgpBfd`":                func(o *PodOptions) { o.BGPBFDMultiplier = 5 },
+		"need `announce` bgp":          func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPBFD = "", 0, nil, true },
+		"iBGP peers only":              func(o *PodOptions) { o.BGPLocalPref = 100 },
+		"AS:VALUE":                     func(o *PodOptions) { o.BGPCommunities = []string{"x"} },
+		"use single or ecmp":           func(o *PodOptions) { o.BGPMode = "anycast" },
+		"`bgpMode` ecmp has none":      func(o *PodOptions) { o.BGPMode, o.LBPort, o.LBListenPort = "ecmp", 6443, 16443 },
+		"the other BGP settings need":  func(o *PodOptions) { o.Announce, o.BGPLocalAS, o.BGPPeers, o.BGPMode = "", 0, nil, "ecmp" },
 	} {
 		o := base
 		mutate(&o)

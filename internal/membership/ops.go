@@ -199,7 +199,7 @@ func (v View) without(id uint64) View {
 func ParseNewMember(s string) (name, peerURL string, err error) {
 	name, peerURL, ok := strings.Cut(s, "=")
 	if !ok || name == "" || peerURL == "" {
-		return "", "", fmt.Errorf("%w: --with %q must be NAME=PEER_URL, e.g. cp4=https://10.0.0.14:2380", validate.ErrInvalid, s)
+		return "", "", fmt.Errorf("%w: `with` %q must be NAME=PEER_URL, e.g. cp4=https://10.0.0.14:2380", validate.ErrInvalid, s)
 	}
 	if err := validate.PeerURL(peerURL); err != nil {
 		return "", "", fmt.Errorf("%w: %w", validate.ErrInvalid, err)

@@ -111,7 +111,7 @@ func (v View) CheckRemove(m Member, force bool) error {
 			ErrRefused, healthy, voters, quorum(voters))
 	}
 	if m.Reachable && !force {
-		return fmt.Errorf("%w: %s is healthy; removing it is a deliberate act: pass --force (or use replace to swap it for a new member first)", ErrRefused, m.Label())
+		return fmt.Errorf("%w: %s is healthy; removing it is a deliberate act: pass `force` (or use replace to swap it for a new member first)", ErrRefused, m.Label())
 	}
 	if m.Learner {
 		return nil // no vote, no quorum change

@@ -213,7 +213,7 @@ func Recover(ctx context.Context, cfg Config, say func(format string, a ...any))
 	// the others' extra entries would be lost with them.
 	if best := mostAdvanced(answering); best != nil && best.Committed > r.Self.Committed {
 		if !cfg.Force {
-			return nil, fmt.Errorf("%w: %s is further ahead than %s (raft index %d committed, this member %d): recover on it instead (stop its etcd first), and wipe this member; --force recovers here and loses what only it has",
+			return nil, fmt.Errorf("%w: %s is further ahead than %s (raft index %d committed, this member %d): recover on it instead (stop its etcd first), and wipe this member; `force` recovers here and loses what only it has",
 				ErrRefused, best.label(), r.Self.label(), best.Committed, r.Self.Committed)
 		}
 		say("warning (--force): %s is further ahead (raft index %d committed, this member %d); recovering here anyway loses what only it has", best.label(), best.Committed, r.Self.Committed)
@@ -313,7 +313,7 @@ var errRunning = errors.New("etcd is running")
 func readMembers(path string) ([]Member, uint64, error) {
 	db, err := bbolt.Open(path, 0o400, &bbolt.Options{ReadOnly: true, Timeout: lockWait})
 	if errors.Is(err, bbolt.ErrTimeout) {
-		return nil, 0, fmt.Errorf("%w: %w on %s (its database is locked); stop it first (kubeadm: --kubeadm does, by moving its static pod manifest away)", ErrRefused, errRunning, filepath.Dir(filepath.Dir(filepath.Dir(path))))
+		return nil, 0, fmt.Errorf("%w: %w on %s (its database is locked); stop it first (kubeadm: `kubeadm` does, by moving its static pod manifest away)", ErrRefused, errRunning, filepath.Dir(filepath.Dir(filepath.Dir(path))))
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: cannot read %s as etcd's database: %w", ErrRefused, path, err)

@@ -9,7 +9,7 @@ import (
 // LBPort reads one --lb-port value, PORT or PORT:BACKENDPORT, each
 // 1-65535; backend is 0 when not given.
 func LBPort(v string) (port, backend int, err error) {
-	bad := fmt.Errorf("--lb-port %q: want PORT or PORT:BACKENDPORT, each 1-65535", v)
+	bad := fmt.Errorf("`lbPort` %q: want PORT or PORT:BACKENDPORT, each 1-65535", v)
 	p, b, hasBackend := strings.Cut(strings.TrimSpace(v), ":")
 	if port, err = strconv.Atoi(p); err != nil || port < 1 || port > 65535 {
 		return 0, 0, bad
@@ -28,7 +28,7 @@ func PortCheck(v string) (port int, check string, err error) {
 	ps, check, ok := strings.Cut(v, "=")
 	port, err = strconv.Atoi(ps)
 	if !ok || err != nil || port < 1 || port > 65535 || (check != "tcp" && !strings.HasPrefix(check, "/")) {
-		return 0, "", fmt.Errorf("--lb-port-check %q: want PORT=tcp or PORT=/PATH", v)
+		return 0, "", fmt.Errorf("`lbPortCheck` %q: want PORT=tcp or PORT=/PATH", v)
 	}
 	return port, check, nil
 }

@@ -24,11 +24,11 @@ func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		return nil, nil
 	}
 	if (certFile == "") != (keyFile == "") {
-		return nil, fmt.Errorf("--etcd-cert and --etcd-key go together")
+		return nil, fmt.Errorf("`etcdCert` and `etcdKey` go together")
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pool, err := loadCA("--etcd-cacert", caFile)
+		pool, err := loadCA("`etcdCacert`", caFile)
 		if err != nil {
 			return nil, err
 		}
@@ -37,7 +37,7 @@ func EtcdClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 	if certFile != "" {
 		get, err := ClientCertificate(certFile, keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("load --etcd-cert/--etcd-key: %w", err)
+			return nil, fmt.Errorf("load `etcdCert`/`etcdKey`: %w", err)
 		}
 		tc.GetClientCertificate = get
 	}
@@ -59,7 +59,7 @@ func HealthTLS(ca string, insecure bool) (*tls.Config, error) {
 		}
 		ca = DefaultHealthCA
 	}
-	pool, err := loadCA("--health-ca", ca)
+	pool, err := loadCA("`healthCa`", ca)
 	if err != nil {
 		return nil, err
 	}

@@ -168,10 +168,10 @@ func TestTLSFilesReloaded(t *testing.T) {
 	}
 
 	// Missing files are still refused at start, naming the flag.
-	if _, err := EtcdClientTLS(filepath.Join(dir, "missing"), "", ""); err == nil || !strings.Contains(err.Error(), "--etcd-cacert") {
+	if _, err := EtcdClientTLS(filepath.Join(dir, "missing"), "", ""); err == nil || !strings.Contains(err.Error(), "`etcdCacert`") {
 		t.Fatalf("missing CA: err = %v, want an error naming --etcd-cacert", err)
 	}
-	if _, err := EtcdClientTLS("", filepath.Join(dir, "missing"), keyFile); err == nil || !strings.Contains(err.Error(), "--etcd-cert") {
+	if _, err := EtcdClientTLS("", filepath.Join(dir, "missing"), keyFile); err == nil || !strings.Contains(err.Error(), "`etcdCert`") {
 		t.Fatalf("missing certificate: err = %v, want an error naming --etcd-cert", err)
 	}
 }

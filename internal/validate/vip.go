@@ -11,21 +11,21 @@ import (
 func VIP(s string) (netip.Prefix, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
-		return netip.Prefix{}, fmt.Errorf("--vip is required, e.g. 10.0.0.100/24")
+		return netip.Prefix{}, fmt.Errorf("`vip` is required, e.g. 10.0.0.100/24")
 	}
 	if !strings.Contains(s, "/") {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("--vip %q is not an IP address or CIDR", s)
+			return netip.Prefix{}, fmt.Errorf("`vip` %q is not an IP address or CIDR", s)
 		}
 		if a.Zone() != "" {
-			return netip.Prefix{}, fmt.Errorf("--vip %q must not have a zone", s)
+			return netip.Prefix{}, fmt.Errorf("`vip` %q must not have a zone", s)
 		}
 		s = netip.PrefixFrom(a, a.BitLen()).String()
 	}
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("--vip %q is not an IP address or CIDR", s)
+		return netip.Prefix{}, fmt.Errorf("`vip` %q is not an IP address or CIDR", s)
 	}
 	return p, nil
 }
@@ -49,18 +49,18 @@ func VIPs(ss []string) ([]netip.Prefix, error) {
 func VIPSet(vips []netip.Prefix) error {
 	switch {
 	case len(vips) == 0:
-		return fmt.Errorf("--vip is required, e.g. 10.0.0.100/24")
+		return fmt.Errorf("`vip` is required, e.g. 10.0.0.100/24")
 	case len(vips) > 2:
-		return fmt.Errorf("--vip given %d times: give one VIP, or two for dual-stack (one IPv4, one IPv6)", len(vips))
+		return fmt.Errorf("`vip` given %d times: give one VIP, or two for dual-stack (one IPv4, one IPv6)", len(vips))
 	case len(vips) == 2 && vips[0].Addr().Is4() == vips[1].Addr().Is4():
-		return fmt.Errorf("--vip %s and %s are of the same family: a dual-stack VIP is one IPv4 and one IPv6 address", vips[0], vips[1])
+		return fmt.Errorf("`vip` %s and %s are of the same family: a dual-stack VIP is one IPv4 and one IPv6 address", vips[0], vips[1])
 	}
 	for _, p := range vips {
 		if !p.IsValid() {
-			return fmt.Errorf("--vip is required, e.g. 10.0.0.100/24")
+			return fmt.Errorf("`vip` is required, e.g. 10.0.0.100/24")
 		}
 		if p.Addr().Is4In6() {
-			return fmt.Errorf("--vip %s: give an IPv4 VIP in dotted form, not IPv4-mapped IPv6", p)
+			return fmt.Errorf("`vip` %s: give an IPv4 VIP in dotted form, not IPv4-mapped IPv6", p)
 		}
 	}
 	return nil
