@@ -71,6 +71,11 @@ type Config struct {
 	// Progress, when set, receives one line per step of long operations
 	// (the kubeadm lab's up).
 	Progress io.Writer
+	// EtcdDataDir, when set, holds each kubeadm machine's /var/lib/etcd
+	// (a directory per node), instead of the machine's directory under
+	// Dir: the tests give a tmpfs, so that the members' fsyncs do not wait
+	// behind the builds beside them.
+	EtcdDataDir string
 }
 
 // Lab is a handle on the lab; it is not safe for concurrent use.
@@ -79,6 +84,7 @@ type Lab struct {
 	vigilBin string
 	agentBin string
 	selfBin  string
+	etcdData string // Config.EtcdDataDir
 	// upgradeFrom is the old vigil of the rolling-upgrade drill.
 	upgradeFrom string
 	st          state
@@ -136,7 +142,7 @@ func New(cfg Config, log *slog.Logger) (*Lab, error) {
 	if cfg.AgentBin == "" {
 		cfg.AgentBin = filepath.Join(filepath.Dir(cfg.VigilBin), "vigil-agent")
 	}
-	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, agentBin: cfg.AgentBin, selfBin: cfg.SelfBin, log: log, out: cfg.Progress}, nil
+	return &Lab{dir: cfg.Dir, vigilBin: cfg.VigilBin, agentBin: cfg.AgentBin, selfBin: cfg.SelfBin, etcdData: cfg.EtcdDataDir, log: log, out: cfg.Progress}, nil
 }
 
 // Open loads the state of a lab that is up.

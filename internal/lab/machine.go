@@ -95,10 +95,34 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// linkEtcdData makes the machine's var-lib-etcd a link to dir (created),
+// which the bind mount of /var/lib/etcd follows; once.
+func linkEtcdData(md, dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("lab: etcd data directory: %w", err)
+	}
+	if err := os.MkdirAll(md, 0o755); err != nil {
+		return err
+	}
+	link := filepath.Join(md, "var-lib-etcd")
+	if fi, err := os.Lstat(link); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		return nil
+	}
+	if err := os.Symlink(dir, link); err != nil {
+		return fmt.Errorf("lab: etcd data directory: %w", err)
+	}
+	return nil
+}
+
 // createMachine gives node n (whose network namespace exists) its mount
 // and UTS namespaces, its bind mounts and its cgroup root.
 func (l *Lab) createMachine(ctx context.Context, n *Node) error {
 	md := l.machineDir(n)
+	if l.etcdData != "" {
+		if err := linkEtcdData(md, filepath.Join(l.etcdData, n.Name)); err != nil {
+			return err
+		}
+	}
 	for _, b := range machineBinds {
 		src := filepath.Join(md, b.source)
 		if b.file {
