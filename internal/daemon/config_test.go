@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -50,15 +51,15 @@ func TestParseVIP(t *testing.T) {
 
 func validConfig() Config {
 	return Config{
-		VIPs:          []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")},
-		Interface:     "eth0",
-		NodeName:      "cp1",
-		Election:      "etcd",
-		EtcdEndpoints: []string{"http://10.250.0.11:2379"},
-		LeaseDuration: election.DefaultLeaseDuration,
-		RenewDeadline: election.DefaultRenewDeadline,
-		RetryPeriod:   election.DefaultRetryPeriod,
-		BackendPort:   6443,
+		NodeSettings:  NodeSettings{VIPs: []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")}, Interface: "eth0", NodeName: "cp1"},
+		StoreSettings: StoreSettings{EtcdEndpoints: []string{"http://10.250.0.11:2379"}},
+		ElectionSettings: ElectionSettings{
+			Election:      "etcd",
+			LeaseDuration: election.DefaultLeaseDuration,
+			RenewDeadline: election.DefaultRenewDeadline,
+			RetryPeriod:   election.DefaultRetryPeriod,
+		},
+		LBSettings: LBSettings{BackendPort: 6443},
 	}
 }
 
@@ -386,5 +387,55 @@ func TestSetLBPorts(t *testing.T) {
 		if err := c.SetLBPorts(bad, false); !errors.Is(err, validate.ErrInvalid) {
 			t.Errorf("SetLBPorts(%q) = %v, want validate.ErrInvalid", bad, err)
 		}
+	}
+}
+
+// TestValidateTwice: Validate completes a configuration (defaults, the
+// discovery sources, every port's check, the BGP speaker's configuration)
+// and a second Validate of the result changes nothing: what it derives is
+// kept apart from what was given.
+func TestValidateTwice(t *testing.T) {
+	pw := filepath.Join(t.TempDir(), "bgp-password")
+	if err := os.WriteFile(pw, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := validConfig()
+	c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/32")}
+	c.Interface = "lo"
+	c.Announce, c.BGPLocalAS, c.BGPRouterID = AnnounceBGP, 65001, "10.250.0.11"
+	c.BGPPeers, c.BGPPasswordFile = []string{"10.250.0.254,65000"}, pw
+	c.BGPCommunities = []string{"no-export"}
+	c.BGPBFD, c.BGPBFDInterval, c.BGPBFDMultiplier = true, 300*time.Millisecond, 3
+	if err := c.SetLBPorts([]string{"6443", "9345"}, false); err != nil {
+		t.Fatal(err)
+	}
+	c.PortChecks = []string{"6443=/livez", "9345=/ping"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// What the first Validate derived and defaulted.
+	switch {
+	case c.LockKey != election.DefaultEtcdKey, c.EtcdMemberName != "cp1", c.BGPMode != BGPModeSingle:
+		t.Fatalf("defaults: lock key %q, member %q, BGP mode %q", c.LockKey, c.EtcdMemberName, c.BGPMode)
+	case !slices.Equal(c.Discovery, []string{DiscoveryEtcd}):
+		t.Fatalf("discovery %v, want etcd (auto with etcd endpoints only)", c.Discovery)
+	case c.HealthPath != "/livez" || c.MorePorts[0].Check != "/ping":
+		t.Fatalf("checks: first port %q, second %q", c.HealthPath, c.MorePorts[0].Check)
+	case len(c.BGP.Peers) != 1 || c.BGP.Peers[0].Password != "x" || c.BGP.BFDMultiplier != 3 || len(c.BGP.Communities) != 1:
+		t.Fatalf("BGP config %+v", c.BGP)
+	}
+	first := c
+	first.MorePorts = slices.Clone(c.MorePorts)
+	if err := c.Validate(); err != nil {
+		t.Fatalf("second Validate: %v", err)
+	}
+	if !reflect.DeepEqual(c, first) {
+		t.Fatalf("a second Validate changed the configuration:\n%+v\nwas\n%+v", c, first)
+	}
+	// Back to arp: the derived BGP configuration goes with it.
+	c.Announce, c.BGPLocalAS, c.BGPRouterID, c.BGPPeers, c.BGPPasswordFile, c.BGPCommunities, c.BGPBFD = AnnounceARP, 0, "", nil, "", nil, false
+	c.VIPs = []netip.Prefix{netip.MustParsePrefix("10.250.0.100/24")}
+	if err := c.Validate(); err != nil || len(c.BGP.Peers) != 0 {
+		t.Fatalf("arp after bgp: %v, BGP config %+v", err, c.BGP)
 	}
 }

@@ -15,7 +15,7 @@ import (
 // member gone from etcd loses its series; a prune is counted.
 func TestMemberWatch(t *testing.T) {
 	m := newNodeMetrics()
-	w := &memberWatch{m: m, cfg: Config{NodeName: "n1"}, log: slog.New(slog.DiscardHandler)}
+	w := &memberWatch{m: m, cfg: Config{NodeSettings: NodeSettings{NodeName: "n1"}}, log: slog.New(slog.DiscardHandler)}
 	report := func(s ...membership.Sighting) membership.Report {
 		r := membership.Report{Members: map[string]membership.Sighting{}}
 		for _, x := range s {
