@@ -185,6 +185,21 @@ func (n *nodeFlags) client(ctx context.Context) (kubernetes.Interface, error) {
 	return cs, nil
 }
 
+// forChange opens what a change of membership needs: the Kubernetes
+// client of --delete-node (nil without), its permission checked first, then
+// the cluster.
+func forChange(ctx context.Context, nf *nodeFlags, ef *etcdFlags) (kubernetes.Interface, *membership.Cluster, error) {
+	kc, err := nf.client(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := ef.cluster()
+	if err != nil {
+		return nil, nil, err
+	}
+	return kc, cl, nil
+}
+
 // deleteNodes deletes the Nodes of removed members. A Ready Node is left
 // with a note (its machine is alive); an API error is returned.
 func deleteNodes(ctx context.Context, cs kubernetes.Interface, names []string, say sayTo) error {
@@ -227,11 +242,7 @@ With --delete-node the Node of the same name is deleted too, unless it is
 Ready; permission to delete Nodes is checked before the member is touched.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			kc, err := nf.client(cmd.Context())
-			if err != nil {
-				return err
-			}
-			cl, err := ef.cluster()
+			kc, cl, err := forChange(cmd.Context(), &nf, ef)
 			if err != nil {
 				return err
 			}
@@ -338,11 +349,7 @@ permission to delete Nodes is checked before anything is removed.`,
 			if minDown < 0 {
 				return fmt.Errorf("--min-down %v must not be negative", minDown)
 			}
-			kc, err := nf.client(cmd.Context())
-			if err != nil {
-				return err
-			}
-			cl, err := ef.cluster()
+			kc, cl, err := forChange(cmd.Context(), &nf, ef)
 			if err != nil {
 				return err
 			}

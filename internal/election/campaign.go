@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // campaign returns once this node holds the lock, or ctx is done.
@@ -48,7 +50,7 @@ func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
 			continue // read again at once
 		default:
 			e.log.Debug("acquire failed", "err", err)
-			if !sleep(ctx, e.cfg.RetryPeriod) {
+			if !clock.Sleep(ctx, e.cfg.RetryPeriod) {
 				return lease{}, Observation{}, ctx.Err()
 			}
 		}
@@ -95,7 +97,7 @@ func (c *candidacy) read(ctx context.Context) (Observation, time.Duration, bool)
 		} else if c.failures%20 == 0 {
 			e.log.Info("still cannot read the lock", "for", done.Sub(c.failedAt).Round(time.Millisecond), "err", err)
 		}
-		sleep(ctx, readBackoff(e.cfg.RetryPeriod, c.failures))
+		clock.Sleep(ctx, readBackoff(e.cfg.RetryPeriod, c.failures))
 		return Observation{}, took, false
 	}
 	if c.failures > 0 {

@@ -18,6 +18,8 @@ import (
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
 	"github.com/vigil-ha/vigil"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Kubernetes Lease defaults.
@@ -151,7 +153,7 @@ func (l *LeaseLock) Watch(ctx context.Context, out chan<- Observation) {
 	for ctx.Err() == nil {
 		w, err := l.leases.Watch(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
-			if !sleep(ctx, 500*time.Millisecond) {
+			if !clock.Sleep(ctx, 500*time.Millisecond) {
 				return
 			}
 			continue

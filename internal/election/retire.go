@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // retiredLease is the lease duration a retired record announces: longer than
@@ -53,7 +55,7 @@ func Retire(ctx context.Context, lock Lock, to string, retry time.Duration, log 
 			if failures == 1 || failures%20 == 0 {
 				log.Warn("cannot read the old election's lock to retire it; retrying", "err", err, "attempts", failures)
 			}
-			if !sleep(ctx, readBackoff(retry, failures)) {
+			if !clock.Sleep(ctx, readBackoff(retry, failures)) {
 				return ctx.Err()
 			}
 			continue
@@ -93,7 +95,7 @@ func Retire(ctx context.Context, lock Lock, to string, retry time.Duration, log 
 		default:
 			// The write may still have landed; the next read tells.
 			log.Debug("retiring write failed", "err", err)
-			if !sleep(ctx, retry) {
+			if !clock.Sleep(ctx, retry) {
 				return ctx.Err()
 			}
 		}

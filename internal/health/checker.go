@@ -519,15 +519,11 @@ func (c *Checker) check(ctx context.Context, backend string) result {
 	return result{}
 }
 
+// resultLabel is a check's result as its metric's label: "ok", or why it
+// failed (Cause's names).
 func resultLabel(c Cause) string {
-	switch c {
-	case Draining:
-		return "draining"
-	case Dead:
-		return "dead"
-	case Unreachable:
-		return "unreachable"
-	default:
+	if c == NoCause {
 		return "ok"
 	}
+	return c.String()
 }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/netns"
 )
 
@@ -288,7 +289,7 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 		return err
 	}
 	defer pr.close()
-	if !sleepCtx(ctx, 500*time.Millisecond) { // baseline
+	if !clock.Sleep(ctx, 500*time.Millisecond) { // baseline
 		return ctx.Err()
 	}
 
@@ -319,7 +320,7 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 		return fmt.Errorf("no single holder after the VIP left %s: %w", holder, err)
 	}
 	r.After = after
-	if !sleepCtx(ctx, 2*time.Second) { // requests after the move
+	if !clock.Sleep(ctx, 2*time.Second) { // requests after the move
 		return ctx.Err()
 	}
 	if err := heal(); err != nil {
@@ -328,7 +329,7 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	if err := l.waitBackendsUp(ctx, after, len(l.st.Nodes), recoverTimeout); err != nil {
 		return err
 	}
-	if !sleepCtx(ctx, 2*time.Second) { // requests after the heal
+	if !clock.Sleep(ctx, 2*time.Second) { // requests after the heal
 		return ctx.Err()
 	}
 	reqs := pr.close()
@@ -413,7 +414,7 @@ func waitVIPElsewhere(ctx context.Context, w *vipWatch, node string, nodes func(
 				return time.Now(), nil
 			}
 		}
-		if !sleepCtx(ctx, time.Millisecond) {
+		if !clock.Sleep(ctx, time.Millisecond) {
 			return time.Time{}, ctx.Err()
 		}
 	}
@@ -429,7 +430,7 @@ func waitVIPGone(ctx context.Context, w *vipWatch, node string, d time.Duration)
 		if err == nil && !has {
 			return time.Now(), nil
 		}
-		if !sleepCtx(ctx, time.Millisecond) {
+		if !clock.Sleep(ctx, time.Millisecond) {
 			return time.Time{}, ctx.Err()
 		}
 	}
@@ -457,7 +458,7 @@ func (l *Lab) waitBackendsUp(ctx context.Context, node string, n int, d time.Dur
 		} else {
 			last = err.Error()
 		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !clock.Sleep(ctx, 50*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -515,7 +516,7 @@ func (l *Lab) waitCandidates(ctx context.Context, d time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("lab: vigil on %v does not see a VIP holder after %v (not campaigning yet)", waiting, d)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

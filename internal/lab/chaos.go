@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/netfault"
 )
 
@@ -245,7 +246,7 @@ func (l *Lab) Chaos(ctx context.Context, cfg ChaosConfig) ([]FaultResult, error)
 		order = order[1:]
 		// A random phase against the holder's renewals and the lab's
 		// timers: faults land anywhere in a renewal period.
-		if !sleepCtx(ctx, c.between(0, time.Second)) {
+		if !clock.Sleep(ctx, c.between(0, time.Second)) {
 			break
 		}
 		r := c.fault(ctx, n, kind, start)
@@ -387,7 +388,7 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 	}
 	r.After = after
 	stable := time.Now()
-	sleepCtx(ctx, chaosPostWatch)
+	clock.Sleep(ctx, chaosPostWatch)
 
 	samples := c.smp.between(begin, time.Now())
 	dual, dualT, none := judgeSamples(samples)
@@ -428,7 +429,7 @@ func (c *chaos) drillFault(ctx context.Context, kind string, holder *Node) (*Nod
 	if err := c.d.inject(ctx, drill); err != nil {
 		return c.d.target, fmt.Errorf("inject: %w", err)
 	}
-	sleepCtx(ctx, c.between(hold[0], hold[1]))
+	clock.Sleep(ctx, c.between(hold[0], hold[1]))
 	if err := c.d.heal(ctx, drill); err != nil {
 		return c.d.target, fmt.Errorf("heal: %w", err)
 	}
@@ -455,7 +456,7 @@ func (c *chaos) pause(ctx context.Context, n *Node, freeze bool, hold time.Durat
 			return fmt.Errorf("stop %d on %s: %w", p, n.Name, err)
 		}
 	}
-	sleepCtx(ctx, hold)
+	clock.Sleep(ctx, hold)
 	had, _ := c.d.w.has(n.Name)
 	thaw := time.Now()
 	for _, p := range pids {
@@ -507,12 +508,12 @@ func (c *chaos) guardStop(ctx context.Context, n *Node, gap, hold time.Duration)
 		}
 		stopped = append(stopped, p)
 	}
-	sleepCtx(ctx, gap)
+	clock.Sleep(ctx, gap)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return fmt.Errorf("stop vigil %d on %s: %w", pid, n.Name, err)
 	}
 	stopped = append(stopped, pid)
-	sleepCtx(ctx, hold)
+	clock.Sleep(ctx, hold)
 	return nil
 }
 
@@ -579,7 +580,7 @@ func (c *chaos) linkDown(ctx context.Context, n *Node, hold time.Duration) error
 	if err := setPort(ctx, port, false); err != nil {
 		return err
 	}
-	sleepCtx(ctx, hold)
+	clock.Sleep(ctx, hold)
 	return setPort(context.WithoutCancel(ctx), port, true)
 }
 
@@ -648,7 +649,7 @@ func (c *chaos) latency(ctx context.Context, holder *Node, r *FaultResult) error
 	if err := c.l.SetEtcdLatency(ctx, nil, d); err != nil {
 		return err
 	}
-	sleepCtx(ctx, c.between(2*time.Second, 6*time.Second))
+	clock.Sleep(ctx, c.between(2*time.Second, 6*time.Second))
 	return c.l.SetEtcdLatency(context.WithoutCancel(ctx), nil, netfault.Delay{})
 }
 
@@ -664,7 +665,7 @@ func (c *chaos) loss(ctx context.Context, r *FaultResult) error {
 			return err
 		}
 	}
-	sleepCtx(ctx, c.between(2*time.Second, 6*time.Second))
+	clock.Sleep(ctx, c.between(2*time.Second, 6*time.Second))
 	return nil
 }
 
@@ -679,7 +680,7 @@ func (c *chaos) oneWay(ctx context.Context, holder *Node, r *FaultResult) error 
 	if err := c.l.SetOneWay(ctx, holder.Name, dir, nil); err != nil {
 		return err
 	}
-	sleepCtx(ctx, c.between(time.Second, 5*time.Second))
+	clock.Sleep(ctx, c.between(time.Second, 5*time.Second))
 	return nil
 }
 

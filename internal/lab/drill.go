@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Drill kinds.
@@ -383,7 +385,7 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 			r.Handoff = &res
 		}()
 	}
-	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
+	if !clock.Sleep(ctx, 300*time.Millisecond) { // baseline
 		return ctx.Err()
 	}
 
@@ -419,7 +421,7 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	}
 	// Watch a while longer: a late second holder, or a failback (keepalived
 	// preempts when its MASTER returns), must be seen and counted.
-	if !sleepCtx(ctx, postHealWatch) {
+	if !clock.Sleep(ctx, postHealWatch) {
 		return ctx.Err()
 	}
 	doubles := mon.close()
@@ -598,7 +600,7 @@ func (l *Lab) etcdLeaderNotHolding(ctx context.Context, holder string) (*Node, e
 		if err == nil && st.Leader != "" && st.Leader != holder {
 			return l.node(st.Leader)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return nil, ctx.Err()
 		}
 	}
@@ -649,7 +651,7 @@ func (l *Lab) waitStable(ctx context.Context, d time.Duration) (string, error) {
 				return last, nil
 			}
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return "", ctx.Err()
 		}
 	}
@@ -667,7 +669,7 @@ func waitAnswering(ctx context.Context, p *prober, avoid string, since time.Time
 func waitAnsweringWithin(ctx context.Context, p *prober, avoid string, since time.Time, d time.Duration) (time.Time, error) {
 	deadline := since.Add(d)
 	for time.Now().Before(deadline) {
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !clock.Sleep(ctx, 50*time.Millisecond) {
 			return time.Time{}, ctx.Err()
 		}
 		rs := p.snapshot()

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/netfault"
 )
 
@@ -330,11 +331,11 @@ func SlowProcess(ctx context.Context, pid int, stop, run, d time.Duration) error
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			return fmt.Errorf("lab: stop %d: %w", pid, err)
 		}
-		sleepCtx(ctx, stop)
+		clock.Sleep(ctx, stop)
 		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 			return fmt.Errorf("lab: continue %d: %w", pid, err)
 		}
-		sleepCtx(ctx, run)
+		clock.Sleep(ctx, run)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/netfault"
 )
 
@@ -194,7 +195,7 @@ func (l *Lab) watchMargins(ctx context.Context, d time.Duration) float64 {
 				least = math.Min(least, rep.Renewal.MinMarginMillis)
 			}
 		}
-		sleepCtx(ctx, 250*time.Millisecond)
+		clock.Sleep(ctx, 250*time.Millisecond)
 	}
 	if math.IsInf(least, 1) {
 		return -1

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // impostorEtcd replaces node n's etcd member by an impostor for hold: the
@@ -93,7 +95,7 @@ func (l *Lab) impostorEtcd(ctx context.Context, n *Node, holder string, hold tim
 		if h, err := l.vipHolders(); err == nil && !slices.Equal(h, []string{holder}) {
 			return fmt.Errorf("the VIP is on %v with the impostor at %s's address; it was on %s", h, n.Name, holder)
 		}
-		sleepCtx(ctx, 200*time.Millisecond)
+		clock.Sleep(ctx, 200*time.Millisecond)
 	}
 	for _, name := range live {
 		if !refusedBy[name] {
@@ -105,7 +107,7 @@ func (l *Lab) impostorEtcd(ctx context.Context, n *Node, holder string, hold tim
 	if err := l.signal(ctx, n, roleEtcd, syscall.SIGKILL, 5*time.Second); err != nil {
 		return err
 	}
-	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); sleepCtx(ctx, 200*time.Millisecond) {
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); clock.Sleep(ctx, 200*time.Millisecond) {
 		if h, err := l.vipHolders(); err == nil && !slices.Equal(h, []string{holder}) {
 			return fmt.Errorf("the VIP is on %v after the impostor at %s's address went away; it was on %s", h, n.Name, holder)
 		}
@@ -143,7 +145,7 @@ func (l *Lab) impostorDrill(ctx context.Context, r *Result) error {
 	defer pr.close()
 	mon := startMonitor(w, d.live, probeInterval)
 	defer mon.close()
-	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
+	if !clock.Sleep(ctx, 300*time.Millisecond) { // baseline
 		return ctx.Err()
 	}
 	fault := time.Now()

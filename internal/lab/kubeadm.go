@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/netns"
 )
 
@@ -302,7 +303,7 @@ func (l *Lab) startContainerd(ctx context.Context, n *Node) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("lab: containerd on %s did not answer in 30s: %w", n.Name, err)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -442,7 +443,7 @@ func (l *Lab) waitClusterInfoSigned(ctx context.Context, d time.Duration) error 
 		if time.Now().After(deadline) {
 			return fmt.Errorf("lab: kube-public/cluster-info not signed for the join token within %v: %w", d, last)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -619,7 +620,7 @@ func (l *Lab) waitNodesReady(ctx context.Context, d time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("lab: Nodes not Ready after %v: %s", d, last)
 		}
-		if !sleepCtx(ctx, time.Second) {
+		if !clock.Sleep(ctx, time.Second) {
 			return ctx.Err()
 		}
 	}
@@ -738,7 +739,7 @@ func (l *Lab) waitAgentServes(ctx context.Context, w *Node, d time.Duration) err
 			err = fmt.Errorf("HTTP %d", resp.StatusCode)
 		}
 		last = err
-		if !sleepCtx(ctx, time.Second) {
+		if !clock.Sleep(ctx, time.Second) {
 			return ctx.Err()
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // renewCerts renews every kubeadm certificate on every control-plane node
@@ -60,7 +62,7 @@ func (l *Lab) renewCerts(ctx context.Context, phase func(string, string)) error 
 				if time.Now().After(deadline) {
 					return fmt.Errorf("kubelet did not restart %s on %s within 2 minutes", comm, n.Name)
 				}
-				if !sleepCtx(ctx, 100*time.Millisecond) {
+				if !clock.Sleep(ctx, 100*time.Millisecond) {
 					return ctx.Err()
 				}
 			}
@@ -109,7 +111,7 @@ func (l *Lab) waitEtcdMembersHealthy(ctx context.Context, d time.Duration) error
 		if last == nil {
 			return nil
 		}
-		if !sleepCtx(ctx, 250*time.Millisecond) {
+		if !clock.Sleep(ctx, 250*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Drills of the kubeadm lab.
@@ -270,7 +272,7 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	}
 	mon := startMonitor(w, live, probeInterval)
 	defer mon.close()
-	if !sleepCtx(ctx, time.Second) { // a baseline of good requests
+	if !clock.Sleep(ctx, time.Second) { // a baseline of good requests
 		return ctx.Err()
 	}
 	phaseStart := time.Now()

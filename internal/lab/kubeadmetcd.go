@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/netns"
 )
 
@@ -103,7 +104,7 @@ func (l *Lab) waitMemberGone(ctx context.Context, name string, d time.Duration) 
 			err = fmt.Errorf("member %s still listed", name)
 		}
 		last = err
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if !clock.Sleep(ctx, 500*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

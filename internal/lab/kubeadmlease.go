@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/election"
 )
 
@@ -202,7 +203,7 @@ func waitLeaseVigil(ctx context.Context, n *Node, old int) error {
 				return nil
 			}
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -216,7 +217,7 @@ func waitAnyHolder(ctx context.Context, w *vipWatch, nodes []*Node, d time.Durat
 		if h, err := w.holders(nodes); err == nil && len(h) == 1 {
 			return h[0], nil
 		}
-		if !sleepCtx(ctx, 5*time.Millisecond) {
+		if !clock.Sleep(ctx, 5*time.Millisecond) {
 			return "", ctx.Err()
 		}
 	}

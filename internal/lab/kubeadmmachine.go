@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // waitHolderOther waits until a node other than not holds the VIP.
@@ -187,7 +189,7 @@ func (l *Lab) waitBackendUp(ctx context.Context, n *Node, d time.Duration) error
 				last = err.Error()
 			}
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

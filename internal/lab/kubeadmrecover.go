@@ -10,6 +10,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // kubeadmRecoverBound is the most the API may take to answer through the
@@ -60,7 +62,7 @@ func (l *Lab) recoverMachines(ctx context.Context, holder *Node, d *drillRun, k 
 	// No quorum: the survivor's vigil cannot take the lock, and the VIP
 	// stays dark. A few lease durations show it.
 	for range 30 {
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 		h, err := d.w.holders([]*Node{survivor})
@@ -131,7 +133,7 @@ func (l *Lab) recoverMachines(ctx context.Context, holder *Node, d *drillRun, k 
 		if time.Since(start) > kubeadmRecoverBound {
 			return fmt.Errorf("the API did not answer through the VIP within %v of vigil members recover: %w", kubeadmRecoverBound, err)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -240,7 +242,7 @@ func writeKeysApplied(ctx context.Context, all, own *clientv3.Client) error {
 		if err == nil && resp.Header.Revision >= rev {
 			return nil
 		}
-		if !sleepCtx(cctx, 50*time.Millisecond) {
+		if !clock.Sleep(cctx, 50*time.Millisecond) {
 			return fmt.Errorf("did not apply revision %d: %v", rev, err)
 		}
 	}

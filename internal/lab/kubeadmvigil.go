@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/election"
 )
 
@@ -137,7 +138,7 @@ func (l *Lab) waitMovedAndNewVigil(ctx context.Context, n *Node, old int, w *vip
 		if time.Now().After(deadline) {
 			return fmt.Errorf("kubelet did not start a new vigil on %s within 60s", n.Name)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -209,7 +210,7 @@ func waitDead(ctx context.Context, pid int, d time.Duration, squeeze func()) (ti
 			squeeze()
 			next = time.Now().Add(200 * time.Millisecond)
 		}
-		if !sleepCtx(ctx, time.Millisecond) {
+		if !clock.Sleep(ctx, time.Millisecond) {
 			return time.Time{}, ctx.Err()
 		}
 	}
@@ -232,7 +233,7 @@ func starveMemory(ctx context.Context, pid int) (time.Time, error) {
 		if last = lowerMemoryLimit(dir); last == nil {
 			return time.Now(), nil
 		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !clock.Sleep(ctx, 50*time.Millisecond) {
 			return time.Time{}, ctx.Err()
 		}
 	}
@@ -285,7 +286,7 @@ func (l *Lab) lastTermination(ctx context.Context, node string) (string, error) 
 		if time.Now().After(deadline) {
 			return "", fmt.Errorf("the mirror pod vigil-%s shows no last termination (err %v)", node, err)
 		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if !clock.Sleep(ctx, 500*time.Millisecond) {
 			return "", ctx.Err()
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/feed"
 )
 
@@ -519,7 +520,7 @@ func (l *Lab) waitEtcdHealthy(ctx context.Context, d time.Duration) error {
 			err = fmt.Errorf("etcd not settled: %+v", st)
 		}
 		last = err
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // The load balancer benchmark runs on a lab built with
@@ -417,7 +419,7 @@ func (l *Lab) ejectOnce(ctx context.Context, holder, sock string, targets map[st
 			ch <- loadOut{r, err}
 		}()
 	}
-	if !sleepCtx(ctx, time.Second) {
+	if !clock.Sleep(ctx, time.Second) {
 		return e, ctx.Err()
 	}
 	kill := time.Now()
@@ -437,7 +439,7 @@ func (l *Lab) ejectOnce(ctx context.Context, holder, sock string, targets map[st
 				haproxyDown = time.Now()
 			}
 		}
-		if !sleepCtx(ctx, 10*time.Millisecond) {
+		if !clock.Sleep(ctx, 10*time.Millisecond) {
 			return e, ctx.Err()
 		}
 	}
@@ -474,7 +476,7 @@ func (l *Lab) waitBenchBackendsUp(ctx context.Context, holder, sock, _ string, d
 		if ok {
 			return nil
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Load generator modes, run by `vigil-lab loadgen` inside the client
@@ -226,7 +228,7 @@ func flood(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 	wg.Wait()
 	r.Count = r.Refused + len(held) + r.Errors
 	r.PerSecond = float64(r.Count) / time.Since(start).Seconds()
-	sleepCtx(ctx, cfg.Duration)
+	clock.Sleep(ctx, cfg.Duration)
 	// What is still open now was held the whole time.
 	for _, c := range held {
 		_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))

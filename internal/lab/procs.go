@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Process roles on a node.
@@ -53,7 +55,7 @@ func waitGone(ctx context.Context, pid int, d time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("process %d still running after %v", pid, d)
 		}
-		if !sleepCtx(ctx, 5*time.Millisecond) {
+		if !clock.Sleep(ctx, 5*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -67,7 +69,7 @@ func waitNSEmpty(ctx context.Context, ns string) {
 		if err != nil || len(pids) == 0 {
 			return
 		}
-		sleepCtx(ctx, 10*time.Millisecond)
+		clock.Sleep(ctx, 10*time.Millisecond)
 	}
 }
 
@@ -191,17 +193,6 @@ func (l *Lab) load() error {
 		return fmt.Errorf("decode lab state %s: %w", l.statePath(), err)
 	}
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // DrillPrometheus runs a real Prometheus (Debian's package) in the client
@@ -138,7 +140,7 @@ func (l *Lab) promDrill(ctx context.Context, r *Result) error {
 	}
 	// Long enough after the fault for a no-holder spell that began with
 	// it to have fired, then look back over the whole window.
-	if !sleepCtx(ctx, time.Until(fault.Add(noHolderFor+5*time.Second))) {
+	if !clock.Sleep(ctx, time.Until(fault.Add(noHolderFor+5*time.Second))) {
 		return ctx.Err()
 	}
 	window := fmt.Sprintf("%ds", int(time.Since(fault).Seconds())+2)
@@ -262,7 +264,7 @@ func promWait(ctx context.Context, d time.Duration, check func() error) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if !clock.Sleep(ctx, 500*time.Millisecond) {
 			return errors.Join(err, ctx.Err())
 		}
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // The prune drills check that vigil run --prune-after removes a member only
@@ -221,7 +223,7 @@ func (l *Lab) holdBlock(ctx context.Context, p *PruneResult, at *Node, holder st
 			p.Witnesses = describeViews(v)
 			p.RaftLinkedFrom = linked
 		}
-		if !sleepCtx(ctx, time.Second) {
+		if !clock.Sleep(ctx, time.Second) {
 			return ctx.Err()
 		}
 	}
@@ -242,7 +244,7 @@ func (l *Lab) holdBlock(ctx context.Context, p *PruneResult, at *Node, holder st
 		if time.Since(lifted) > seenBackBound {
 			return fmt.Errorf("%s still saw %s unreachable %v after the block was lifted", holder, victim.Name, seenBackBound)
 		}
-		if !sleepCtx(ctx, 250*time.Millisecond) {
+		if !clock.Sleep(ctx, 250*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -267,7 +269,7 @@ func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, vic
 	}
 	phase("stop vigil everywhere", "")
 	pause := l.st.Settings.PruneAfter + coldStartExtra
-	if !sleepCtx(ctx, pause) {
+	if !clock.Sleep(ctx, pause) {
 		return ctx.Err()
 	}
 	phase(fmt.Sprintf("vigil stopped for %v", pause), "")
@@ -288,7 +290,7 @@ func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, vic
 		return fmt.Errorf("no holder after the cold start: %w", err)
 	}
 	phase("block "+victim.Name+":2379, start vigil, holder elected", holder)
-	if !sleepCtx(ctx, 2*time.Second) {
+	if !clock.Sleep(ctx, 2*time.Second) {
 		return ctx.Err()
 	}
 	if v, _, err := l.viewsOf(ctx, holder, victim.Name); err == nil {
@@ -298,7 +300,7 @@ func (l *Lab) pruneColdStart(ctx context.Context, r *Result, p *PruneResult, vic
 		return err
 	}
 	phase("2 s more, unblock", p.Witnesses)
-	if !sleepCtx(ctx, l.st.Settings.PruneAfter+5*time.Second) {
+	if !clock.Sleep(ctx, l.st.Settings.PruneAfter+5*time.Second) {
 		return ctx.Err()
 	}
 	if err := l.pruneSettle(ctx, p, victim.Name); err != nil {
@@ -352,7 +354,7 @@ func (l *Lab) pruneRealDeath(ctx context.Context, r *Result, p *PruneResult, hol
 				p.Witnesses = describeViews(v)
 			}
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -420,7 +422,7 @@ func (l *Lab) pruneSettle(ctx context.Context, p *PruneResult, victim string) er
 			p.Pruned = !slices.Contains(names, victim)
 			return nil
 		}
-		if !sleepCtx(ctx, 500*time.Millisecond) {
+		if !clock.Sleep(ctx, 500*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // DrillRecover is the disaster the runbook covers: two of three
@@ -101,7 +103,7 @@ func (l *Lab) recoverDrill(ctx context.Context, r *Result) error {
 	defer pr.close()
 	mon := startMonitor(w, d.live, probeInterval)
 	defer func() { mon.close() }()
-	if !sleepCtx(ctx, 300*time.Millisecond) {
+	if !clock.Sleep(ctx, 300*time.Millisecond) {
 		return ctx.Err()
 	}
 	start := time.Now()
@@ -208,7 +210,7 @@ func (l *Lab) recoverDrill(ctx context.Context, r *Result) error {
 			return err
 		}
 	}
-	if !sleepCtx(ctx, time.Second) {
+	if !clock.Sleep(ctx, time.Second) {
 		return ctx.Err()
 	}
 	replies := pr.close()
@@ -257,7 +259,7 @@ func (l *Lab) joinNodeAsLearner(ctx context.Context, holder string) (*Node, erro
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		resp, err = cli.MemberAddAsLearner(actx, []string{peer})
 		cancel()
-		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !sleepCtx(ctx, 500*time.Millisecond) {
+		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !clock.Sleep(ctx, 500*time.Millisecond) {
 			break
 		}
 	}
@@ -280,7 +282,7 @@ func (l *Lab) joinNodeAsLearner(ctx context.Context, holder string) (*Node, erro
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("lab: promote %s: %w", n.Name, err)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return nil, ctx.Err()
 		}
 	}
@@ -336,7 +338,7 @@ func recoverValue(i int) string { return fmt.Sprintf("value %d, written before t
 func waitDark(ctx context.Context, p *prober, quiet, d time.Duration) error {
 	since := time.Now()
 	for time.Since(since) < d {
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 		rs := p.snapshot()

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // DrillReplaceNode is the seed story end to end: the VIP holder loses power
@@ -109,7 +111,7 @@ func (l *Lab) joinEtcd(ctx context.Context, n *Node) error {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		resp, err = cli.MemberAdd(actx, []string{peer})
 		cancel()
-		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !sleepCtx(ctx, time.Second) {
+		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !clock.Sleep(ctx, time.Second) {
 			break
 		}
 	}
@@ -199,7 +201,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	mon := startMonitor(w, d.live, probeInterval)
 	defer func() { mon.close() }()
 	var doubles []doubleHold
-	if !sleepCtx(ctx, 300*time.Millisecond) {
+	if !clock.Sleep(ctx, 300*time.Millisecond) {
 		return ctx.Err()
 	}
 	start := time.Now()
@@ -257,7 +259,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s was not pruned in time: %v\n%s", dead.Name, err, out)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -308,7 +310,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the holder's load balancer did not pick up %s (and drop %s) within %v", newBackend, deadBackend, recoverTimeout)
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -319,7 +321,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("vigil did not record %s healthy within %v", n.Name, recoverTimeout)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -329,7 +331,7 @@ func (l *Lab) replaceNode(ctx context.Context, r *Result) error {
 	if err := l.retireNode(ctx, dead); err != nil {
 		return err
 	}
-	if !sleepCtx(ctx, postHealWatch) {
+	if !clock.Sleep(ctx, postHealWatch) {
 		return ctx.Err()
 	}
 	replies := pr.close()
@@ -593,7 +595,7 @@ func (l *Lab) vipHolders() ([]string, error) {
 // node).
 func (l *Lab) finishStill(ctx context.Context, r *Result, pr *prober, start time.Time, holder, during string) error {
 	r.Phases = append(r.Phases, Phase{Name: "total", Millis: millis(time.Since(start))})
-	if !sleepCtx(ctx, time.Second) {
+	if !clock.Sleep(ctx, time.Second) {
 		return ctx.Err()
 	}
 	replies := pr.close()

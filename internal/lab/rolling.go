@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // DrillRollingUpgrade upgrades the lab's vigil node by node from an
@@ -166,7 +168,7 @@ func (l *Lab) rollingUpgrade(ctx context.Context, r *Result) error {
 		return err
 	}
 	defer p.close()
-	if !sleepCtx(ctx, 300*time.Millisecond) { // baseline
+	if !clock.Sleep(ctx, 300*time.Millisecond) { // baseline
 		return ctx.Err()
 	}
 	start := time.Now()
@@ -178,7 +180,7 @@ func (l *Lab) rollingUpgrade(ctx context.Context, r *Result) error {
 		// As an operator waits for a node to be ready before the next:
 		// two planned moves less than a second apart would read, in the
 		// client's answers, like two holders taking turns (judgeSplit).
-		if !sleepCtx(ctx, stepDwell) {
+		if !clock.Sleep(ctx, stepDwell) {
 			return ctx.Err()
 		}
 		r.Phases = append(r.Phases, Phase{Name: name, Millis: millis(longestGap(p.snapshot(), t0, time.Now()))})
@@ -197,7 +199,7 @@ func (l *Lab) rollingUpgrade(ctx context.Context, r *Result) error {
 	}
 	// A while in the mixed state: the old holder renews, the new node
 	// reads its records and campaigns beside the old one.
-	if !sleepCtx(ctx, mixedDwell) {
+	if !clock.Sleep(ctx, mixedDwell) {
 		return ctx.Err()
 	}
 	// 3. The holder, still old, crashes in the mixed state.
@@ -228,7 +230,7 @@ func (l *Lab) rollingUpgrade(ctx context.Context, r *Result) error {
 			return err
 		}
 	}
-	if !sleepCtx(ctx, postHealWatch) {
+	if !clock.Sleep(ctx, postHealWatch) {
 		return ctx.Err()
 	}
 	replies := p.close()

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // The routed lab (--announce bgp): a router namespace between the nodes'
@@ -315,7 +317,7 @@ func (l *Lab) waitRouterSessions(ctx context.Context, d time.Duration) error {
 		} else {
 			last = err.Error()
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // The reconnect-storm drill: StormClients watches through the VIP holder's
@@ -210,7 +212,7 @@ func (c *stormClient) openRetrying(ctx context.Context, i int, deadline time.Tim
 		}
 		failed++
 		c.noteError(err)
-		if time.Now().After(deadline) || !sleepCtx(ctx, time.Duration(100+rand.IntN(200))*time.Millisecond) {
+		if time.Now().After(deadline) || !clock.Sleep(ctx, time.Duration(100+rand.IntN(200))*time.Millisecond) {
 			return nil, failed
 		}
 	}
@@ -261,7 +263,7 @@ func RunStorm(ctx context.Context, cfg StormConfig) (StormClientResult, error) {
 	fmt.Fprintf(os.Stderr, "storm: %d watches open in %.0fms through %s; dropping them all\n", len(watches), res.OpenMillis, strings.Join(cfg.Targets, ","))
 	// A quiet second: every watch has delivered its first event, the
 	// balancer holds them all.
-	if !sleepCtx(ctx, time.Second) {
+	if !clock.Sleep(ctx, time.Second) {
 		return res, ctx.Err()
 	}
 

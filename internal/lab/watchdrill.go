@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Watch drills: long-lived connections (watches) through the VIP holder's
@@ -219,7 +221,7 @@ func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error
 	if res.OnTarget == 0 {
 		return fmt.Errorf("none of %d watches through the VIP went to %s", len(streams), target.Name)
 	}
-	if !sleepCtx(ctx, 500*time.Millisecond) { // baseline
+	if !clock.Sleep(ctx, 500*time.Millisecond) { // baseline
 		return ctx.Err()
 	}
 
@@ -258,14 +260,14 @@ func (l *Lab) pauseBackend(ctx context.Context, target *Node, pid int, streams [
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return fmt.Errorf("SIGSTOP the API server on %s: %w", target.Name, err)
 	}
-	sleepCtx(ctx, PauseFor)
+	clock.Sleep(ctx, PauseFor)
 	resumed := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		return fmt.Errorf("SIGCONT the API server on %s: %w", target.Name, err)
 	}
 	// Long enough for vigil to find the server up again (rise 2 checks), and
 	// for any reset to show.
-	if !sleepCtx(ctx, 3*time.Second) {
+	if !clock.Sleep(ctx, 3*time.Second) {
 		return ctx.Err()
 	}
 	for _, ws := range streams {
@@ -314,7 +316,7 @@ func (l *Lab) killBackend(ctx context.Context, target *Node, pid int, streams []
 				ends = append(ends, millis(ended.Sub(killed)))
 			}
 		}
-		if len(ends) == res.OnTarget || time.Now().After(deadline) || !sleepCtx(ctx, 10*time.Millisecond) {
+		if len(ends) == res.OnTarget || time.Now().After(deadline) || !clock.Sleep(ctx, 10*time.Millisecond) {
 			break
 		}
 	}

@@ -17,6 +17,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // WorkerClientConfig configures the long-lived clients a lab worker runs
@@ -111,7 +113,7 @@ func RunWorkerClient(ctx context.Context, cfg WorkerClientConfig) error {
 			break
 		}
 		w.fail("etcd get", err)
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -212,7 +214,7 @@ func (w *workerClient) watcher(ctx context.Context, rev int64, next int) {
 		cancel()
 		if ctx.Err() == nil {
 			w.fail("etcd watch", errors.New("watch ended; resuming after the last revision seen"))
-			sleepCtx(ctx, 100*time.Millisecond)
+			clock.Sleep(ctx, 100*time.Millisecond)
 		}
 	}
 }

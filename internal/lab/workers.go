@@ -10,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/vigil-ha/vigil/internal/clock"
 )
 
 // Worker processes.
@@ -120,7 +122,7 @@ func (l *Lab) waitWorkerWorking(ctx context.Context, w *Node, d time.Duration) e
 				first = st
 			}
 		}
-		if !sleepCtx(ctx, 300*time.Millisecond) {
+		if !clock.Sleep(ctx, 300*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -258,7 +260,7 @@ func (l *Lab) scaleWorkers(ctx context.Context, r *Result) error {
 		}
 	}
 	// Let the last window close and the clients run on a while.
-	if !sleepCtx(ctx, failoverGrace+2*time.Second) {
+	if !clock.Sleep(ctx, failoverGrace+2*time.Second) {
 		return ctx.Err()
 	}
 	if err := l.judgeWorkers(ctx, r, start, windows, pids); err != nil {

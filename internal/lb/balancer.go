@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vigil-ha/vigil/internal/clock"
 	"github.com/vigil-ha/vigil/internal/validate"
 )
 
@@ -303,7 +304,7 @@ func (b *Balancer) accept(ctx context.Context, ln net.Listener) {
 			// Out of file descriptors and the like: slow down, go on.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			b.log.Warn("accept failed", "err", err, "retry_in", backoff)
-			if !sleep(ctx, backoff) {
+			if !clock.Sleep(ctx, backoff) {
 				break
 			}
 			continue
@@ -371,17 +372,6 @@ func boolFloat(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // Close closes the listener of a balancer that never ran; Run closes it
