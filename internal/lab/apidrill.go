@@ -272,17 +272,16 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	if err := l.waitBackendsUp(ctx, holder, len(l.st.Nodes), recoverTimeout); err != nil {
 		return err
 	}
-	w, err := newVIPWatch(l.st.Nodes)
+	d, err := l.newDrillRun()
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	defer d.w.close()
 	if d.target, err = l.node(holder); err != nil {
 		return err
 	}
 	r.Target, r.Before = holder, holder
-	mon := startMonitor(w, d.live, probeInterval)
+	mon := startMonitor(d.w, d.live, probeInterval)
 	defer mon.close()
 	pr, err := l.startHTTPSProber(s.LBPort, 2*time.Second)
 	if err != nil {
@@ -311,7 +310,7 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	}
 	defer func() { _ = heal() }()
 
-	moved, err := waitVIPElsewhere(ctx, w, holder, d.live, recoverTimeout)
+	moved, err := waitVIPElsewhere(ctx, d.w, holder, d.live, recoverTimeout)
 	if err != nil {
 		return err
 	}
@@ -334,7 +333,7 @@ func (l *Lab) apiDrill(ctx context.Context, kind string, r *Result) error {
 	}
 	reqs := pr.close()
 	doubles := mon.close()
-	final, err := r.judgeHolders(doubles, w, d.live())
+	final, err := r.judgeHolders(doubles, d.w, d.live())
 	if err != nil {
 		return err
 	}

@@ -240,6 +240,16 @@ type drillRun struct {
 	target  *Node
 }
 
+// newDrillRun starts watching every node's addresses for a drill; the
+// caller closes d.w.
+func (l *Lab) newDrillRun() (*drillRun, error) {
+	w, err := newVIPWatch(l.st.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	return &drillRun{l: l, dead: map[string]bool{}, w: w}, nil
+}
+
 // live returns the nodes whose processes run (a partitioned node is live).
 func (d *drillRun) live() []*Node {
 	nodes := d.l.liveNodes()
@@ -345,12 +355,11 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 	if err != nil {
 		return fmt.Errorf("lab not stable before the drill: %w", err)
 	}
-	w, err := newVIPWatch(l.st.Nodes)
+	d, err := l.newDrillRun()
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	defer d.w.close()
 	if d.target, err = l.node(holder); err != nil {
 		return err
 	}
@@ -371,7 +380,7 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 		probers = append(probers, p)
 	}
 	pr := probers[0]
-	mon := startMonitor(w, d.live, probeInterval)
+	mon := startMonitor(d.w, d.live, probeInterval)
 	defer mon.close()
 	var kac *keepAliveClients
 	if kind == DrillHandoff && l.st.Settings.LBPort != 0 && l.st.Settings.has4() {
@@ -437,7 +446,7 @@ func (l *Lab) drill(ctx context.Context, kind string, r *Result) error {
 			return err
 		}
 	}
-	final, err := w.holders(d.live())
+	final, err := d.w.holders(d.live())
 	if err != nil {
 		return err
 	}

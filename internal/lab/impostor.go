@@ -131,19 +131,18 @@ func (l *Lab) impostorDrill(ctx context.Context, r *Result) error {
 	if err != nil {
 		return err
 	}
-	w, err := newVIPWatch(l.st.Nodes)
+	d, err := l.newDrillRun()
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
+	defer d.w.close()
 	r.Target, r.Before = target.Name, holder
 	pr, err := startProber(probeInterval, l.st.Settings.vips()[0].Addr())
 	if err != nil {
 		return err
 	}
 	defer pr.close()
-	mon := startMonitor(w, d.live, probeInterval)
+	mon := startMonitor(d.w, d.live, probeInterval)
 	defer mon.close()
 	if !clock.Sleep(ctx, 300*time.Millisecond) { // baseline
 		return ctx.Err()
@@ -152,7 +151,7 @@ func (l *Lab) impostorDrill(ctx context.Context, r *Result) error {
 	ferr := l.impostorEtcd(ctx, target, holder, 5*time.Second)
 	end := time.Now()
 	r.OutageMillis = millis(longestGap(pr.snapshot(), fault, end))
-	final, herr := r.judgeHolders(mon.close(), w, d.live())
+	final, herr := r.judgeHolders(mon.close(), d.w, d.live())
 	if herr != nil {
 		return errors.Join(ferr, herr)
 	}

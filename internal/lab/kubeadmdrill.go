@@ -233,12 +233,12 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	r.Target = victim.Name
 	k := &KubeadmResult{Victim: victim.Name, Pruning: l.st.Settings.PruneAfter > 0}
 	r.Kubeadm = k
-	w, err := newVIPWatch(l.st.Nodes)
+	d, err := l.newDrillRun()
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	d := &drillRun{l: l, dead: map[string]bool{}, w: w, target: victim}
+	defer d.w.close()
+	d.target = victim
 	pr, err := l.startHTTPSProber(APIServerPort, kubeadmRequestTimeout)
 	if err != nil {
 		return err
@@ -270,7 +270,7 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	live := func() []*Node {
 		return slices.DeleteFunc(slices.Clone(watched), func(n *Node) bool { return !slices.Contains(d.live(), n) })
 	}
-	mon := startMonitor(w, live, probeInterval)
+	mon := startMonitor(d.w, live, probeInterval)
 	defer mon.close()
 	if !clock.Sleep(ctx, time.Second) { // a baseline of good requests
 		return ctx.Err()
@@ -280,16 +280,16 @@ func (l *Lab) kubeadmDrill(ctx context.Context, kind string, r *Result) error {
 	fault := phaseStart
 	switch kind {
 	case DrillKubeadmVigilKilled, DrillKubeadmVigilOOM:
-		err = l.killVigilContainer(ctx, victim, kind == DrillKubeadmVigilOOM, w, k, phase)
+		err = l.killVigilContainer(ctx, victim, kind == DrillKubeadmVigilOOM, d.w, k, phase)
 	case DrillKubeadmVigilRestart:
-		err = l.restartVigilPod(ctx, victim, w, k, phase)
+		err = l.restartVigilPod(ctx, victim, d.w, k, phase)
 	case DrillKubeadmCertsRenew:
 		err = l.renewCerts(ctx, phase)
 	case DrillKubeadmReplace:
 		d.setDead(victim.Name, true)
-		err = l.replaceMachine(ctx, victim, w, k, phase)
+		err = l.replaceMachine(ctx, victim, d.w, k, phase)
 	case DrillKubeadmLease:
-		err = l.moveToLease(ctx, victim, w, k, phase)
+		err = l.moveToLease(ctx, victim, d.w, k, phase)
 	case DrillKubeadmRecover:
 		err = l.recoverMachines(ctx, victim, d, k, phase)
 	}

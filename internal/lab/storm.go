@@ -374,13 +374,12 @@ func (l *Lab) stormDrill(ctx context.Context, r *Result) error {
 		return err
 	}
 
-	w, err := newVIPWatch(l.st.Nodes)
+	d, err := l.newDrillRun()
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
-	mon := startMonitor(w, d.live, probeInterval)
+	defer d.w.close()
+	mon := startMonitor(d.w, d.live, probeInterval)
 	defer mon.close()
 	res := &StormResult{LBMaxConns: s.LBMaxConns}
 	r.Storm = res
@@ -413,7 +412,7 @@ func (l *Lab) stormDrill(ctx context.Context, r *Result) error {
 			res.Through.WorstMillis, bound.Round(time.Millisecond), StormBound, res.Direct.WorstMillis))
 	}
 
-	final, err := r.judgeHolders(mon.close(), w, d.live())
+	final, err := r.judgeHolders(mon.close(), d.w, d.live())
 	if err != nil {
 		return errors.Join(append(errs, err)...)
 	}

@@ -189,13 +189,12 @@ func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error
 	}
 	r.Target, r.Before = target.Name, holder
 
-	w, err := newVIPWatch(l.st.Nodes)
+	d, err := l.newDrillRun()
 	if err != nil {
 		return err
 	}
-	defer w.close()
-	d := &drillRun{l: l, dead: map[string]bool{}, w: w}
-	mon := startMonitor(w, d.live, probeInterval)
+	defer d.w.close()
+	mon := startMonitor(d.w, d.live, probeInterval)
 	defer mon.close()
 
 	wc, err := l.newWatchClient(s.LBPort)
@@ -241,7 +240,7 @@ func (l *Lab) watchDrill(ctx context.Context, kind string, r *Result) (err error
 	}
 
 	doubles := mon.close()
-	final, err := r.judgeHolders(doubles, w, d.live())
+	final, err := r.judgeHolders(doubles, d.w, d.live())
 	if err != nil {
 		return errors.Join(checkErr, err)
 	}
