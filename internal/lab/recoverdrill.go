@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/clock"
@@ -252,17 +251,7 @@ func (l *Lab) joinNodeAsLearner(ctx context.Context, holder string) (*Node, erro
 	}
 	defer cli.Close()
 	peer := fmt.Sprintf("http://%s:2380", n.IP)
-	// etcd refuses changes for 5 s after a member (re)connects: retry that
-	// refusal, as kubeadm join does.
-	var resp *clientv3.MemberAddResponse
-	for deadline := time.Now().Add(15 * time.Second); ; {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err = cli.MemberAddAsLearner(actx, []string{peer})
-		cancel()
-		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !clock.Sleep(ctx, 500*time.Millisecond) {
-			break
-		}
-	}
+	resp, err := addMember(ctx, cli, peer, true, 15*time.Second, 500*time.Millisecond)
 	if err != nil {
 		return nil, fmt.Errorf("lab: add %s as a learner: %w", n.Name, err)
 	}

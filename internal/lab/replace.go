@@ -103,23 +103,33 @@ func (l *Lab) joinEtcd(ctx context.Context, n *Node) error {
 	}
 	defer cli.Close()
 	peer := fmt.Sprintf("http://%s:2380", n.IP)
-	// Like kubeadm join, retry "unhealthy cluster" for a while: etcd
-	// refuses changes for 5 s after a member (re)connects. With a dead
-	// member still listed the refusal never ends.
-	var resp *clientv3.MemberAddResponse
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err = cli.MemberAdd(actx, []string{peer})
-		cancel()
-		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !clock.Sleep(ctx, time.Second) {
-			break
-		}
-	}
+	// With a dead member still listed etcd's refusal never ends.
+	resp, err := addMember(ctx, cli, peer, false, 10*time.Second, time.Second)
 	if err != nil {
 		return fmt.Errorf("JOIN REFUSED: etcd would not add %s (%w); with a dead member still listed, etcd counts it towards the quorum of the larger cluster", n.Name, err)
 	}
 	ic, _ := initialCluster(resp.Members, n.Name, peer)
 	return l.startEtcdWith(n, ic, "existing")
+}
+
+// addMember adds peer to etcd (as a learner if asked) as kubeadm join
+// does: etcd refuses changes for 5 s after a member (re)connects
+// ("unhealthy cluster"), so that refusal is retried every `every` for
+// retryFor.
+func addMember(ctx context.Context, cli *clientv3.Client, peer string, learner bool, retryFor, every time.Duration) (*clientv3.MemberAddResponse, error) {
+	add := cli.MemberAdd
+	if learner {
+		add = cli.MemberAddAsLearner
+	}
+	deadline := time.Now().Add(retryFor)
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := add(actx, []string{peer})
+		cancel()
+		if !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) || !clock.Sleep(ctx, every) {
+			return resp, err
+		}
+	}
 }
 
 // vigilMembersTimeout bounds one `vigil members` command in a drill; the
