@@ -366,7 +366,11 @@ func (c *chaos) fault(ctx context.Context, n int, kind string, runStart time.Tim
 		ferr = c.duplicate(ctx, target, holder)
 	case FaultImpostorEtcd:
 		target = c.other(holder)
-		ferr = c.l.impostorEtcd(ctx, target, holder, c.between(3*time.Second, 8*time.Second))
+		var storeSlow time.Duration
+		storeSlow, ferr = c.l.impostorEtcd(ctx, target, holder, c.between(3*time.Second, 8*time.Second))
+		if storeSlow > 0 {
+			c.l.log.Info("chaos: the VIP left its holder while etcd was slower than vigil's promise", "fault", kind, "slowest_write", storeSlow.Round(time.Millisecond))
+		}
 	case FaultLatency:
 		ferr = c.latency(ctx, target, &r)
 	case FaultLoss:

@@ -132,7 +132,12 @@ type Result struct {
 	// SkewMillis, in a dual-stack lab, is how far apart the two families
 	// switched to the new holder.
 	SkewMillis float64 `json:"skewMillis,omitempty"`
-	Error      string  `json:"error,omitempty"`
+	// StoreSlowMillis, in a drill that promises the VIP stays put, is the
+	// slowest write through etcd under way when the VIP left its holder:
+	// vigil promises no move only while etcd answers within 400 ms, and a
+	// holder steps down when it cannot renew (see storePromise).
+	StoreSlowMillis float64 `json:"storeSlowMillis,omitempty"`
+	Error           string  `json:"error,omitempty"`
 }
 
 // FamilyResult is one VIP address's view of a drill.

@@ -281,3 +281,22 @@ func slowStoreDark(dark []span, probes []storeProbe, start, end time.Time) (s sp
 	}
 	return span{}, 0, false
 }
+
+// checkEvery paces the drills' checks of where the VIP is.
+const checkEvery = 200 * time.Millisecond
+
+// slowStoreBefore tells whether a write through etcd slower than vigil's
+// promise (or failed) was under way in the beforeDark before at, or in the
+// check interval `every` that ended when at was seen: the VIP leaving its
+// holder then is what vigil does when its renewals cannot get through. It
+// returns the slowest such write.
+func slowStoreBefore(probes []storeProbe, at time.Time, every time.Duration) (slowest time.Duration, ok bool) {
+	from := at.Add(-every - beforeDark)
+	for _, p := range probes {
+		if !p.slow() || p.start.After(at) || p.start.Add(p.took).Before(from) {
+			continue
+		}
+		ok, slowest = true, max(slowest, p.took)
+	}
+	return slowest, ok
+}

@@ -104,3 +104,33 @@ func TestSlowStoreDark(t *testing.T) {
 		t.Errorf("slowest write %v, want 450ms", slowest)
 	}
 }
+
+// TestSlowStoreBefore: the VIP seen off its holder at a check is excused
+// only by a write through etcd slower than vigil's promise, or failed, that
+// was under way in the second and the check interval before.
+func TestSlowStoreBefore(t *testing.T) {
+	base := time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	writes := []storeProbe{
+		{start: at(0), took: 20 * time.Millisecond, ok: true},
+		{start: at(1000), took: 650 * time.Millisecond, ok: true}, // slow: 1000..1650
+		{start: at(5000), took: 399 * time.Millisecond, ok: true}, // within the promise
+		{start: at(9000), took: 2 * time.Second},                  // failed: 9000..11000
+	}
+	for _, tc := range []struct {
+		seen int
+		want time.Duration
+	}{
+		{1300, 650 * time.Millisecond}, // seen while the slow write was under way
+		{2800, 650 * time.Millisecond}, // 1150 ms after it ended: within a second and a check
+		{2900, 0},                      // 1250 ms after: too long ago
+		{900, 0},                       // before it began
+		{5500, 0},                      // writes answered within 400 ms
+		{10500, 2 * time.Second},       // a failed write
+	} {
+		got, ok := slowStoreBefore(writes, at(tc.seen), checkEvery)
+		if ok != (tc.want != 0) || got != tc.want {
+			t.Errorf("VIP off its holder at +%d ms: excused by %v (%v), want %v", tc.seen, got, ok, tc.want)
+		}
+	}
+}
