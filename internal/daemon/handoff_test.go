@@ -313,14 +313,7 @@ func TestHandoffClocksAreExact(t *testing.T) {
 		fb := &fakeBusy{busy: 1, total: 3}
 		h := newHandoffs(nil, "a", nil, func() bool { return leading }, slog.New(slog.DiscardHandler))
 		h.bal = fb
-		time.Sleep(holdReadWait - time.Nanosecond)
-		if h.eligible() == nil {
-			t.Fatal("eligible 1 ns before holdReadWait, the records unread")
-		}
-		time.Sleep(time.Nanosecond)
-		if err := h.eligible(); err != nil {
-			t.Fatalf("not eligible at holdReadWait with no records: %v", err)
-		}
+		testkit.HappensAt(t, holdReadWait, "eligibility with the records unread", func() bool { return h.eligible() == nil })
 
 		// A busy holder drains for handoffDrainMax exactly.
 		leading = true
@@ -328,13 +321,9 @@ func TestHandoffClocksAreExact(t *testing.T) {
 		if _, y := h.handOff(); y {
 			t.Fatal("yielded at once while busy")
 		}
-		time.Sleep(handoffDrainMax - time.Nanosecond)
-		if _, y := h.handOff(); y {
-			t.Fatal("yielded 1 ns before handoffDrainMax")
-		}
-		time.Sleep(time.Nanosecond)
-		if _, y := h.handOff(); !y || h.status.Phase != handoff.Released || h.status.ForcedAfter != handoffDrainMax {
-			t.Fatalf("at handoffDrainMax: yield %v, status %+v; want released, forced after exactly %v", y, h.status, handoffDrainMax)
+		testkit.HappensAt(t, handoffDrainMax, "yield of a busy holder", func() bool { _, y := h.handOff(); return y })
+		if h.status.Phase != handoff.Released || h.status.ForcedAfter != handoffDrainMax {
+			t.Fatalf("at handoffDrainMax: status %+v; want released, forced after exactly %v", h.status, handoffDrainMax)
 		}
 		if fb.closed != 1 {
 			t.Fatalf("connections closed %d times, want once", fb.closed)
@@ -344,14 +333,7 @@ func TestHandoffClocksAreExact(t *testing.T) {
 		leading = false
 		until := time.Now().Add(time.Minute)
 		h.set(handoff.State{Holds: map[string]handoff.Hold{"a": {Node: "a", Until: until}}})
-		time.Sleep(time.Until(until) - time.Nanosecond)
-		if h.eligible() == nil {
-			t.Fatal("eligible 1 ns before the hold ends")
-		}
-		time.Sleep(time.Nanosecond)
-		if err := h.eligible(); err != nil {
-			t.Fatalf("still held at Until: %v", err)
-		}
+		testkit.HappensAt(t, time.Until(until), "end of the hold", func() bool { return h.eligible() == nil })
 
 		// Held while leading with no live unheld peer: it keeps the
 		// VIP while its view is fresh, and gives it up once the view is
@@ -359,13 +341,7 @@ func TestHandoffClocksAreExact(t *testing.T) {
 		leading = true
 		h.set(handoff.State{Holds: map[string]handoff.Hold{"a": {Node: "a", Until: time.Now().Add(time.Hour)}}})
 		h.setLive([]string{"a"})
-		time.Sleep(membership.ReportStale)
-		if err := h.eligible(); err != nil {
-			t.Fatalf("gave the VIP up with a view as old as ReportStale: %v", err)
-		}
-		time.Sleep(time.Nanosecond)
-		if h.eligible() == nil {
-			t.Fatal("kept the VIP on a stale view of the peers")
-		}
+		// Stale once older than ReportStale: at ReportStale + 1 ns.
+		testkit.HappensAt(t, membership.ReportStale+time.Nanosecond, "giving the VIP up on a stale view of the peers", func() bool { return h.eligible() != nil })
 	})
 }

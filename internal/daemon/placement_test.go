@@ -151,11 +151,7 @@ func TestPlacementGraceIsExact(t *testing.T) {
 		failed := time.Now()
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed, LastError: "HTTP 500"},
 			health.Status{Backend: peer, State: health.Up, PassingSince: failed.Add(-time.Hour)})
-		time.Sleep(grace - time.Nanosecond)
-		if _, y := p.yield(); y {
-			t.Fatal("yielded 1 ns before the grace ended")
-		}
-		time.Sleep(time.Nanosecond)
+		testkit.HappensAt(t, grace, "yield to a healthy peer", func() bool { _, y := p.yield(); return y })
 		reason, y := p.yield()
 		if !y || !strings.Contains(reason, local) || !strings.Contains(reason, peer) || !strings.Contains(reason, "failing for 2s") {
 			t.Fatalf("at the grace: yield = %v, %q; want a yield naming both servers and 2s", y, reason)
@@ -179,14 +175,7 @@ func TestPlacementGraceIsExact(t *testing.T) {
 		recovered := time.Now()
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
 			health.Status{Backend: peer, State: health.Up, PassingSince: recovered})
-		time.Sleep(grace - time.Nanosecond)
-		if _, y := p.yield(); y {
-			t.Fatal("yielded to a peer that has passed its checks for 1 ns less than the grace")
-		}
-		time.Sleep(time.Nanosecond)
-		if _, y := p.yield(); !y {
-			t.Fatal("no yield to a peer that has passed its checks for the grace")
-		}
+		testkit.HappensAt(t, grace, "yield to a peer that has passed its checks since the brownout", func() bool { _, y := p.yield(); return y })
 		// A peer still Up but failing its checks (fewer than fall
 		// failures) is no home either.
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},

@@ -11,6 +11,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -158,4 +159,22 @@ func (r *Record[T]) Take() []T {
 	items := r.items
 	r.items = nil
 	return items
+}
+
+// HappensAt checks, inside a testing/synctest bubble, that happened turns
+// true exactly d from now: false 1 ns before d, true at d. It advances the
+// bubble's clock to each instant and lets every goroutine woken there run
+// (synctest.Wait) before it asks. what names the event in the failure.
+func HappensAt(t testing.TB, d time.Duration, what string, happened func() bool) {
+	t.Helper()
+	time.Sleep(d - time.Nanosecond)
+	synctest.Wait()
+	if happened() {
+		t.Fatalf("%s 1 ns before %v", what, d)
+	}
+	time.Sleep(time.Nanosecond)
+	synctest.Wait()
+	if !happened() {
+		t.Fatalf("no %s at %v", what, d)
+	}
 }
