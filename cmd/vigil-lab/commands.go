@@ -627,6 +627,9 @@ func newStormCmd() *cobra.Command {
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var cfg lab.StormConfig
+			if raw == "" {
+				return errors.New("--config is required: the storm's configuration, JSON (lab.StormConfig)")
+			}
 			if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 				return fmt.Errorf("--config: %w", err)
 			}

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// Bad input to vigil-lab demo and drill is refused before any lab is built
+// Bad input to vigil-lab demo, drill and storm is refused before any lab is built
 // or touched, with a message that names the flag.
 func TestDemoBadInput(t *testing.T) {
 	for _, tc := range []struct {
@@ -18,6 +18,10 @@ func TestDemoBadInput(t *testing.T) {
 		{[]string{"demo", "extra"}, "unknown command"},
 		{[]string{"drill", "rolling-upgrade"}, "rolling-upgrade needs it"},
 		{[]string{"drill", "kill-leader", "--from", "HEAD~1"}, "--from goes with the drill rolling-upgrade"},
+		{[]string{"storm"}, "--config is required"},
+		{[]string{"storm", "--config", "{"}, "--config: unexpected end of JSON input"},
+		{[]string{"storm", "--config", `{"clients":0}`}, "need targets, sources and clients above 0"},
+		{[]string{"storm", "--config", `{"targets":["10.250.0.100:6443"],"sources":["10.250.1.1"],"clients":1,"every":1000}`}, "every 1µs is below the stand-in's"},
 	} {
 		root := newRoot()
 		var out bytes.Buffer

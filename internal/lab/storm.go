@@ -106,7 +106,7 @@ func newStormClient(cfg StormConfig) (*stormClient, error) {
 	case cfg.Clients < 1 || len(cfg.Sources) == 0 || len(cfg.Targets) == 0:
 		return nil, fmt.Errorf("lab: storm: need targets, sources and clients above 0 (got %v, %v, %d)", cfg.Targets, cfg.Sources, cfg.Clients)
 	case cfg.Every < WatchTick:
-		return nil, fmt.Errorf("lab: storm: --every %v is below the stand-in's %v", cfg.Every, WatchTick)
+		return nil, fmt.Errorf("lab: storm: every %v is below the stand-in's %v", cfg.Every, WatchTick)
 	}
 	pem, err := os.ReadFile(cfg.CAFile)
 	if err != nil {
