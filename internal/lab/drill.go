@@ -229,6 +229,9 @@ func (r Result) String() string {
 			s += fmt.Sprintf("; families switched %.0fms apart", r.SkewMillis)
 		}
 	}
+	if r.StoreSlowMillis > 0 {
+		s += fmt.Sprintf("  the VIP left its holder while etcd answered a write in %.0fms (vigil promises to stay put within 400 ms)", r.StoreSlowMillis)
+	}
 	if r.Error != "" {
 		s += "  ERROR: " + r.Error
 	}

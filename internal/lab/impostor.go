@@ -36,22 +36,11 @@ func (l *Lab) impostorEtcd(ctx context.Context, n *Node, holder string, hold tim
 	if err != nil {
 		return 0, fmt.Errorf("before the impostor: %w", err)
 	}
-	var real []string // the members that stay real, not n's address
-	for _, m := range l.st.Nodes {
-		if m != n {
-			real = append(real, fmt.Sprintf("http://%s:2379", m.IP))
-		}
-	}
-	sc, err := etcdClient(real)
+	stw, stopStore, err := l.startLabStoreWatch(n) // through the real members, not n's address
 	if err != nil {
 		return 0, err
 	}
-	defer sc.Close()
-	stw := startStoreWatch(func(ctx context.Context) error {
-		_, err := sc.Put(ctx, "/vigil-lab/store-watch", time.Now().UTC().Format(time.RFC3339Nano))
-		return err
-	})
-	defer stw.close()
+	defer stopStore()
 	// left is when the VIP was first seen off holder, and where it was.
 	var left time.Time
 	var leftTo []string

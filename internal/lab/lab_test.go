@@ -214,8 +214,11 @@ func TestDrills(t *testing.T) {
 			case DrillBackendPaused, DrillBackendKilled:
 				// OK() and the drill covered resets, the kill bound and
 				// the VIP staying put; here: it watched what it meant to.
-				if r.Watch == nil || r.Watch.OnTarget == 0 || r.After != r.Before {
+				if r.Watch == nil || r.Watch.OnTarget == 0 || (r.After != r.Before && r.Watch.Excused == 0) {
 					t.Fatalf("watch result: %+v, VIP %s -> %s", r.Watch, r.Before, r.After)
+				}
+				if r.Watch.Excused > 0 {
+					t.Logf("%d watches ended while etcd answered a write in %.0fms, beyond the 400 ms vigil promises to ride out: the holder stepped down and reset its clients, as it must", r.Watch.Excused, r.Watch.StoreSlowMillis)
 				}
 			case DrillReconnectStorm:
 				// The drill failed on a late client or a moved VIP; here:

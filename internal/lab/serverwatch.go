@@ -239,6 +239,26 @@ func startStoreWatch(put func(ctx context.Context) error) *recorder[storeProbe] 
 	return w
 }
 
+// startLabStoreWatch starts a store watch through the netns lab's etcd
+// members, all but skip (nil for none); stop ends it and its client.
+func (l *Lab) startLabStoreWatch(skip *Node) (w *recorder[storeProbe], stop func(), err error) {
+	var eps []string
+	for _, m := range l.st.Nodes {
+		if m != skip {
+			eps = append(eps, fmt.Sprintf("http://%s:2379", m.IP))
+		}
+	}
+	cli, err := etcdClient(eps)
+	if err != nil {
+		return nil, nil, err
+	}
+	w = startStoreWatch(func(ctx context.Context) error {
+		_, err := cli.Put(ctx, "/vigil-lab/store-watch", time.Now().UTC().Format(time.RFC3339Nano))
+		return err
+	})
+	return w, func() { w.close(); cli.Close() }, nil
+}
+
 // span is a time interval.
 type span struct{ from, to time.Time }
 
