@@ -204,6 +204,14 @@ type HealthSettings struct {
 	HealthGrace time.Duration
 }
 
+// healthTimeout is the checks' timeout, 0 meaning the checker's default.
+func (s *HealthSettings) healthTimeout() time.Duration {
+	if s.HealthTimeout == 0 {
+		return health.DefaultTimeout
+	}
+	return s.HealthTimeout
+}
+
 // ServeSettings: what vigil serves besides the VIP.
 type ServeSettings struct {
 	// MetricsAddress serves /metrics, /healthz and /status; "" disables.

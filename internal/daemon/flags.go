@@ -98,7 +98,7 @@ func (s *HealthSettings) addFlags(f *pflag.FlagSet) {
 	f.DurationVar(&s.HealthTimeout, "health-timeout", health.DefaultTimeout, "a check without an answer within this is a failure")
 	f.IntVar(&s.HealthRise, "health-rise", health.DefaultRise, "consecutive passed checks that bring a failed backend back")
 	f.IntVar(&s.HealthFall, "health-fall", health.DefaultFall, "consecutive failed checks that take a backend out")
-	f.DurationVar(&s.HealthGrace, "health-grace", DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's has passed every check this long, give the VIP to that peer (0: off)")
+	f.DurationVar(&s.HealthGrace, "health-grace", DefaultHealthGrace, "when this node's own API server has failed its checks this long and a peer's has passed every check this long, the last within half of --health-timeout, give the VIP to that peer (0: off)")
 }
 
 func (s *ServeSettings) addFlags(f *pflag.FlagSet) {

@@ -566,7 +566,7 @@ func (n *node) newElector() error {
 		ecfg.HandOff = h.handoffs.handOff
 	}
 	if cfg.HealthGrace > 0 {
-		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, host: newHostAddrs(cfg.VIPAddrs(), n.mon), log: n.log, gauge: n.m.yielding}
+		n.pl = &placement{checker: n.checker, grace: cfg.HealthGrace, brisk: cfg.healthTimeout() / 2, host: newHostAddrs(cfg.VIPAddrs(), n.mon), log: n.log, gauge: n.m.yielding}
 		ecfg.Yield = n.pl.yield
 	}
 	el, err := election.New(ecfg, n.log)

@@ -22,11 +22,18 @@ import (
 // brownout ends and the servers recover a moment apart (a storm of
 // reconnections through the VIP saturates them all; whichever answers first
 // is no better a home than the holder's): the peer must have answered for
-// as long as the local server has failed. And a node that yielded but saw
-// no peer take the lock takes it back (see election.Config.Yield).
+// as long as the local server has failed. Nor when the brownout begins and
+// the local server times out first: the peer's last check must also have
+// answered briskly, within brisk (half the check timeout), since servers
+// that share a load slow down together before they fail. And a node that
+// yielded but saw no peer take the lock takes it back (see
+// election.Config.Yield).
 type placement struct {
 	checker interface{ Statuses() []health.Status } // the API servers' health (health.Checker)
 	grace   time.Duration
+	// brisk is the slowest last check a peer's API server may have taken
+	// to count as a home for the VIP; 0 for no bound.
+	brisk time.Duration
 	host    *hostAddrs
 	log     *slog.Logger
 	gauge   prometheus.Gauge
@@ -76,10 +83,11 @@ func (p *placement) yield() (string, bool) {
 	return reason, yield
 }
 
-// settled says whether a peer's API server is Up and has passed its checks
-// for at least the grace.
+// settled says whether a peer's API server is Up, has passed its checks
+// for at least the grace, and answered its last within brisk.
 func (p *placement) settled(st health.Status) bool {
-	return st.State == health.Up && !st.PassingSince.IsZero() && time.Since(st.PassingSince) >= p.grace
+	return st.State == health.Up && !st.PassingSince.IsZero() && time.Since(st.PassingSince) >= p.grace &&
+		(p.brisk == 0 || st.LastRTT <= p.brisk)
 }
 
 func (p *placement) isYielding() bool {

@@ -146,7 +146,7 @@ func TestPlacementGraceIsExact(t *testing.T) {
 		s := &statuses{}
 		gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
 		host := fixedAddrs{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.0.0.100")} // the VIP's is not the host's
-		p := &placement{checker: s, grace: grace, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, host),
+		p := &placement{checker: s, grace: grace, brisk: 300 * time.Millisecond, host: newHostAddrs([]netip.Addr{netip.MustParseAddr("10.0.0.100")}, host),
 			log: slog.New(slog.DiscardHandler), gauge: gauge}
 		failed := time.Now()
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed, LastError: "HTTP 500"},
@@ -176,6 +176,19 @@ func TestPlacementGraceIsExact(t *testing.T) {
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
 			health.Status{Backend: peer, State: health.Up, PassingSince: recovered})
 		testkit.HappensAt(t, grace, "yield to a peer that has passed its checks since the brownout", func() bool { _, y := p.yield(); return y })
+		// A brownout begins: the local server times out first while the
+		// peer still passes, slowly. A peer whose last check took longer
+		// than brisk is no home; once it answers briskly again, it is.
+		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
+			health.Status{Backend: peer, State: health.Up, PassingSince: recovered, LastRTT: 301 * time.Millisecond})
+		if _, y := p.yield(); y {
+			t.Fatal("yielded to a peer whose last check took 301ms, above brisk (300ms)")
+		}
+		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},
+			health.Status{Backend: peer, State: health.Up, PassingSince: recovered, LastRTT: 300 * time.Millisecond})
+		if _, y := p.yield(); !y {
+			t.Fatal("no yield to a peer whose last check took brisk exactly")
+		}
 		// A peer still Up but failing its checks (fewer than fall
 		// failures) is no home either.
 		s.set(health.Status{Backend: local, State: health.Down, FailingSince: failed},

@@ -418,9 +418,9 @@ func (c *Checker) loop(ctx context.Context, backend string, wake <-chan struct{}
 		if ctx.Err() != nil {
 			return
 		}
-		r.started = start
+		r.started, r.took = start, time.Since(start)
 		if r.cause == NoCause {
-			c.observeRTT(backend, time.Since(start))
+			c.observeRTT(backend, r.took)
 		}
 		c.checks.WithLabelValues(backend, resultLabel(r.cause)).Inc()
 		c.change(backend, func(t *tracker, now time.Time) bool { return t.observe(r, now) })

@@ -83,6 +83,10 @@ type Status struct {
 	// failures) and Up again after a brownout without ever going Down:
 	// this, not Since, says how long it has answered.
 	PassingSince time.Time
+	// LastRTT is how long the last check took when it passed; zero when it
+	// failed or none ran yet. A server that passes its checks slowly is
+	// busy: in a brownout every server slows down before any fails.
+	LastRTT time.Duration
 	// Since is when State last changed.
 	Since time.Time
 }
@@ -101,6 +105,8 @@ type result struct {
 	// started is when the check began; a failed check proves the backend
 	// was failing from then on (a timed-out check ends Timeout later).
 	started time.Time
+	// took is how long the check took.
+	took time.Duration
 }
 
 // tracker is the rise/fall state machine of one backend. It is a pure value:
@@ -128,6 +134,7 @@ func (t *tracker) observe(r result, now time.Time) bool {
 		t.failRun = 0
 		t.okRun++
 		t.st.FailingSince = time.Time{}
+		t.st.LastRTT = r.took
 		if t.st.PassingSince.IsZero() {
 			t.st.PassingSince = now
 		}
@@ -146,7 +153,7 @@ func (t *tracker) observe(r result, now time.Time) bool {
 	}
 	t.okRun = 0
 	t.failRun++
-	t.st.PassingSince = time.Time{}
+	t.st.PassingSince, t.st.LastRTT = time.Time{}, 0
 	t.st.LastError = r.err
 	if t.st.FailingSince.IsZero() {
 		t.st.FailingSince = now
@@ -174,7 +181,7 @@ func (t *tracker) markDead(err string, now time.Time) bool {
 	before := t.st
 	t.okRun = 0
 	t.failRun = max(t.failRun+1, t.fall)
-	t.st.PassingSince = time.Time{}
+	t.st.PassingSince, t.st.LastRTT = time.Time{}, 0
 	t.st.LastError = err
 	if t.st.FailingSince.IsZero() {
 		t.st.FailingSince = now

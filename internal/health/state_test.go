@@ -105,14 +105,14 @@ func TestTrackerPassingSince(t *testing.T) {
 	if !tr.st.PassingSince.IsZero() {
 		t.Fatal("PassingSince set before any check")
 	}
-	tr.observe(result{}, t0)
-	tr.observe(result{}, t0.Add(time.Second))
-	if got := tr.st.PassingSince; !got.Equal(t0) {
-		t.Fatalf("PassingSince = %v, want the first pass %v", got, t0)
+	tr.observe(result{took: 3 * time.Millisecond}, t0)
+	tr.observe(result{took: 250 * time.Millisecond}, t0.Add(time.Second))
+	if got := tr.st.PassingSince; !got.Equal(t0) || tr.st.LastRTT != 250*time.Millisecond {
+		t.Fatalf("PassingSince = %v, LastRTT %v; want the first pass %v and the last check's 250ms", got, tr.st.LastRTT, t0)
 	}
-	tr.observe(result{cause: Unreachable}, t0.Add(2*time.Second))
-	if tr.st.State != Up || !tr.st.PassingSince.IsZero() {
-		t.Fatalf("after one failure: %v, PassingSince %v; want up and zero", tr.st.State, tr.st.PassingSince)
+	tr.observe(result{cause: Unreachable, took: 600 * time.Millisecond}, t0.Add(2*time.Second))
+	if tr.st.State != Up || !tr.st.PassingSince.IsZero() || tr.st.LastRTT != 0 {
+		t.Fatalf("after one failure: %v, PassingSince %v, LastRTT %v; want up, zero and zero", tr.st.State, tr.st.PassingSince, tr.st.LastRTT)
 	}
 	tr.observe(result{}, t0.Add(3*time.Second))
 	if got := tr.st.PassingSince; tr.st.State != Up || !got.Equal(t0.Add(3*time.Second)) {
