@@ -8,8 +8,11 @@ import (
 )
 
 // Sleep waits d, or until ctx is done; it reports whether the whole d
-// passed (false: ctx ended it).
+// passed (false: ctx ended it, or was done already, even for d = 0).
 func Sleep(ctx context.Context, d time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
