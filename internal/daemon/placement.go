@@ -34,9 +34,9 @@ type placement struct {
 	// brisk is the slowest last check a peer's API server may have taken
 	// to count as a home for the VIP; 0 for no bound.
 	brisk time.Duration
-	host    *hostAddrs
-	log     *slog.Logger
-	gauge   prometheus.Gauge
+	host  *hostAddrs
+	log   *slog.Logger
+	gauge prometheus.Gauge
 
 	mu       sync.Mutex // guards yielding
 	yielding bool
