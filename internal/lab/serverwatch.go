@@ -283,20 +283,10 @@ func slowStoreDark(dark []span, probes []storeProbe, start, end time.Time) (s sp
 		if d.from.After(end) || d.to.Add(time.Second).Before(start) {
 			continue
 		}
-		for _, p := range probes {
-			if !p.slow() {
-				continue
-			}
-			// The write was under way at some point in the second
-			// before the VIP fell silent.
-			if p.start.After(d.from) || p.start.Add(p.took).Before(d.from.Add(-beforeDark)) {
-				continue
-			}
-			ok, s = true, d
-			slowest = max(slowest, p.took)
-		}
-		if ok {
-			return s, slowest, true
+		// A slow write was under way at some point in the second before
+		// the VIP fell silent.
+		if slowest, ok := slowStoreBefore(probes, d.from, 0); ok {
+			return d, slowest, true
 		}
 	}
 	return span{}, 0, false
