@@ -47,6 +47,36 @@ type Keeper struct {
 	// lastStray is set by reconcileLocked when it removed a stray VIP.
 	lastStray bool
 	closed    bool
+	// notes are the log lines written under mu, to be written once it is
+	// released (unlock).
+	notes []logLine
+}
+
+// logLine is a log record the keeper writes after letting go of its lock.
+// A log write can block (a full pipe on stderr, a stalled journald): with
+// the lock held it kept the removal at the lease deadline waiting for as
+// long, and a holder that had logged "VIP added" at that moment kept the
+// VIP with etcd gone (TestBlockedHolderFencedByItsOwnDeadline, once in a
+// package run).
+type logLine struct {
+	level slog.Level
+	msg   string
+	args  []any
+}
+
+// noteLocked keeps a log line for unlock; mu is held.
+func (k *Keeper) noteLocked(level slog.Level, msg string, args ...any) {
+	k.notes = append(k.notes, logLine{level, msg, args})
+}
+
+// unlock releases mu, then writes the lines noted under it.
+func (k *Keeper) unlock() {
+	notes := k.notes
+	k.notes = nil
+	k.mu.Unlock()
+	for _, n := range notes {
+		k.log.Log(context.Background(), n.level, n.msg, n.args...)
+	}
 }
 
 // KeeperConfig are the Keeper's hooks. Each runs outside the Keeper's lock,
@@ -101,7 +131,7 @@ func (k *Keeper) Hold(deadline time.Time) {
 	}
 	stray := k.lastStray
 	k.lastStray = false
-	k.mu.Unlock()
+	k.unlock()
 	k.after(stray, restored)
 }
 
@@ -109,16 +139,20 @@ func (k *Keeper) Hold(deadline time.Time) {
 // the lock.
 func (k *Keeper) Release(reason string) error {
 	k.mu.Lock()
-	defer k.mu.Unlock()
+	defer k.unlock()
 	k.until = time.Time{}
 	if k.timer != nil {
 		k.timer.Stop()
 	}
-	err := k.m.Remove(reason)
-	if err == nil {
-		k.present = false
+	removed, err := k.m.remove()
+	if err != nil {
+		return fmt.Errorf("remove vip %s from %s: %w", k.m.cfg, k.m.cfg.Interface, err)
 	}
-	return err
+	k.present = false
+	if removed {
+		k.noteLocked(slog.LevelInfo, "VIP removed", "reason", reason)
+	}
+	return nil
 }
 
 // Valid tells whether the lease is valid now. Everything that touches the
@@ -192,7 +226,7 @@ func (k *Keeper) check(refresh bool) {
 	restored := k.reconcileLocked(refresh)
 	stray := k.lastStray
 	k.lastStray = false
-	k.mu.Unlock()
+	k.unlock()
 	k.after(stray, restored)
 }
 
@@ -207,21 +241,22 @@ func (k *Keeper) after(stray, restored bool) {
 
 // reconcileLocked makes the address match the role and reports whether a
 // missing VIP was put back on the holder. The removal of an address the
-// holder may no longer have comes first, logging after.
+// holder may no longer have comes first; its log lines are written after
+// the lock is released (noteLocked).
 func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 	if !k.validLocked(time.Now()) {
 		holding := !k.until.IsZero()
 		removed, err := k.m.remove()
 		switch {
 		case err != nil:
-			k.log.Error("cannot remove the VIP", "err", err)
+			k.noteLocked(slog.LevelError, "cannot remove the VIP", "err", err)
 		case removed && holding:
 			k.present = false
-			k.log.Warn("VIP removed: the lease deadline passed before a renewal (fenced)")
+			k.noteLocked(slog.LevelWarn, "VIP removed: the lease deadline passed before a renewal (fenced)")
 		case removed:
 			k.present = false
 			k.lastStray = true
-			k.log.Warn("stray VIP removed: this node does not hold the lock, yet the address was on it (re-applied network config?)")
+			k.noteLocked(slog.LevelWarn, "stray VIP removed: this node does not hold the lock, yet the address was on it (re-applied network config?)")
 		default:
 			k.present = false
 		}
@@ -231,10 +266,10 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 	// another interface, has no kernel lifetime of ours and would outlive
 	// this tenure.
 	if removed, err := k.m.removeStrays(); err != nil {
-		k.log.Error("cannot remove a stray form of the VIP", "err", err)
+		k.noteLocked(slog.LevelError, "cannot remove a stray form of the VIP", "err", err)
 	} else if removed {
 		k.lastStray = true
-		k.log.Warn("stray VIP removed: the VIP was also on another interface or with another prefix length")
+		k.noteLocked(slog.LevelWarn, "stray VIP removed: the VIP was also on another interface or with another prefix length")
 	}
 	present, err := k.m.has()
 	if err != nil {
@@ -251,7 +286,7 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 		}
 		k.addFails++
 		k.lastFail, k.addErr = time.Now(), err
-		k.log.Error("cannot add the VIP", "err", err, "failures", k.addFails)
+		k.noteLocked(slog.LevelError, "cannot add the VIP", "err", err, "failures", k.addFails)
 		return false
 	}
 	k.addFails = 0
@@ -260,17 +295,17 @@ func (k *Keeper) reconcileLocked(refresh bool) (restored bool) {
 	if !k.validLocked(time.Now()) {
 		_, _ = k.m.remove()
 		k.present = false
-		k.log.Warn("VIP removed again: the lease deadline passed while adding it (fenced)")
+		k.noteLocked(slog.LevelWarn, "VIP removed again: the lease deadline passed while adding it (fenced)")
 		return false
 	}
 	wasPresent := k.present
 	k.present = true
 	switch {
 	case added && wasPresent:
-		k.log.Warn("VIP was removed from the holder by someone else; re-added")
+		k.noteLocked(slog.LevelWarn, "VIP was removed from the holder by someone else; re-added")
 		return true
 	case added:
-		k.log.Info("VIP added")
+		k.noteLocked(slog.LevelInfo, "VIP added")
 	}
 	return false
 }

@@ -212,3 +212,29 @@ func TestKeeperLooksAgainOnAChange(t *testing.T) {
 		}
 	})
 }
+
+// blockingHandler is a log handler whose every write waits until release
+// is closed, as a write to a full pipe on stderr does.
+type blockingHandler struct{ release chan struct{} }
+
+func (h blockingHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (h blockingHandler) Handle(context.Context, slog.Record) error { <-h.release; return nil }
+func (h blockingHandler) WithAttrs([]slog.Attr) slog.Handler        { return h }
+func (h blockingHandler) WithGroup(string) slog.Handler             { return h }
+
+// A log write that blocks never keeps the VIP past the lease deadline: the
+// keeper writes its log lines after letting go of its lock, so the
+// deadline's removal does not wait for the "VIP added" line of the Hold
+// before it. (In real time: a goroutine waiting for a mutex is not
+// "durably blocked" for synctest, so a keeper that logs under its lock
+// would hang a bubble instead of failing this test.)
+func TestKeeperFencesWhileItsLogBlocks(t *testing.T) {
+	l := &memLink{}
+	h := blockingHandler{release: make(chan struct{})}
+	t.Cleanup(func() { close(h.release) })
+	m := &Manager{cfg: Config{Address: netip.MustParsePrefix("192.0.2.100/24"), Interface: "eth0"}, link: l, log: slog.New(h)}
+	k := NewKeeper(m, KeeperConfig{}, slog.New(h))
+	go k.Hold(time.Now().Add(100 * time.Millisecond)) // blocks on its "VIP added"
+	testkit.WaitFor(t, 5*time.Second, "the VIP added", l.isPresent)
+	testkit.WaitFor(t, 5*time.Second, "the VIP removed at the deadline with the log blocked", func() bool { return !l.isPresent() })
+}
