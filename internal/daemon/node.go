@@ -274,7 +274,7 @@ func (n *node) newHolder(vm *vip.Manager) *holder {
 		h.redirect = dnatRules(rules)
 	}
 	if cfg.ShedRaftLeadership && n.etcdLock != nil {
-		h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, log: log}
+		h.shedder = &raftShedder{lock: n.etcdLock, member: cfg.EtcdMemberName, slowMove: cfg.RenewDeadline / 2, log: log}
 	}
 	if cfg.ecmp() {
 		// The VIP, its balancers and its route are every healthy node's;

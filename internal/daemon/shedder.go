@@ -29,46 +29,39 @@ const (
 
 // raftShedder keeps etcd raft leadership off this node while it holds the
 // VIP, so that one crash does not cost both a VIP failover and an etcd
-// election. The holder runs it for the length of each tenure.
+// election. The holder runs it for the length of each tenure; what it
+// learnt of failed and slow moves carries over from one tenure to the next
+// (the holder's Runs never overlap: stop waits for the last one).
 type raftShedder struct {
-	lock   *election.EtcdLock
+	lock   shedLock
 	member string // this node's etcd member name
-	log    *slog.Logger
+	// slowMove is how long a move may take before it counts as a failure:
+	// half the renew deadline. Until the new leader has taken over, etcd
+	// drops every write, the holder's renewals among them.
+	slowMove time.Duration
+	log      *slog.Logger
+
+	backoffUntil time.Time     // no move before this
+	backoff      time.Duration // the wait after the next failure (0: shedBackoff)
+	deferred     string        // the reason of the last deferral, logged once
+}
+
+// shedLock is the part of the etcd lock the shedder uses.
+type shedLock interface {
+	ShedRaftLeadership(ctx context.Context, member string) (string, error)
 }
 
 // Run checks every shedInterval until ctx is done. A failed move stalled
-// etcd's writes while it lasted, so after one the next try waits
-// shedBackoff, doubling up to shedMaxBackoff.
+// etcd's writes while it lasted, and so did a slow one (it may have cost
+// this node the lock: a new tenure then starts with the wait still in
+// force), so after one the next try waits shedBackoff, doubling up to
+// shedMaxBackoff.
 func (s *raftShedder) Run(ctx context.Context) {
 	t := time.NewTicker(shedInterval)
 	defer t.Stop()
-	var backoffUntil time.Time
-	backoff := shedBackoff
-	deferred := ""
 	for {
-		if time.Now().After(backoffUntil) {
-			cctx, cancel := context.WithTimeout(ctx, shedTimeout)
-			to, err := s.lock.ShedRaftLeadership(cctx, s.member)
-			cancel()
-			switch {
-			case ctx.Err() != nil:
-				return
-			case errors.Is(err, election.ErrShedDeferred):
-				if err.Error() != deferred {
-					s.log.Info("not moving etcd raft leadership off the VIP holder yet", "reason", err)
-					deferred = err.Error()
-				}
-			case err != nil:
-				s.log.Warn("cannot move etcd leadership off the VIP holder; waiting before the next try", "err", err, "wait", backoff)
-				backoffUntil = time.Now().Add(backoff)
-				backoff = min(2*backoff, shedMaxBackoff)
-				deferred = ""
-			default:
-				if to != "" {
-					s.log.Info("moved etcd raft leadership off the VIP holder", "member", s.member, "to", to)
-				}
-				backoff, deferred = shedBackoff, ""
-			}
+		if time.Now().After(s.backoffUntil) {
+			s.check(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -76,4 +69,43 @@ func (s *raftShedder) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// check moves raft leadership off this node's member if it leads, once.
+func (s *raftShedder) check(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, shedTimeout)
+	began := time.Now()
+	to, err := s.lock.ShedRaftLeadership(cctx, s.member)
+	took := time.Since(began)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+	case errors.Is(err, election.ErrShedDeferred):
+		if err.Error() != s.deferred {
+			s.log.Info("not moving etcd raft leadership off the VIP holder yet", "reason", err)
+			s.deferred = err.Error()
+		}
+	case err != nil:
+		s.log.Warn("cannot move etcd leadership off the VIP holder; waiting before the next try", "err", err, "wait", s.wait())
+	case to != "" && took > s.slowMove:
+		s.log.Warn("moving etcd raft leadership off the VIP holder took long; etcd held every write meanwhile, so the next move waits",
+			"member", s.member, "to", to, "took", took.Round(time.Millisecond), "slow_after", s.slowMove, "wait", s.wait())
+	default:
+		if to != "" {
+			s.log.Info("moved etcd raft leadership off the VIP holder", "member", s.member, "to", to, "took", took.Round(time.Millisecond))
+		}
+		s.backoff, s.deferred = shedBackoff, ""
+	}
+}
+
+// wait starts a backoff after a failed or slow move and returns its length.
+func (s *raftShedder) wait() time.Duration {
+	if s.backoff == 0 {
+		s.backoff = shedBackoff
+	}
+	w := s.backoff
+	s.backoffUntil = time.Now().Add(w)
+	s.backoff = min(2*s.backoff, shedMaxBackoff)
+	s.deferred = ""
+	return w
 }

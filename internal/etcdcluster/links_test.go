@@ -74,3 +74,26 @@ func TestPeerTrafficFollowsTheTransport(t *testing.T) {
 		t.Fatal("PeerTraffic of a stopped member answered")
 	}
 }
+
+// A move waits while the leader answers later than the slowest other voter
+// by more than shedLeaderLag; a learner's answer does not count, and a
+// leader that did not answer lags by the whole status timeout.
+func TestLeaderLag(t *testing.T) {
+	ms := time.Millisecond
+	voters := map[uint64]string{1: "n1", 2: "n2", 3: "n3"}
+	for _, tc := range []struct {
+		name    string
+		answers []Status
+		want    time.Duration
+	}{
+		{"as quick as the others", []Status{{ID: 1, Took: 2 * ms}, {ID: 2, Took: 3 * ms}, {ID: 3, Took: 1 * ms}}, 0},
+		{"behind the slowest", []Status{{ID: 1, Took: 40 * ms}, {ID: 2, Took: 3 * ms}, {ID: 3, Took: 9 * ms}}, 31 * ms},
+		{"a slow learner does not count", []Status{{ID: 1, Took: 40 * ms}, {ID: 2, Took: 3 * ms}, {ID: 4, Took: 90 * ms, Learner: true}}, 37 * ms},
+		{"a slow non-voter does not count", []Status{{ID: 1, Took: 40 * ms}, {ID: 2, Took: 3 * ms}, {ID: 9, Took: 90 * ms}}, 37 * ms},
+		{"no answer from the leader", []Status{{ID: 2, Took: 3 * ms}, {ID: 3, Took: 1 * ms}}, statusTimeout},
+	} {
+		if got := leaderLag(tc.answers, 1, voters); got != tc.want {
+			t.Errorf("%s: leaderLag = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

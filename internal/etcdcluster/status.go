@@ -21,6 +21,7 @@ type Status struct {
 	RaftIndex uint64 // applied index
 	Learner   bool
 	DBSize    int64
+	Took      time.Duration // how long the member took to answer
 	member    *Member
 }
 
@@ -58,12 +59,13 @@ func eachMember[T any](c *Cluster, f func(*Member) (T, bool)) []T {
 }
 
 func (m *Member) status(ctx context.Context) (Status, error) {
+	asked := time.Now()
 	resp, err := m.maint.Status(ctx, &pb.StatusRequest{})
 	if err != nil {
 		return Status{}, err
 	}
 	return Status{Endpoint: m.Endpoint, ID: resp.Header.MemberId, Leader: resp.Leader, RaftIndex: resp.RaftAppliedIndex,
-		Learner: resp.IsLearner, DBSize: resp.DbSize, member: m}, nil
+		Learner: resp.IsLearner, DBSize: resp.DbSize, Took: time.Since(asked), member: m}, nil
 }
 
 // StatusOf asks the member at endpoint (one of its client URLs) for its
@@ -103,6 +105,18 @@ const (
 	// may be. One that is further behind has to catch up first, and the
 	// transfer may time out meanwhile.
 	shedMaxLag = 16
+	// shedRounds and shedLeaderLag: before a move, every member is asked
+	// for its status shedRounds times, and the move waits while the
+	// leader's answer came more than shedLeaderLag after the slowest
+	// other voter's in any round. A leader that is descheduled, stopped
+	// or starved now and then (a process throttled by its cgroup, a
+	// machine swapping) answers late in bursts; its transfer then takes
+	// hundreds of milliseconds, and every write waits for it (in the
+	// lab, a holder whose own etcd member led raft while it ran 37 ms in
+	// every 82 lost the VIP twice, once per move). The bursts are
+	// missed in one round more often than in three.
+	shedRounds    = 3
+	shedLeaderLag = 10 * time.Millisecond
 )
 
 // ErrNoLeader is returned when no member that answered reports itself the
@@ -149,8 +163,9 @@ var ErrShedDeferred = errors.New("etcd raft leadership stays on this member for 
 // name, if it leads, to the most caught-up other voter. It reports the
 // member leadership moved to, or "" when name does not lead. It moves
 // nothing, and returns an error wrapping ErrShedDeferred, unless there are
-// three voters or more, every voter answers and follows the leader, and one
-// of them is within shedMaxLag entries of it.
+// three voters or more, every voter answers and follows the leader, one of
+// them is within shedMaxLag entries of it, and the leader answers as
+// promptly as the others (shedRounds, shedLeaderLag).
 func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, error) {
 	if _, err := c.MemberList(ctx); err != nil {
 		return "", err
@@ -197,6 +212,17 @@ func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, erro
 		}
 		return "", fmt.Errorf("%w: no other voter is within %d entries of the leader's raft index %d", ErrShedDeferred, shedMaxLag, leader.RaftIndex)
 	}
+	for round := 1; ; round++ {
+		if lag := leaderLag(answers, leader.ID, voters); lag > shedLeaderLag {
+			return "", fmt.Errorf("%w: it answers %v later than the other voters (a slow leader's transfer is slow, and every write waits for it)", ErrShedDeferred, lag.Round(time.Millisecond))
+		}
+		if round == shedRounds {
+			break
+		}
+		sctx, cancel := context.WithTimeout(ctx, statusTimeout)
+		answers = c.StatusAll(sctx)
+		cancel()
+	}
 	sort.Slice(cands, func(i, j int) bool {
 		if cands[i].RaftIndex != cands[j].RaftIndex {
 			return cands[i].RaftIndex > cands[j].RaftIndex
@@ -208,6 +234,26 @@ func (c *Cluster) ShedLeadership(ctx context.Context, name string) (string, erro
 		return "", fmt.Errorf("move etcd leadership from %s to %s: %w", name, VoterLabel(voters[to.ID], to.ID), err)
 	}
 	return VoterLabel(voters[to.ID], to.ID), nil
+}
+
+// leaderLag is how much later than the slowest other voter the leader
+// answered in one round of StatusAll: zero when it was not slower, and
+// statusTimeout when it did not answer that round at all.
+func leaderLag(answers []Status, leader uint64, voters map[uint64]string) time.Duration {
+	var own, others time.Duration
+	found := false
+	for _, a := range answers {
+		switch _, voter := voters[a.ID]; {
+		case a.ID == leader:
+			own, found = a.Took, true
+		case voter && !a.Learner:
+			others = max(others, a.Took)
+		}
+	}
+	if !found {
+		return statusTimeout
+	}
+	return max(0, own-others)
 }
 
 // StoreLeaderless reports true when a majority of the voters answered and
