@@ -8,11 +8,13 @@ import (
 	"github.com/vigil-ha/vigil/internal/clock"
 )
 
-// campaign returns once this node holds the lock, or ctx is done.
-func (e *Elector) campaign(ctx context.Context) (lease, Observation, error) {
+// campaign returns once this node holds the lock, or ctx is done. After a
+// tenure that ended because no renewal landed in time (expired), it stands
+// aside: see candidacy.standAside.
+func (e *Elector) campaign(ctx context.Context, expired bool) (lease, Observation, error) {
 	changes, stopWatch := watchLock(ctx, e.cfg.Lock)
 	defer stopWatch()
-	c := &candidacy{e: e}
+	c := &candidacy{e: e, standAside: expired}
 	for {
 		e.tick()
 		if err := ctx.Err(); err != nil {
@@ -69,6 +71,19 @@ type candidacy struct {
 	yielding  time.Time // since when a takeable lock was left alone
 	yieldOnce bool      // whether this stand-by was logged
 	prev      Observation
+	// standAside: the tenure before this campaign ended because no
+	// renewal landed within the renew deadline, so this node's own record
+	// is taken back like a peer's: only once it has stood still for a
+	// whole lease. A node whose store answers it too late for the lease
+	// (etcd slow for this node alone, its path to etcd lossy) otherwise
+	// took its record back at once, its writes kept landing, late, and
+	// every peer went on seeing a lease renewed that nobody held: in the
+	// lab, with etcd answering the holder alone 480 ms late, no node held
+	// the VIP for the 5.9 s the fault lasted. Standing aside, its last
+	// writes land, the record stands still, and a peer whose store
+	// answers in time takes it; when none does, this node takes it back
+	// a lease later, as any peer would. aside says it was logged.
+	standAside, aside bool
 	// ineligible is why this node does not campaign, as last logged;
 	// movedTo where the election moved, as last logged.
 	ineligible string
@@ -131,7 +146,15 @@ func (c *candidacy) observe(obs Observation) error {
 // should have it.
 func (c *candidacy) decide(obs Observation) (bool, time.Duration) {
 	e := c.e
-	ok, wait := acquirable(obs, c.w, e.cfg.Identity, e.cfg.Instance, time.Now())
+	now := time.Now()
+	ok, wait := acquirable(obs, c.w, e.cfg.Identity, e.cfg.Instance, now)
+	if ok && c.standAside && obs.Holder() == e.cfg.Identity {
+		if ok, wait = c.w.stoodStill(obs, now); !ok && !c.aside {
+			e.log.Info("standing aside: this node's renewals did not land within the renew deadline; a peer whose store answers in time may take the lock, and this node takes it back only once it has stood still for a lease",
+				"lease", obs.Record.LeaseDuration())
+			c.aside = true
+		}
+	}
 	ok, wait = c.eligible(ok, wait)
 	if !ok {
 		c.standByAnew() // a peer holds it

@@ -45,6 +45,12 @@ func acquirable(o Observation, w window, self, instance string, now time.Time) (
 	// run of this node that died, or a live twin. Either way the record must
 	// stand still for a whole lease first; a twin that renews it is caught
 	// by twinRenewed.
+	return w.stoodStill(o, now)
+}
+
+// stoodStill tells whether record o has stood still in w for its whole
+// lease by now, and if not, how long to wait.
+func (w window) stoodStill(o Observation, now time.Time) (bool, time.Duration) {
 	if !w.valid || w.rev != o.Revision {
 		return false, o.Record.LeaseDuration()
 	}

@@ -324,15 +324,16 @@ func (e *Elector) tick() { e.beat.Store(time.Now().UnixNano()) }
 // this node's name.
 func (e *Elector) Run(ctx context.Context) error {
 	e.tick()
+	expired := false
 	for {
-		l, obs, err := e.campaign(ctx)
+		l, obs, err := e.campaign(ctx, expired)
 		if errors.Is(err, ErrDuplicateIdentity) {
 			return err
 		}
 		if err != nil {
 			return nil // ctx cancelled while campaigning
 		}
-		e.lead(ctx, l, obs)
+		expired = e.lead(ctx, l, obs).Cause == CauseExpired
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -394,8 +395,9 @@ func (e *Elector) duplicate(o Observation) error {
 		ErrDuplicateIdentity, e.cfg.Lock.Describe(), e.cfg.Identity, o.Record.Instance, e.cfg.Instance)
 }
 
-// lead holds the lock until it is lost or ctx is done, then steps down.
-func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
+// lead holds the lock until it is lost or ctx is done, then steps down, and
+// says why.
+func (e *Elector) lead(ctx context.Context, l lease, obs Observation) StepDown {
 	if cb := e.cfg.Callbacks.OnLease; cb != nil {
 		cb(l.deadline)
 	}
@@ -428,6 +430,7 @@ func (e *Elector) lead(ctx context.Context, l lease, obs Observation) {
 	if (ctx.Err() != nil && e.cfg.ReleaseOnCancel) || sd.released() {
 		e.release(l, rec)
 	}
+	return sd
 }
 
 // probeResult is what one store probe found.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -63,6 +64,48 @@ func (l *memLock) setCut(who string, on bool) {
 	l.mu.Lock()
 	l.cut[who] = on
 	l.mu.Unlock()
+}
+
+// lateView is a view of a memLock whose every request reaches the store
+// *lat late, as through a slow path to etcd: a write still takes effect
+// when it arrives, however long ago its sender gave up on it. It renews as
+// the etcd lock does (a Renewer: the tenure is compared, so renewals are
+// pipelined).
+type lateView struct {
+	memView
+	lat *atomic.Int64 // nanoseconds
+}
+
+// arrive waits for the request to reach the store.
+func (v lateView) arrive() { time.Sleep(time.Duration(v.lat.Load())) }
+
+func (v lateView) Get(ctx context.Context) (Observation, error) {
+	v.arrive()
+	obs, err := v.memView.Get(ctx)
+	if err == nil {
+		err = ctx.Err()
+	}
+	return obs, err
+}
+
+func (v lateView) Write(ctx context.Context, r Record, rev int64) (Observation, error) {
+	v.arrive()
+	obs, err := v.memView.Write(context.WithoutCancel(ctx), r, rev)
+	if err == nil {
+		err = ctx.Err()
+	}
+	return obs, err
+}
+
+func (v lateView) Renew(ctx context.Context, r Record) (Observation, error) {
+	v.arrive()
+	v.l.mu.Lock()
+	defer v.l.mu.Unlock()
+	if v.l.obs.Record == nil || v.l.obs.Record.Tenure != r.Tenure {
+		return v.l.obs, ErrConflict
+	}
+	v.l.obs = Observation{Record: &r, Revision: v.l.obs.Revision + 1}
+	return v.l.obs, ctx.Err()
 }
 
 // tenures records, in virtual time, each candidate's leases and tenures.
@@ -167,6 +210,60 @@ func TestCutOffLeaderStepsDownAtItsDeadline(t *testing.T) {
 			t.Error("two candidates led at once")
 		}
 		t.Logf("a stepped down %v after the cut; b took over %v after that", stopped["a"].Sub(cut), started["b"].Sub(stopped["a"]))
+	})
+}
+
+// In virtual time: a holder whose store answers it alone too late for the
+// lease (its requests arrive late, and its writes land however late) steps
+// down and stands aside, and its peer, whose store answers at once, takes
+// the lock a lease after the holder's last write landed, and keeps it. Before, the slow node took
+// its own record back at once, its late writes kept the lease fresh in its
+// peer's eyes, and nobody held the lock for as long as the slowness lasted.
+func TestSlowHolderStandsAsideForAPeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := &memLock{cut: map[string]bool{}}
+		tn := &tenures{deadline: map[string]time.Time{}, started: map[string]time.Time{}, stopped: map[string]time.Time{}}
+		log := slog.New(slog.NewTextHandler(t.Output(), nil))
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer func() { cancel(); wg.Wait() }()
+		lat := map[string]*atomic.Int64{}
+		for _, who := range []string{"a", "b"} {
+			lat[who] = new(atomic.Int64)
+			el, err := New(Config{Identity: who, Lock: lateView{memView{l, who}, lat[who]},
+				LeaseDuration: DefaultLeaseDuration, RenewDeadline: DefaultRenewDeadline, RetryPeriod: DefaultRetryPeriod,
+				ReleaseOnCancel: true, Callbacks: tn.callbacks(who)}, log.With("node", who))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() { _ = el.Run(ctx) })
+			synctest.Wait()
+		}
+		time.Sleep(5 * DefaultLeaseDuration)
+		if leading, _, _, _ := tn.get(); leading != "a" {
+			t.Fatalf("leading %q, want a (it started first)", leading)
+		}
+
+		late := DefaultRenewDeadline - 10*time.Millisecond
+		slow := time.Now()
+		lat["a"].Store(int64(late))
+		time.Sleep(20 * DefaultLeaseDuration)
+		leading, started, stopped, _ := tn.get()
+		if leading != "b" {
+			t.Fatalf("leading %q 16 s after a's requests began to reach the store %v late, want b", leading, late)
+		}
+		// a steps down within a renew deadline and a latency, its last
+		// writes arrive one latency later, and b waits a lease from there.
+		if d, most := started["b"].Sub(slow), DefaultRenewDeadline+3*late+DefaultLeaseDuration+2*DefaultRetryPeriod; d > most {
+			t.Errorf("b took the lock %v after a's store turned slow, want within %v", d, most)
+		}
+		if stopped["b"].After(started["b"]) {
+			t.Errorf("b lost the lock again at %v", stopped["b"].Sub(slow))
+		}
+		if tn.overlap {
+			t.Error("two candidates led at once")
+		}
+		t.Logf("a stepped down %v after its store turned slow; b took over %v after that", stopped["a"].Sub(slow), started["b"].Sub(stopped["a"]))
 	})
 }
 
