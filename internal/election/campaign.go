@@ -30,7 +30,7 @@ func (e *Elector) campaign(ctx context.Context, expired bool) (lease, Observatio
 		if err := c.observe(obs); err != nil {
 			return lease{}, Observation{}, err
 		}
-		if ok, wait := c.decide(obs); !ok {
+		if ok, wait := c.decide(obs, readTook); !ok {
 			alive, held, twin := waitForChange(ctx, min(wait, e.standbyPoll(changes != nil)), changes, &c.w, obs, e.cfg.Identity, e.cfg.Instance)
 			if twin != nil {
 				return lease{}, Observation{}, e.duplicate(*twin)
@@ -72,9 +72,14 @@ type candidacy struct {
 	yieldOnce bool      // whether this stand-by was logged
 	prev      Observation
 	// standAside: the tenure before this campaign ended because no
-	// renewal landed within the renew deadline, so this node's own record
-	// is taken back like a peer's: only once it has stood still for a
-	// whole lease. A node whose store answers it too late for the lease
+	// renewal landed within the renew deadline. While the store still
+	// answers this node slowly (the read that showed the record took
+	// longer than slowLatency), its own record is taken back like a
+	// peer's: only once it has stood still for a whole lease; a read
+	// answered in time shows the store is back for this node, and the
+	// record is taken back at once, as after a store leader election
+	// (every write stalled, for everyone, then none). A node whose store
+	// answers it too late for the lease
 	// (etcd slow for this node alone, its path to etcd lossy) otherwise
 	// took its record back at once, its writes kept landing, late, and
 	// every peer went on seeing a lease renewed that nobody held: in the
@@ -144,14 +149,14 @@ func (c *candidacy) observe(obs Observation) error {
 // wait at most before reading it again: only a lock that is free or has
 // expired, and only while this node is eligible and no healthier peer
 // should have it.
-func (c *candidacy) decide(obs Observation) (bool, time.Duration) {
+func (c *candidacy) decide(obs Observation, readTook time.Duration) (bool, time.Duration) {
 	e := c.e
 	now := time.Now()
 	ok, wait := acquirable(obs, c.w, e.cfg.Identity, e.cfg.Instance, now)
-	if ok && c.standAside && obs.Holder() == e.cfg.Identity {
+	if ok && c.standAside && obs.Holder() == e.cfg.Identity && readTook > e.slowLatency() {
 		if ok, wait = c.w.stoodStill(obs, now); !ok && !c.aside {
-			e.log.Info("standing aside: this node's renewals did not land within the renew deadline; a peer whose store answers in time may take the lock, and this node takes it back only once it has stood still for a lease",
-				"lease", obs.Record.LeaseDuration())
+			e.log.Info("standing aside: this node's renewals did not land within the renew deadline and its store still answers it slowly; a peer whose store answers in time may take the lock, and this node takes it back once it has stood still for a lease, or at once when the store answers it in time again",
+				"read_took", readTook.Round(time.Millisecond), "lease", obs.Record.LeaseDuration())
 			c.aside = true
 		}
 	}
