@@ -18,6 +18,8 @@ func TestDemoBadInput(t *testing.T) {
 		{[]string{"demo", "extra"}, "unknown command"},
 		{[]string{"drill", "rolling-upgrade"}, "rolling-upgrade needs it"},
 		{[]string{"drill", "kill-leader", "--from", "HEAD~1"}, "--from goes with the drill rolling-upgrade"},
+		{[]string{"--instance", "B", "down"}, `lab instance "B": want 1 to 8 lowercase letters and digits`},
+		{[]string{"--instance", "a-b", "status"}, `lab instance "a-b"`},
 		{[]string{"storm"}, "--config is required"},
 		{[]string{"storm", "--config", "{"}, "--config: unexpected end of JSON input"},
 		{[]string{"storm", "--config", `{"clients":0}`}, "need targets, sources and clients above 0"},

@@ -2,7 +2,8 @@
 // breaks it on purpose.
 //
 // Topology (every name starts with "vlab-", so `vigil-lab down` can find all
-// of it even after a crash):
+// of it even after a crash; a second instance's with "vlab<instance>-",
+// SetInstance):
 //
 //	vlab-sw      a namespace holding the bridge br0; one veth port per host
 //	vlab-cl      the client, 10.250.0.2, which probes the VIP every 10 ms

@@ -131,6 +131,9 @@ func (l *Lab) progress(format string, args ...any) {
 
 // New returns a handle; it touches nothing.
 func New(cfg Config, log *slog.Logger) (*Lab, error) {
+	if instanceErr != nil {
+		return nil, instanceErr
+	}
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
@@ -154,6 +157,9 @@ func (l *Lab) Open() error { return l.load() }
 func (l *Lab) Up(ctx context.Context, s Settings) (err error) {
 	if err := s.Validate(); err != nil {
 		return err
+	}
+	if s.Kubeadm && instance != "" {
+		return fmt.Errorf("lab: the kubeadm lab binds host paths and runs the host's containerd, so there is one at a time, in the default instance (unset %s)", InstanceEnv)
 	}
 	if l.st.Settings.Impl == ImplVigil || s.Impl == ImplVigil {
 		if _, err := os.Stat(l.vigilBin); err != nil {

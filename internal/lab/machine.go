@@ -53,12 +53,15 @@ var machineBinds = []struct {
 var hostSysctls = []string{"vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"}
 
 const (
-	cgroupFS          = "/sys/fs/cgroup"
-	containerdSock    = "/run/containerd/containerd.sock"
-	hostDirsFile      = "host-dirs"    // mount points the lab created on the host
-	hostSysctlsFile   = "host-sysctls" // host settings to restore on down
-	machineCgroupRoot = "/" + Prefix   // + node name
+	cgroupFS        = "/sys/fs/cgroup"
+	containerdSock  = "/run/containerd/containerd.sock"
+	hostDirsFile    = "host-dirs"    // mount points the lab created on the host
+	hostSysctlsFile = "host-sysctls" // host settings to restore on down
 )
+
+// machineCgroupRoot starts each machine's cgroup root (+ node name); it
+// follows the lab instance (SetInstance).
+var machineCgroupRoot = "/" + Prefix
 
 func (l *Lab) machineDir(n *Node) string { return filepath.Join(l.nodeDir(n), "machine") }
 func (l *Lab) nsDir(n *Node) string      { return filepath.Join(l.nodeDir(n), "ns") }

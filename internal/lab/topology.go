@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -15,9 +16,6 @@ import (
 // Names and addresses of the lab. The subnet exists only inside namespaces
 // the lab creates.
 const (
-	Prefix    = "vlab-"
-	switchNS  = Prefix + "sw"
-	clientNS  = Prefix + "cl"
 	bridge    = "br0"
 	nodeIface = "eth0"
 	// vipIface is the node's second link in labs built with VIPLink: on the
@@ -29,6 +27,50 @@ const (
 	// ResponderPort is where every node's UDP responder listens.
 	ResponderPort = 7946
 )
+
+// InstanceEnv names the environment variable that picks the lab instance
+// this process works on (vigil-lab --instance sets it): empty for the
+// default lab, whose namespaces are vlab-*; a name of lowercase letters and
+// digits for another, whose namespaces are vlab<name>-*. Every instance is
+// a separate set of namespaces with the same addresses inside them, so two
+// netns labs (not kubeadm labs, which bind host paths) can run side by
+// side, and down removes only its own. Processes the lab starts inherit it.
+const InstanceEnv = "VIGIL_LAB_INSTANCE"
+
+var (
+	// Prefix starts the name of every namespace of this process's lab
+	// instance: "vlab-", or "vlab<instance>-".
+	Prefix   = "vlab-"
+	switchNS = Prefix + "sw"
+	clientNS = Prefix + "cl"
+	// instance is the instance's name ("" for the default) and
+	// instanceErr what was wrong with the one the environment gave.
+	instance    string
+	instanceErr error
+)
+
+func init() { instanceErr = SetInstance(os.Getenv(InstanceEnv)) }
+
+var instanceRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)
+
+// SetInstance makes name the lab instance this process works on ("" for
+// the default). A name is 1 to 8 lowercase letters and digits: no dash, so
+// that no instance's prefix is the start of another's.
+func SetInstance(name string) error {
+	if name != "" && !instanceRE.MatchString(name) {
+		return fmt.Errorf("lab instance %q: want 1 to 8 lowercase letters and digits (%s)", name, InstanceEnv)
+	}
+	instance = name
+	Prefix = "vlab" + name + "-"
+	switchNS = Prefix + "sw"
+	clientNS = Prefix + "cl"
+	machineCgroupRoot = "/" + Prefix
+	return nil
+}
+
+// Instance returns the lab instance this process works on ("" for the
+// default).
+func Instance() string { return instance }
 
 var (
 	subnetBits = 24
