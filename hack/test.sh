@@ -54,7 +54,9 @@ phase() {
 fetchpid=$!
 mark
 read -r cb0 ct0 < <(cpustat)
+buildstart=$SECONDS
 hack/build.sh
+buildsecs=$((SECONDS - buildstart))
 # Lab namespaces left by a run that was killed would make the lab tests
 # refuse to start.
 bin/vigil-lab down >/dev/null 2>&1 || true
@@ -134,38 +136,58 @@ gotest() {
 # a cold run compiles those packages once, not twice.
 labflags="-trimpath -gcflags=all=-dwarf=false -ldflags=-w"
 labtest() { CGO_ENABLED=0 gotest "$@" $labflags -count=1 -timeout 30m ./internal/lab/; }
-# The netns lab's tests run in two lanes side by side, each in a lab
-# instance of its own (vigil-lab --instance: separate namespaces, the same
-# addresses inside them): TestDrills (the failovers and the membership
-# drills, about 360 s warm) in the default one, every other netns lab test
-# (TestChaos's 4 minutes, the IP-family, BGP and ECMP labs: about 430 s) in
-# instance "b" (the kubeadm lab's tests run in the default instance only).
-# Each lane is mostly timers (the whole lab used 37 % of the two cores
-# alone), so together they take about half the time. What the other
-# lane's load would eat the slack of runs later with no lab beside it:
-# TestTimedDrills (handover, API-server and reconnect-storm drills: the
-# storm keeps both cores busy, and beside another lab it starved the
-# holder's vigil past its renew deadline) and TestGrayFaultsInTheLab (its
-# no-move bound leaves vigil 100 ms). The test binary is compiled once
-# first; both lanes then find it built.
-CGO_ENABLED=0 go test -c -o /dev/null $labflags ./internal/lab/
-runs=$((runs + 1))
-laneb="$log/$runs.out"
-(
-  rc=0
-  VIGIL_LAB_INSTANCE=b CGO_ENABLED=0 go test $labflags -count=1 -timeout 30m \
-    -skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab)$' ./internal/lab/ >"$laneb" 2>&1 || rc=$?
-  echo "$rc" >"$log/laneb.rc"
-) &
-lanebpid=$!
-labtest "lab: TestDrills, beside the other netns labs" -run '^TestDrills$'
-mark
-wait "$lanebpid" || true
-lanebpid=
-cat "$laneb"
-read -r lanebrc <"$log/laneb.rc" || lanebrc=1
-phase "waiting for the other netns labs (instance b)"
-[ "$lanebrc" = 0 ] || status=$lanebrc
+# The netns lab's tests run in two lanes side by side when the builds are
+# warm (VIGIL_LAB_LANES=auto, the default: hack/build.sh took under a
+# minute), one test at a time when they are cold (the background builds then
+# compile for half an hour beside the lab; beside them, two labs starved
+# each other's etcd in a cold run: requests timed out, holders fenced), and
+# as VIGIL_LAB_LANES=1 or 0 says otherwise.
+lanes=${VIGIL_LAB_LANES:-auto}
+case $lanes in
+  auto) if [ "$buildsecs" -lt 60 ]; then lanes=1; else lanes=0; fi ;;
+  0 | 1) ;;
+  *) echo "hack/test.sh: VIGIL_LAB_LANES=$lanes: want auto, 1 or 0" >&2; exit 2 ;;
+esac
+if [ "$lanes" = 1 ]; then
+  # The netns lab's tests run in two lanes side by side, each in a lab
+  # instance of its own (vigil-lab --instance: separate namespaces, the same
+  # addresses inside them): TestDrills (the failovers and the membership
+  # drills, about 360 s warm) in the default one, every other netns lab test
+  # (TestChaos's 4 minutes, the IP-family, BGP and ECMP labs: about 430 s) in
+  # instance "b" (the kubeadm lab's tests run in the default instance only).
+  # Each lane is mostly timers (the whole lab used 37 % of the two cores
+  # alone), so together they take about half the time. What the other
+  # lane's load would eat the slack of runs later with no lab beside it:
+  # TestTimedDrills (handover, API-server and reconnect-storm drills: the
+  # storm keeps both cores busy, and beside another lab it starved the
+  # holder's vigil past its renew deadline) and TestGrayFaultsInTheLab (its
+  # no-move bound leaves vigil 100 ms). The test binary is compiled once
+  # first; both lanes then find it built.
+  CGO_ENABLED=0 go test -c -o /dev/null $labflags ./internal/lab/
+  runs=$((runs + 1))
+  laneb="$log/$runs.out"
+  (
+    rc=0
+    VIGIL_LAB_INSTANCE=b CGO_ENABLED=0 go test $labflags -count=1 -timeout 30m \
+      -skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab)$' ./internal/lab/ >"$laneb" 2>&1 || rc=$?
+    echo "$rc" >"$log/laneb.rc"
+  ) &
+  lanebpid=$!
+  labtest "lab: TestDrills, beside the other netns labs" -run '^TestDrills$'
+  mark
+  wait "$lanebpid" || true
+  lanebpid=
+  cat "$laneb"
+  read -r lanebrc <"$log/laneb.rc" || lanebrc=1
+  phase "waiting for the other netns labs (instance b)"
+  [ "$lanebrc" = 0 ] || status=$lanebrc
+  later='^(TestTimedDrills|TestGrayFaultsInTheLab|TestLeaseLab)$'
+  latername="lab: timed drills, gray faults, Lease"
+else
+  labtest "lab (without Kubernetes binaries), one test at a time" -skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab)$'
+  later='^TestLeaseLab$'
+  latername="lab: Lease"
+fi
 
 # Every other package, with -race. Three packages at a time (-p 3, one more
 # than the cores): their tests mostly wait for timers, and with two, a
@@ -210,7 +232,7 @@ else
 fi
 # The Lease election against real kube-apiservers needs nothing more, so it
 # runs while the background build finishes the kubeadm binaries and images.
-labtest "lab: timed drills, gray faults, Lease" -run '^(TestTimedDrills|TestGrayFaultsInTheLab|TestLeaseLab)$'
+labtest "$latername" -run "$later"
 # The release: hack/release.sh twice (the same bytes), hack/verify-release.sh
 # on it and on tampered copies, the packages installed and purged with dpkg,
 # the agent's Helm chart linted and rendered by a real Helm. Its own module,
