@@ -405,24 +405,41 @@ func TestFilteredClientPortIsNotPruned(t *testing.T) {
 	c.Kill(2)
 	unlinked(t, cl, "m3")
 	// The reports live on a 10 s lease, which may have run out by now.
-	publishAs(t, c, report("m1", seen{m3, time.Hour}))
-	publishAs(t, c, report("m2", seen{m3, time.Hour}))
+	// Under load a prune's own raft check can get no counts in time and
+	// keep the member ("cannot tell whether raft still has it", as it
+	// must): each step is tried again, the reports published again first,
+	// until it gets as far as it is meant to (a cold CI run).
 	var vetoed []Event
 	veto := func(_ context.Context, m Member) string { return "Cluster API manages node " + m.Name }
-	removed, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Veto: veto}, func(e Event) {
-		if e.Kind == EventVetoed {
-			vetoed = append(vetoed, e)
+	testkit.WaitNilEvery(t, 30*time.Second, time.Second, "a prune of the stopped m3 to meet the veto", func() error {
+		publishAs(t, c, report("m1", seen{m3, time.Hour}))
+		publishAs(t, c, report("m2", seen{m3, time.Hour}))
+		vetoed = nil
+		removed, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh, Veto: veto}, func(e Event) {
+			if e.Kind == EventVetoed {
+				vetoed = append(vetoed, e)
+			}
+		})
+		if err != nil || len(removed) != 0 {
+			t.Fatalf("Prune with a veto = %v, %v; vetoed %v", removed, err, vetoed)
 		}
+		if len(vetoed) != 1 || !strings.Contains(vetoed[0].Text, "Cluster API manages node m3") {
+			return fmt.Errorf("vetoed %v", vetoed)
+		}
+		return nil
 	})
-	if err != nil || len(removed) != 0 || len(vetoed) != 1 || !strings.Contains(vetoed[0].Text, "Cluster API manages node m3") {
-		t.Fatalf("Prune with a veto = %v, %v; vetoed %v", removed, err, vetoed)
-	}
-	publishAs(t, c, report("m1", seen{m3, time.Hour}))
-	publishAs(t, c, report("m2", seen{m3, time.Hour}))
-	removed, _, err = cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh}, say(t))
-	if err != nil || len(removed) != 1 || removed[0].Name != "m3" {
-		t.Fatalf("Prune after m3 stopped = %v, %v", removed, err)
-	}
+	testkit.WaitNilEvery(t, 30*time.Second, time.Second, "a prune to remove the stopped m3", func() error {
+		publishAs(t, c, report("m1", seen{m3, time.Hour}))
+		publishAs(t, c, report("m2", seen{m3, time.Hour}))
+		removed, _, err := cl.Prune(ctx(t), PruneConfig{MinDown: time.Minute, Fresh: fresh}, say(t))
+		if err != nil || len(removed) > 1 || (len(removed) == 1 && removed[0].Name != "m3") {
+			t.Fatalf("Prune after m3 stopped = %v, %v", removed, err)
+		}
+		if len(removed) == 0 {
+			return errors.New("m3 kept")
+		}
+		return nil
+	})
 }
 
 func TestPruneLeavesUnstartedMembers(t *testing.T) {
