@@ -301,7 +301,7 @@ or saw a split brain.`,
 					return err
 				}
 				fmt.Fprintf(cmd.ErrOrStderr(), "building vigil at %s (from %s) ...\n", from, repo)
-				bin, err := lab.BuildRevision(cmd.Context(), repo, from, dir)
+				bin, err := lab.BuildRevision(cmd.Context(), repo, from, dir, "")
 				if err != nil {
 					return err
 				}

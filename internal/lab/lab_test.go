@@ -138,7 +138,7 @@ func runDrills(t *testing.T, want func(kind string) bool) {
 			return
 		}
 		rev := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
-		bin, err := BuildRevision(bctx, filepath.Join("..", ".."), rev, buildDir)
+		bin, err := BuildRevision(bctx, filepath.Join("..", ".."), rev, buildDir, filepath.Join("..", ".."))
 		previous <- built{bin, err}
 	}()
 	for _, kind := range Drills {
