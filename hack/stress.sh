@@ -18,6 +18,13 @@
 #                  find the tests that fail on a busy machine (0: none)
 #   LOAD=lab       the lab package's drills (TestDrills) in a loop beside
 #                  the tests, as on a machine that runs labs too
+#   LANES=1        with ./internal/lab/: each run is the netns lab as
+#                  hack/test.sh runs it on warm builds: TestDrills in the
+#                  default lab instance beside every other netns lab test
+#                  in instance b, then TestTimedDrills, TestGrayFaultsInTheLab
+#                  and TestLeaseLab alone (the kubeadm lab not at all: name
+#                  it with RUN='^TestKubeadmLab$' and LANES=0). RUN must be
+#                  empty.
 #
 # Results go to bench/stress/results/<UTC time>/: summary.md (runs,
 # passes, and the median and worst time per package) and failed-*.log, the
@@ -31,8 +38,17 @@ export GOTOOLCHAIN=local VIGIL_REQUIRE_ROOT=1
 RUNS=${RUNS:-20}
 LOAD=${LOAD:-0}
 RUN=${RUN:-}
+LANES=${LANES:-0}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "RUNS=$RUNS: want a positive number" >&2; exit 2; }
 [[ $LOAD =~ ^([0-9]+|lab)$ ]] || { echo "LOAD=$LOAD: want a number of busy loops or lab" >&2; exit 2; }
+[[ $LANES =~ ^[01]$ ]] || { echo "LANES=$LANES: want 0 or 1" >&2; exit 2; }
+if [ "$LANES" = 1 ]; then
+  source hack/deps.sh promtool
+  export VIGIL_REQUIRE_PROMTOOL=1 # the prometheus drill runs, as in hack/test.sh
+  [ -z "$RUN" ] || { echo "LANES=1 runs the netns lab's own split; RUN must be empty" >&2; exit 2; }
+  [ "$LOAD" = 0 ] || { echo "LANES=1 runs two labs side by side already; LOAD must be 0" >&2; exit 2; }
+  [ "$*" = ./internal/lab/ ] || [ "$*" = ./internal/lab ] || { echo "LANES=1 is for ./internal/lab/ alone" >&2; exit 2; }
+fi
 
 if [ $# -eq 0 ]; then
   mapfile -t pkgs < <(go list -f '{{.ImportPath}} {{join .TestImports " "}} {{join .XTestImports " "}}' ./... |
@@ -59,6 +75,7 @@ cleanup() {
   for p in "${loadpids[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   bin/vigil-lab down >/dev/null 2>&1 || true
+  bin/vigil-lab --instance b down >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -77,11 +94,31 @@ fi
 {
   echo "# hack/stress.sh, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo
-  echo "Command: \`RUNS=$RUNS LOAD=$LOAD RUN='$RUN' hack/stress.sh ${*:-}\` at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)'), on $(nproc) cores."
+  echo "Command: \`RUNS=$RUNS LOAD=$LOAD RUN='$RUN' LANES=$LANES hack/stress.sh ${*:-}\` at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with local changes)'), on $(nproc) cores."
   echo
   echo "| package | runs | passed | median s | worst s |"
   echo "|---|---:|---:|---:|---:|"
 } >"$out/summary.md"
+
+run_plain() { "$@"; }
+# run_lanes BIN ARGS...: the netns lab as hack/test.sh runs it on warm
+# builds (its step 3); each part's output one after another.
+run_lanes() {
+  local bin=$1 rc=0 ra=0 rb=0
+  shift
+  VIGIL_LAB_INSTANCE=b "$bin" "$@" -test.v \
+    -test.skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab)$' >"$work/lane-b.log" 2>&1 &
+  local pb=$!
+  "$bin" "$@" -test.v -test.run '^TestDrills$' >"$work/lane-a.log" 2>&1 || ra=$?
+  wait "$pb" || rb=$?
+  echo "== lane a (TestDrills, default instance): exit $ra"
+  cat "$work/lane-a.log"
+  echo "== lane b (the other netns labs, instance b): exit $rb"
+  cat "$work/lane-b.log"
+  echo "== alone (TestTimedDrills, TestGrayFaultsInTheLab, TestLeaseLab)"
+  "$bin" "$@" -test.v -test.run '^(TestTimedDrills|TestGrayFaultsInTheLab|TestLeaseLab)$' || rc=$?
+  [ "$ra" = 0 ] && [ "$rb" = 0 ] && [ "$rc" = 0 ]
+}
 
 failed=0
 for pkg in "${pkgs[@]}"; do
@@ -101,7 +138,12 @@ for pkg in "${pkgs[@]}"; do
   times=()
   for ((r = 1; r <= RUNS; r++)); do
     start=$EPOCHREALTIME
-    if (cd "$dir" && "$bin" "${args[@]}" >"$work/run.log" 2>&1); then
+    if [ "$LANES" = 1 ]; then
+      runlab=lanes
+    else
+      runlab=plain
+    fi
+    if (cd "$dir" && run_$runlab "$bin" "${args[@]}" >"$work/run.log" 2>&1); then
       pass=$((pass + 1))
       verdict=ok
     else
