@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +67,12 @@ func TestECMPLab(t *testing.T) {
 		}
 	})
 	t.Run(DrillECMPNodeKilled, func(t *testing.T) {
+		t.Cleanup(func() {
+			if t.Failed() {
+				logNodeLogs(t, l, 40)
+				logTail(t, filepath.Join(l.nodeDir(l.routerNode()), roleRouterFIB+".log"), "the router's router-fib.log", 20)
+			}
+		})
 		r := l.Drill(ctx, DrillECMPNodeKilled, 1)
 		t.Log(r)
 		if !r.OK() || r.ECMP == nil {

@@ -282,18 +282,31 @@ func (l *Lab) ecmpDrill(ctx context.Context, r *Result) error {
 		}
 		var why []string
 		for j, at := range f.failed {
-			if at.After(fault) && at.Before(movedAt) && moved == "" {
+			if at.After(fault) && at.Before(movedAt) {
 				why = append(why, fmt.Sprintf("failed at %+.0fms: %s", millis(at.Sub(fault)), f.errs[j]))
+			}
+		}
+		// The flow's last answer through its node before the move: a long
+		// gap says the flow was stalled (its requests sent nothing to
+		// hash) rather than moved while it sent.
+		var lastOnNode time.Time
+		for j, at := range f.at {
+			if at.Before(movedAt) && f.via[j] == node {
+				lastOnNode = at
 			}
 		}
 		f.mu.Unlock()
 		switch {
+		case moved != "":
+			e.SurvivorFlowsMoved++
+			b := fmt.Sprintf("flow %d (through %s): moved by the router to %s at %+.0fms, its last answer through %s at %+.0fms", i, node, moved, millis(movedAt.Sub(fault)), node, millis(lastOnNode.Sub(fault)))
+			if len(why) > 0 { // the failures that preceded the move
+				b += " (" + strings.Join(why, "; ") + ")"
+			}
+			e.Breaks = append(e.Breaks, b)
 		case len(why) > 0:
 			e.SurvivorFlowsFailed++
 			e.Breaks = append(e.Breaks, fmt.Sprintf("flow %d (through %s): %s", i, node, strings.Join(why, "; ")))
-		case moved != "":
-			e.SurvivorFlowsMoved++
-			e.Breaks = append(e.Breaks, fmt.Sprintf("flow %d (through %s): moved by the router to %s at %+.0fms", i, node, moved, millis(movedAt.Sub(fault))))
 		}
 	}
 	amu.Lock()
