@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -195,6 +196,11 @@ type monitor struct {
 	mu     sync.Mutex // guards the fields below
 	double []doubleHold
 	errs   int
+	// holder, once expect names it, is where the VIP should stay; left is
+	// the first sample since then that found it anywhere else (or
+	// nowhere).
+	holder string
+	left   time.Time
 }
 
 type doubleHold struct {
@@ -214,8 +220,13 @@ func startMonitor(w *vipWatch, live func() []*Node, interval time.Duration) *mon
 			m.mu.Lock()
 			if err != nil {
 				m.errs++
-			} else if len(h) > 1 {
-				m.double = append(m.double, doubleHold{at: time.Now(), holders: h})
+			} else {
+				if len(h) > 1 {
+					m.double = append(m.double, doubleHold{at: time.Now(), holders: h})
+				}
+				if m.holder != "" && m.left.IsZero() && !slices.Equal(h, []string{m.holder}) {
+					m.left = time.Now()
+				}
 			}
 			m.mu.Unlock()
 			select {
@@ -226,6 +237,21 @@ func startMonitor(w *vipWatch, live func() []*Node, interval time.Duration) *mon
 		}
 	}()
 	return m
+}
+
+// expect starts watching for the VIP to leave holder (leftAt).
+func (m *monitor) expect(holder string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.holder, m.left = holder, time.Time{}
+}
+
+// leftAt is when a sample first found the VIP off the holder that expect
+// named: zero if none did.
+func (m *monitor) leftAt() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.left
 }
 
 // close stops sampling and returns the double holds seen. Safe to call twice.
