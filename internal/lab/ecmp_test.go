@@ -21,11 +21,7 @@ func TestECMPLab(t *testing.T) {
 	requireBIRD(t)
 	l := newTestLab(t, "a 3-node routed lab in ECMP mode")
 	ctx := context.Background()
-	// BFD at 200 ms x 3, not the lab's 100 ms: beside another lab on two
-	// cores, BIRD or a survivor's vigil was once starved past 300 ms, the
-	// router took the survivor's route down with the dead node's, and its
-	// flows moved (2 of 19 runs beside TestDrills; 0 of 20 alone).
-	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP, BGPBFD: true, BFDInterval: 200 * time.Millisecond, BGPMode: BGPModeECMP}
+	s := Settings{Nodes: 3, Impl: ImplVigil, LBPort: APIServerPort, BackendPort: APIServerPort, Announce: AnnounceBGP, BGPBFD: true, BGPMode: BGPModeECMP}
 	if err := l.Up(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -82,9 +78,9 @@ func TestECMPLab(t *testing.T) {
 		if !r.OK() || r.ECMP == nil {
 			t.Fatalf("drill failed: %s", r)
 		}
-		// BFD at 200 ms x 3 drops the node in about 600 ms.
+		// BFD at 100 ms x 3 drops the node in about 300 ms.
 		if e := r.ECMP; e.WithdrawnMillis > 2000 {
-			t.Fatalf("the router dropped the dead node after %.0fms; BFD should in about 600 ms", e.WithdrawnMillis)
+			t.Fatalf("the router dropped the dead node after %.0fms; BFD should in about 300 ms", e.WithdrawnMillis)
 		}
 	})
 }
