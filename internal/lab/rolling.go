@@ -59,7 +59,7 @@ var revRE = regexp.MustCompile(`^[0-9A-Za-z._/-]+$`)
 // this build has compiled already, so that building it costs the
 // revision's packages alone (a cold run of the tests compiled gRPC, etcd
 // and the Kubernetes client again for a previous release whose go.mod
-// differed by patch versions: 155 CPU-seconds). If the revision does not
+// differed by patch versions: 147 CPU-seconds, against 15 now). If the revision does not
 // build so (an API it used has changed), it is built against its own.
 func BuildRevision(ctx context.Context, repo, rev, dir, modules string) (string, error) {
 	if !revRE.MatchString(rev) || strings.HasPrefix(rev, "-") {
