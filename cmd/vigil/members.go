@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/vigil-ha/vigil/internal/election"
 	"github.com/vigil-ha/vigil/internal/kube"
 	"github.com/vigil-ha/vigil/internal/membership"
 	"github.com/vigil-ha/vigil/internal/validate"
@@ -27,6 +28,16 @@ type etcdFlags struct {
 	endpoints        []string
 	ca, cert, key    string
 	logLevel, format string
+	// lockKey, for the commands that may move raft leadership (remove,
+	// replace: addLockKey), is where they read which node holds the VIP.
+	lockKey string
+}
+
+// addLockKey adds --lock-key to a command that may move raft leadership
+// off a member it removes: it then keeps leadership off the VIP holder's
+// member, whose vigil would move it off again.
+func (f *etcdFlags) addLockKey(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.lockKey, "lock-key", election.DefaultEtcdKey, "etcd key of vigil's lock record (vigil run --lock-key): raft leadership moved off a member being removed goes to a member other than the VIP holder's")
 }
 
 func (f *etcdFlags) add(cmd *cobra.Command) {
@@ -47,7 +58,13 @@ func (f *etcdFlags) cluster() (*membership.Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	return membership.New(membership.Config{Endpoints: f.endpoints, TLS: tc}, log)
+	cfg := membership.Config{Endpoints: f.endpoints, TLS: tc}
+	var cl *membership.Cluster
+	if f.lockKey != "" {
+		cfg.VIPHolder = func(ctx context.Context) (string, error) { return election.EtcdHolder(ctx, cl.Etcd(), f.lockKey) }
+	}
+	cl, err = membership.New(cfg, log)
+	return cl, err
 }
 
 // sayTo prints each step with the time it happened: a membership
@@ -236,7 +253,9 @@ func newMembersRemoveCmd(ef *etcdFlags) *cobra.Command {
 Refused when the cluster has no quorum now, when the removal would leave
 fewer healthy voters than the quorum of the remaining voters, and for a
 healthy member unless --force is given. A member that leads raft hands
-leadership to the most up-to-date healthy voter first.
+leadership to the most up-to-date healthy voter first, one other than the
+VIP holder's member where it can (the holder's vigil would move it off
+again); the raft leader itself is never removed.
 
 With --delete-node the Node of the same name is deleted too, unless it is
 Ready; permission to delete Nodes is checked before the member is touched.`,
@@ -272,6 +291,7 @@ Ready; permission to delete Nodes is checked before the member is touched.`,
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "also remove a member that is healthy")
+	ef.addLockKey(cmd)
 	nf.add(cmd)
 	return cmd
 }
@@ -445,6 +465,7 @@ be run again after an interruption at any point.`,
 	}
 	cmd.Flags().StringVar(&with, "with", "", "the new member, NAME=PEER_URL (required)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long to wait for the new member to start and catch up")
+	ef.addLockKey(cmd)
 	_ = cmd.MarkFlagRequired("with")
 	return cmd
 }

@@ -286,6 +286,24 @@ func (l *EtcdLock) watchMember(ctx context.Context, m *etcdcluster.Member, out c
 	}
 }
 
+// EtcdHolder reads the lock record at key (DefaultEtcdKey when empty) once
+// and returns the node it names as holder: "" when there is no record or
+// it was released. For tools that only look (vigil members), over the
+// caller's connection.
+func EtcdHolder(ctx context.Context, cl *etcdcluster.Cluster, key string) (string, error) {
+	if key == "" {
+		key = DefaultEtcdKey
+	}
+	resp, err := etcdcluster.Do(ctx, cl, func(ctx context.Context, m *etcdcluster.Member) (*clientv3.GetResponse, error) {
+		return m.Client.Get(ctx, key)
+	})
+	if err != nil {
+		return "", fmt.Errorf("read the lock record %s: %w", key, err)
+	}
+	obs, err := decode(resp.Kvs)
+	return obs.Holder(), err
+}
+
 func decode(kvs []*mvccpb.KeyValue) (Observation, error) {
 	if len(kvs) == 0 {
 		return Observation{}, nil

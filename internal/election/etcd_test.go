@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/vigil-ha/vigil/internal/etcdcluster"
 	"github.com/vigil-ha/vigil/internal/etcdtest"
 	"github.com/vigil-ha/vigil/internal/testaddr"
 	"github.com/vigil-ha/vigil/internal/testkit"
@@ -228,12 +230,31 @@ const (
 
 func TestAcquireRenewRelease(t *testing.T) {
 	c := etcdtest.Start(t, 1)
+	cl, err := etcdcluster.New(etcdcluster.Config{Endpoints: c.Endpoints}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	holder := func() string {
+		t.Helper()
+		h, err := EtcdHolder(testkit.Context(t, 10*time.Second), cl, "/test/leader")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if h := holder(); h != "" {
+		t.Fatalf("EtcdHolder before any candidate = %q, want none", h)
+	}
 	tr := newTracker(t)
 	a := startCandidate(t, "a", c.Endpoints, tr, tLease, tRenew, tRetry)
 	tr.waitLeader(t, 10*time.Second, "")
 	first := readRecord(t, c.Endpoints)
 	if first.Holder != "a" {
 		t.Fatalf("holder = %q, want a", first.Holder)
+	}
+	if h := holder(); h != "a" {
+		t.Fatalf("EtcdHolder = %q, want a", h)
 	}
 	// Renewals keep changing the record while the holder stays.
 	testkit.WaitFor(t, 5*time.Second, "a renewal", func() bool { return readRecord(t, c.Endpoints).Nonce != first.Nonce })
@@ -251,6 +272,9 @@ func TestAcquireRenewRelease(t *testing.T) {
 	a.stop()
 	if r := readRecord(t, c.Endpoints); r.Holder != "" {
 		t.Fatalf("after a clean stop the holder is %q, want the lock released", r.Holder)
+	}
+	if h := holder(); h != "" {
+		t.Fatalf("EtcdHolder of a released lock = %q, want none", h)
 	}
 	tr.mu.Lock()
 	renews := tr.renews["a"]

@@ -272,3 +272,30 @@ func TestUnaware(t *testing.T) {
 		t.Fatalf("Unaware(unknown ID) with member 3 dead = %v, want the live ones %v", got, sorted(e.Endpoints[:2]))
 	}
 }
+
+// OnLeaderExcept runs op on the raft leader unless the member it keeps
+// out leads; then it answers ErrLeads and runs nothing.
+func TestOnLeaderExcept(t *testing.T) {
+	e := etcdtest.Start(t, 3)
+	c := newCluster(t, Config{Endpoints: e.Endpoints})
+	lead := e.WaitLeader(10 * time.Second)
+	leaderID := uint64(e.Members[lead].Server.MemberID())
+	follower := uint64(e.Members[(lead+1)%3].Server.MemberID())
+	ran := 0
+	op := func(ctx context.Context, cli *clientv3.Client) (*clientv3.StatusResponse, error) {
+		ran++
+		return cli.Status(ctx, cli.Endpoints()[0])
+	}
+	if _, err := OnLeaderExcept(ctx(t), c, leaderID, op); !errors.Is(err, ErrLeads) || ran != 0 {
+		t.Fatalf("OnLeaderExcept(the leader) = %v after %d runs of op, want ErrLeads and none", err, ran)
+	}
+	var got *clientv3.StatusResponse
+	etcdtest.Retry(t, 10*time.Second, "op on the leader", func() error {
+		var err error
+		got, err = OnLeaderExcept(ctx(t), c, follower, op)
+		return err
+	})
+	if got.Header.MemberId != leaderID || ran == 0 {
+		t.Fatalf("op ran on member %x, want the leader %x", got.Header.MemberId, leaderID)
+	}
+}

@@ -285,11 +285,28 @@ func (c *Cluster) StoreLeaderless(ctx context.Context) (bool, error) {
 // membership changes, which must not be sent twice (an addition through two
 // members adds two members) and which only the leader commits anyway.
 func OnLeader[T any](ctx context.Context, c *Cluster, op func(context.Context, *clientv3.Client) (T, error)) (T, error) {
+	return OnLeaderExcept(ctx, c, 0, op)
+}
+
+// ErrLeads is returned by OnLeaderExcept when the member it was told to
+// keep out leads raft.
+var ErrLeads = errors.New("the member leads raft")
+
+// OnLeaderExcept is OnLeader, but returns ErrLeads without running op when
+// the member except (0: none) leads raft now. The removal of a member uses
+// it: leadership moved off that member may have moved back since (a VIP
+// holder shedding it), and removing the raft leader costs an etcd
+// election, every write waiting for it.
+func OnLeaderExcept[T any](ctx context.Context, c *Cluster, except uint64, op func(context.Context, *clientv3.Client) (T, error)) (T, error) {
 	sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	answers := c.StatusAll(sctx)
 	cancel()
 	for _, a := range answers {
 		if a.ID == a.Leader {
+			if except != 0 && a.ID == except {
+				var zero T
+				return zero, fmt.Errorf("%w (%x)", ErrLeads, a.ID)
+			}
 			return op(ctx, a.member.Client)
 		}
 	}

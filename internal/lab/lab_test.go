@@ -688,6 +688,7 @@ func logNodeLogs(t *testing.T, l *Lab, lines int) {
 	for _, n := range l.st.Nodes {
 		logTail(t, filepath.Join(l.nodeDir(n), "vigil.log"), n.Name+"'s vigil.log", lines)
 	}
+	logTail(t, filepath.Join(l.dir, membersLog), "the vigil members commands' output", lines)
 }
 
 func logTail(t *testing.T, file, name string, lines int) {

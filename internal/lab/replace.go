@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -146,11 +147,34 @@ func (l *Lab) vigilMembers(ctx context.Context, node string, args ...string) (st
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", full...)
 	cmd.WaitDelay = 5 * time.Second
+	began := time.Now()
 	out, err := cmd.CombinedOutput()
+	l.noteMembers(began, args, out, err)
 	if err != nil {
 		return string(out), fmt.Errorf("vigil members %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
+}
+
+// membersLog is the file in the lab's directory that keeps the output of
+// every `vigil members` command a drill ran, for the story behind a
+// failed drill (TestDrills prints it).
+const membersLog = "members.log"
+
+// noteMembers appends one command's output to membersLog. The record is
+// best effort: a drill does not fail for want of it.
+func (l *Lab) noteMembers(began time.Time, args []string, out []byte, err error) {
+	f, ferr := os.OpenFile(filepath.Join(l.dir, membersLog), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if ferr != nil {
+		return
+	}
+	defer f.Close()
+	result := "ok"
+	if err != nil {
+		result = err.Error()
+	}
+	fmt.Fprintf(f, "--- %s vigil members %s (%v: %s)\n%s", began.UTC().Format(time.RFC3339Nano), strings.Join(args, " "),
+		time.Since(began).Round(time.Millisecond), result, out)
 }
 
 // settledVigilLab checks that the lab runs vigil and waits until it has one

@@ -71,6 +71,11 @@ type Config struct {
 	Etcd          *etcdcluster.Cluster
 	ReportPrefix  string
 	StatusTimeout time.Duration
+	// VIPHolder, when set, names the node that holds the VIP (the lock
+	// record's holder; "" when none does). Remove then keeps raft
+	// leadership off that node's etcd member when it moves leadership off
+	// the member it removes (View.transferTarget). Optional.
+	VIPHolder func(context.Context) (string, error)
 }
 
 // Cluster talks to etcd about its membership.
@@ -332,16 +337,91 @@ func (c *Cluster) Remove(ctx context.Context, nameOrID string, force bool, say R
 	return c.remove(ctx, v, m, force, say)
 }
 
-func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say Reporter) error {
+// remove removes m (see Remove). When it moves raft leadership off m, it
+// keeps it off the members in avoid and off the VIP holder's member where
+// it can (View.transferTarget).
+func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say Reporter, avoid ...uint64) error {
 	if err := v.CheckRemove(m, force); err != nil {
 		return err
 	}
-	for attempt := 1; m.Leader; attempt++ {
-		to, ok := v.transferTarget(m)
+	holder := uint64(0)
+	if m.Leader {
+		holder = c.holderMember(ctx, v)
+	}
+	for moves, round := 0, 1; ; round++ {
+		var err error
+		if v, m, err = c.moveLeaderOff(ctx, v, m, append(avoid, holder), &moves, say); err != nil {
+			return err
+		}
+		if err := v.CheckRemove(m, force); err != nil {
+			return err
+		}
+		say.say(EventRemoving, m.Label(), "removing %s", m.Label())
+		err = c.memberRemove(ctx, m, say)
+		if !errors.Is(err, etcdcluster.ErrLeads) {
+			return err
+		}
+		// Leadership came back to m after it was moved off: a VIP
+		// holder shed its own leadership onto it. Removing the raft
+		// leader would cost an etcd election; move it off again.
+		if round >= moveLeaderAttempts || moves >= moveLeaderAttempts {
+			return fmt.Errorf("%w: %s leads raft again after leadership was moved off it %d times; not removing the raft leader (an etcd election would pause every write). Try again", ErrRefused, m.Label(), moves)
+		}
+		if holder == 0 {
+			holder = c.holderMember(ctx, v)
+		}
+		if v, err = c.view(ctx, true); err != nil {
+			return err
+		}
+		if m, err = v.Find(m.IDString()); err != nil {
+			return err
+		}
+		say.say(EventMoveRetry, m.Label(), "%s leads raft again (leadership moved back to it meanwhile); moving it off again", m.Label())
+	}
+}
+
+// holderMember returns the ID of the etcd member on the node that holds
+// the VIP (Config.VIPHolder): the member its vigil reports as its own, or
+// else the member named like the node. 0 when that is not known.
+func (c *Cluster) holderMember(ctx context.Context, v View) uint64 {
+	if c.cfg.VIPHolder == nil {
+		return 0
+	}
+	hctx, cancel := context.WithTimeout(ctx, memberListTimeout)
+	node, err := c.cfg.VIPHolder(hctx)
+	cancel()
+	if err != nil {
+		c.log.Debug("cannot tell which node holds the VIP; moving raft leadership without regard to it", "err", err)
+		return 0
+	}
+	if node == "" {
+		return 0
+	}
+	name := node
+	for _, r := range v.Reports {
+		if r.Observer == node && r.Member != "" {
+			name = r.Member
+		}
+	}
+	for _, m := range v.Members {
+		if m.Name == name {
+			return m.ID
+		}
+	}
+	return 0
+}
+
+// moveLeaderOff moves raft leadership off m while it leads, to
+// v.transferTarget(m, avoid...), counting the moves in *moves, and returns
+// the view and member as they are afterwards.
+func (c *Cluster) moveLeaderOff(ctx context.Context, v View, m Member, avoid []uint64, moves *int, say Reporter) (View, Member, error) {
+	for m.Leader {
+		to, ok := v.transferTarget(m, avoid...)
 		if !ok {
-			return fmt.Errorf("%w: %s leads raft and no other healthy voter can take over", ErrRefused, m.Label())
+			return v, m, fmt.Errorf("%w: %s leads raft and no other healthy voter can take over", ErrRefused, m.Label())
 		}
 		say.say(EventMovingLeader, m.Label(), "%s leads raft; moving leadership to %s first", m.Label(), to.Label())
+		*moves++
 		merr := c.moveLeader(ctx, m, to)
 		// Check again with the new leader in place. The move may also
 		// have failed because leadership went elsewhere at the same time
@@ -349,10 +429,10 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		// leads.
 		var err error
 		if v, err = c.view(ctx, true); err != nil {
-			return err
+			return v, m, err
 		}
 		if m, err = v.Find(m.IDString()); err != nil {
-			return err
+			return v, m, err
 		}
 		if merr == nil || !m.Leader {
 			break
@@ -361,30 +441,32 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		// within an election timeout: a member that joined moments ago,
 		// on a busy machine. A second later it, or the member now
 		// furthest along, usually can.
-		if attempt == moveLeaderAttempts {
-			return fmt.Errorf("move raft leadership off %s (%d attempts): %w", m.Label(), attempt, merr)
+		if *moves >= moveLeaderAttempts {
+			return v, m, fmt.Errorf("move raft leadership off %s (%d attempts): %w", m.Label(), *moves, merr)
 		}
 		say.say(EventMoveRetry, m.Label(), "moving leadership failed (%v); trying again in %v", merr, moveLeaderRetry)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return v, m, ctx.Err()
 		case <-time.After(moveLeaderRetry):
 		}
 		if v, err = c.view(ctx, true); err != nil {
-			return err
+			return v, m, err
 		}
 		if m, err = v.Find(m.IDString()); err != nil {
-			return err
+			return v, m, err
 		}
 	}
-	if err := v.CheckRemove(m, force); err != nil {
-		return err
-	}
-	say.say(EventRemoving, m.Label(), "removing %s", m.Label())
+	return v, m, nil
+}
+
+// memberRemove removes m through the raft leader, unless m leads
+// (etcdcluster.ErrLeads), retrying while etcd calls the cluster unhealthy.
+func (c *Cluster) memberRemove(ctx context.Context, m Member, say Reporter) error {
 	var err error
 	for deadline := time.Now().Add(unhealthyWait); ; {
 		rctx, cancel := context.WithTimeout(ctx, removeTimeout)
-		_, err = etcdcluster.OnLeader(rctx, c.cl, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberRemoveResponse, error) {
+		_, err = etcdcluster.OnLeaderExcept(rctx, c.cl, m.ID, func(ctx context.Context, cli *clientv3.Client) (*clientv3.MemberRemoveResponse, error) {
 			return cli.MemberRemove(ctx, m.ID)
 		})
 		cancel()
@@ -400,6 +482,9 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 			return ctx.Err()
 		case <-time.After(time.Second):
 		}
+	}
+	if errors.Is(err, etcdcluster.ErrLeads) {
+		return err
 	}
 	if err != nil {
 		// The answer can be lost while the removal went through: the

@@ -624,3 +624,57 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("Remove through unreachable etcd = %v", err)
 	}
 }
+
+// Removing the raft leader moves leadership to a member other than the VIP
+// holder's (whose vigil would move it off again), and when leadership
+// comes back to the member before its removal (a holder shedding it onto
+// it), the removal moves it off again instead of removing the raft leader.
+func TestRemoveLeaderKeepsLeadershipOffTheHolderAndNeverRemovesTheLeader(t *testing.T) {
+	c := etcdtest.StartDistinct(t, 3)
+	settle(t, c)
+	li := c.WaitLeader(10 * time.Second)
+	leader, holder, other := c.Names[li], c.Names[(li+1)%3], c.Names[(li+2)%3]
+	cl, err := New(Config{Endpoints: c.Endpoints, VIPHolder: func(context.Context) (string, error) { return holder, nil }}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	v, err := cl.View(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm, err := v.Find(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	movedBack := false
+	err = cl.Remove(ctx(t), leader, true, func(e Event) {
+		t.Logf("%s [%s %s]", e.Text, e.Kind, e.Member)
+		texts = append(texts, e.Text)
+		if e.Kind == EventRemoving && !movedBack {
+			// What a VIP holder's shedder does at the worst moment: it
+			// hands leadership back to the member about to go.
+			movedBack = true
+			etcdtest.Retry(t, 10*time.Second, "moving leadership back", func() error {
+				return cl.Etcd().MoveLeader(ctx(t), lm.ID)
+			})
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(texts, "\n")
+	if !strings.Contains(all, "moving leadership to "+other+" ") || strings.Contains(all, "moving leadership to "+holder+" ") {
+		t.Fatalf("leadership moved to the VIP holder's member %s, or not to %s:\n%s", holder, other, all)
+	}
+	if !strings.Contains(all, "leads raft again") || strings.Count(all, "moving leadership to ") != 2 {
+		t.Fatalf("the removal did not notice that leadership came back, and move it off again:\n%s", all)
+	}
+	if got := names(t, cl); slices.Contains(got, leader) || len(got) != 2 {
+		t.Fatalf("members after removing the leader %s: %v", leader, got)
+	}
+	if e := c.WaitLeader(10 * time.Second); c.Names[e] != other {
+		t.Fatalf("raft leader after the removal: %s, want %s (not the VIP holder's %s)", c.Names[e], other, holder)
+	}
+}

@@ -275,7 +275,7 @@ func (c *Cluster) Replace(ctx context.Context, rc ReplaceConfig, say Reporter) e
 		cur, err := v.Find(old.IDString())
 		if err != nil {
 			say.say(EventAlreadyGone, old.Label(), "%s was already removed", old.Label())
-		} else if err := c.remove(ctx, v, cur, true, say); err != nil {
+		} else if err := c.remove(ctx, v, cur, true, say, newM.ID); err != nil {
 			return err
 		}
 	}

@@ -3,6 +3,7 @@ package membership
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -130,18 +131,33 @@ func (v View) CheckRemove(m Member, force bool) error {
 	return nil
 }
 
-// transferTarget picks the healthy voter, other than m, that is furthest
-// along, to take raft leadership before m is removed.
-func (v View) transferTarget(m Member) (Member, bool) {
+// transferTarget picks the healthy voter, other than m, to take raft
+// leadership before m is removed: the one furthest along, and one not in
+// avoid whenever there is one. Remove avoids the member on the VIP
+// holder's node: the holder's vigil moves raft leadership off its own
+// member within seconds (daemon's raftShedder), to the voter furthest
+// along, which may well be m, and a second transfer pauses every write
+// again. Replace also avoids the member it has just promoted: a member
+// that started moments ago, on a busy machine, is the likeliest to take
+// longer than an election timeout, and every write waits meanwhile.
+func (v View) transferTarget(m Member, avoid ...uint64) (Member, bool) {
 	var best Member
 	found := false
 	for _, c := range v.Members {
 		if c.ID == m.ID || c.Learner || !c.Reachable {
 			continue
 		}
-		if !found || c.RaftIndex > best.RaftIndex {
-			best, found = c, true
+		cAvoided, bestAvoided := slices.Contains(avoid, c.ID), slices.Contains(avoid, best.ID)
+		switch {
+		case !found:
+		case cAvoided != bestAvoided:
+			if cAvoided {
+				continue
+			}
+		case c.RaftIndex <= best.RaftIndex:
+			continue
 		}
+		best, found = c, true
 	}
 	return best, found
 }

@@ -67,3 +67,32 @@ func TestFind(t *testing.T) {
 		t.Fatalf("Find unknown: %v", err)
 	}
 }
+
+func TestTransferTarget(t *testing.T) {
+	at := func(m Member, index uint64) Member { m.RaftIndex = index; return m }
+	a, b, c := at(voter("a", true), 10), at(voter("b", true), 12), at(voter("c", true), 11)
+	cases := []struct {
+		name  string
+		v     View
+		avoid []uint64
+		want  string // "" for none
+	}{
+		{"furthest along", view(a, b, c), nil, "b"},
+		{"never the member removed, however far along", view(at(a, 20), b, c), nil, "b"},
+		{"an avoided member only when nothing else is left", view(a, b, c), []uint64{b.ID}, "c"},
+		{"two avoided", view(a, b, c), []uint64{b.ID, c.ID}, "b"},
+		{"avoided, and the others are down or learners", view(a, b, voter("c", false), learner("d", true)), []uint64{b.ID}, "b"},
+		{"nobody", view(a, voter("b", false), learner("c", true)), nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := tc.v.transferTarget(a, tc.avoid...)
+			switch {
+			case tc.want == "" && ok:
+				t.Fatalf("transferTarget = %s, want none", got.Name)
+			case tc.want != "" && (!ok || got.Name != tc.want):
+				t.Fatalf("transferTarget = %s (%v), want %s", got.Name, ok, tc.want)
+			}
+		})
+	}
+}
