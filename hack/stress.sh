@@ -21,8 +21,8 @@
 #   LANES=1        with ./internal/lab/: each run is the netns lab as
 #                  hack/test.sh runs it on warm builds: TestDrills in the
 #                  default lab instance beside every other netns lab test
-#                  in instance b, then TestTimedDrills, TestGrayFaultsInTheLab
-#                  and TestLeaseLab alone (the kubeadm lab not at all: name
+#                  in instance b, then TestTimedDrills, TestGrayFaultsInTheLab,
+#                  TestECMPLab and TestLeaseLab alone (the kubeadm lab not at all: name
 #                  it with RUN='^TestKubeadmLab$' and LANES=0). RUN must be
 #                  empty.
 #
@@ -107,7 +107,7 @@ run_lanes() {
   local bin=$1 rc=0 ra=0 rb=0
   shift
   VIGIL_LAB_INSTANCE=b "$bin" "$@" -test.v \
-    -test.skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab)$' >"$work/lane-b.log" 2>&1 &
+    -test.skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab|TestECMPLab)$' >"$work/lane-b.log" 2>&1 &
   local pb=$!
   "$bin" "$@" -test.v -test.run '^TestDrills$' >"$work/lane-a.log" 2>&1 || ra=$?
   wait "$pb" || rb=$?
@@ -115,8 +115,8 @@ run_lanes() {
   cat "$work/lane-a.log"
   echo "== lane b (the other netns labs, instance b): exit $rb"
   cat "$work/lane-b.log"
-  echo "== alone (TestTimedDrills, TestGrayFaultsInTheLab, TestLeaseLab)"
-  "$bin" "$@" -test.v -test.run '^(TestTimedDrills|TestGrayFaultsInTheLab|TestLeaseLab)$' || rc=$?
+  echo "== alone (TestTimedDrills, TestGrayFaultsInTheLab, TestECMPLab, TestLeaseLab)"
+  "$bin" "$@" -test.v -test.run '^(TestTimedDrills|TestGrayFaultsInTheLab|TestECMPLab|TestLeaseLab)$' || rc=$?
   [ "$ra" = 0 ] && [ "$rb" = 0 ] && [ "$rc" = 0 ]
 }
 

@@ -161,15 +161,20 @@ if [ "$lanes" = 1 ]; then
   # TestTimedDrills (handover, API-server and reconnect-storm drills: the
   # storm keeps both cores busy, and beside another lab it starved the
   # holder's vigil past its renew deadline) and TestGrayFaultsInTheLab (its
-  # no-move bound leaves vigil 100 ms). The test binary is compiled once
-  # first; both lanes then find it built.
+  # no-move bound leaves vigil 100 ms) and TestECMPLab (it judges every
+  # flow through the survivors after a node's power loss: beside another
+  # lab, the router's BFD sessions to a survivor starved, the router dropped
+  # that survivor's route too, and its flows moved: beside TestDrills it
+  # failed 2 of 14 lane runs and 4 of 34 runs in a loop, alone none of
+  # 20). The test binary is compiled
+  # once first; both lanes then find it built.
   CGO_ENABLED=0 go test -c -o /dev/null $labflags ./internal/lab/
   runs=$((runs + 1))
   laneb="$log/$runs.out"
   (
     rc=0
     VIGIL_LAB_INSTANCE=b CGO_ENABLED=0 go test $labflags -count=1 -timeout 30m \
-      -skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab)$' ./internal/lab/ >"$laneb" 2>&1 || rc=$?
+      -skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab|TestDrills|TestTimedDrills|TestGrayFaultsInTheLab|TestECMPLab)$' ./internal/lab/ >"$laneb" 2>&1 || rc=$?
     echo "$rc" >"$log/laneb.rc"
   ) &
   lanebpid=$!
@@ -181,8 +186,8 @@ if [ "$lanes" = 1 ]; then
   read -r lanebrc <"$log/laneb.rc" || lanebrc=1
   phase "waiting for the other netns labs (instance b)"
   [ "$lanebrc" = 0 ] || status=$lanebrc
-  later='^(TestTimedDrills|TestGrayFaultsInTheLab|TestLeaseLab)$'
-  latername="lab: timed drills, gray faults, Lease"
+  later='^(TestTimedDrills|TestGrayFaultsInTheLab|TestECMPLab|TestLeaseLab)$'
+  latername="lab: timed drills, gray faults, ECMP, Lease"
 else
   labtest "lab (without Kubernetes binaries), one test at a time" -skip '^(TestKubeadmLab|TestKubeadmLabRefusesMissingInputs|TestLeaseLab)$'
   later='^TestLeaseLab$'
