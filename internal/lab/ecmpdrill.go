@@ -3,8 +3,10 @@ package lab
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"sort"
@@ -97,6 +99,70 @@ type flow struct {
 	failed []time.Time // when requests failed
 	errs   []string
 	at     []time.Time // when each answer came
+	conns  []connEvent // its TCP connections opening and ending
+}
+
+// connEvent is a flow's connection opening (err "") or ending: what the
+// client saw first on it (a read or write error, or its own close).
+type connEvent struct {
+	at    time.Time
+	local string // the client's address of the connection
+	err   string // "" when it opened
+}
+
+func (f *flow) noteConn(local net.Addr, err string) {
+	f.mu.Lock()
+	f.conns = append(f.conns, connEvent{time.Now(), local.String(), err})
+	f.mu.Unlock()
+}
+
+// trackedConn notes in its flow how the connection ended.
+type trackedConn struct {
+	net.Conn
+	f    *flow
+	once sync.Once
+}
+
+func (c *trackedConn) end(err error) {
+	c.once.Do(func() { c.f.noteConn(c.LocalAddr(), err.Error()) })
+}
+
+func (c *trackedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil {
+		c.end(fmt.Errorf("read: %w", err))
+	}
+	return n, err
+}
+
+func (c *trackedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil {
+		c.end(fmt.Errorf("write: %w", err))
+	}
+	return n, err
+}
+
+func (c *trackedConn) Close() error {
+	c.end(errors.New("closed by the client"))
+	return c.Conn.Close()
+}
+
+// connStory says what happened to the flow's connections between from and
+// to, times relative to fault. Called with f.mu held.
+func (f *flow) connStory(fault, from, to time.Time) string {
+	var parts []string
+	for _, e := range f.conns {
+		if e.at.Before(from) || e.at.After(to) {
+			continue
+		}
+		if e.err == "" {
+			parts = append(parts, fmt.Sprintf("connection from %s opened at %+.0fms", e.local, millis(e.at.Sub(fault))))
+		} else {
+			parts = append(parts, fmt.Sprintf("connection from %s ended at %+.0fms (%s)", e.local, millis(e.at.Sub(fault)), e.err))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // every calls f every d until stop is closed.
@@ -189,7 +255,20 @@ func (l *Lab) ecmpDrill(ctx context.Context, r *Result) error {
 	for i := range flows {
 		ft := tr.Clone()
 		ft.DisableKeepAlives, ft.MaxConnsPerHost, ft.MaxIdleConnsPerHost = false, 1, 1
-		flows[i] = &flow{tr: ft, client: &http.Client{Timeout: 2 * time.Second, Transport: ft}}
+		f := &flow{tr: ft, client: &http.Client{Timeout: 2 * time.Second, Transport: ft}}
+		// Each connection's opening and end are noted: a flow that moves
+		// under resilient hashing had its connection end first, and how
+		// it ended (a reset, the server's close) says who ended it.
+		dial := ft.DialContext
+		ft.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			f.noteConn(c.LocalAddr(), "")
+			return &trackedConn{Conn: c, f: f}, nil
+		}
+		flows[i] = f
 		wg.Go(func() { flows[i].run(url, stop) })
 	}
 	// New connections, one every 10 ms.
@@ -302,6 +381,12 @@ func (l *Lab) ecmpDrill(ctx context.Context, r *Result) error {
 			b := fmt.Sprintf("flow %d (through %s): moved by the router to %s at %+.0fms, its last answer through %s at %+.0fms", i, node, moved, millis(movedAt.Sub(fault)), node, millis(lastOnNode.Sub(fault)))
 			if len(why) > 0 { // the failures that preceded the move
 				b += " (" + strings.Join(why, "; ") + ")"
+			}
+			f.mu.Lock()
+			story := f.connStory(fault, fault.Add(-time.Second), movedAt)
+			f.mu.Unlock()
+			if story != "" {
+				b += "; " + story
 			}
 			e.Breaks = append(e.Breaks, b)
 		case len(why) > 0:
