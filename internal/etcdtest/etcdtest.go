@@ -59,6 +59,18 @@ func (c *Cluster) Add(name, peerURL, clientURL, cluster string) int {
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	// The new member fetches the cluster from the first peer that answers
+	// and refuses to start ("member count is unequal") if that peer has
+	// not applied the addition yet: a follower can be a moment behind the
+	// leader that answered MemberAdd.
+	testkit.WaitNilEvery(c.t, 10*time.Second, 10*time.Millisecond, "every running member to list "+peerURL, func() error {
+		for i, e := range c.Members {
+			if !c.stopped[i] && !listsPeer(e, peerURL) {
+				return fmt.Errorf("member %s does not list it yet", c.Names[i])
+			}
+		}
+		return nil
+	})
 	cfg := hostConfig(c.t, name, pu.Hostname(), 0, 0, cluster)
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
@@ -77,6 +89,18 @@ func (c *Cluster) Add(name, peerURL, clientURL, cluster string) int {
 	c.Names = append(c.Names, name)
 	c.Endpoints = append(c.Endpoints, clientURL)
 	return len(c.Members) - 1
+}
+
+// listsPeer tells whether member e has applied a member with peerURL.
+func listsPeer(e *embed.Etcd, peerURL string) bool {
+	for _, m := range e.Server.Cluster().Members() {
+		for _, u := range m.PeerURLs {
+			if u == peerURL {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Config returns the configuration of member name with the given ports

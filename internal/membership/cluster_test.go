@@ -163,6 +163,12 @@ func TestRefusalsAgainstRealCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Its etcd fetches the cluster from the first member that answers
+		// and refuses to start ("member count is unequal") if that one has
+		// not applied the addition yet; Replace waits for the same.
+		if err := cl.awaitKnown(ctx(t), add.Member.ID, "l4", say(t)); err != nil {
+			t.Fatal(err)
+		}
 		var initial []string
 		for _, m := range add.Members {
 			n := m.Name
