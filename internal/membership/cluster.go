@@ -344,13 +344,24 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 	if err := v.CheckRemove(m, force); err != nil {
 		return err
 	}
-	holder := uint64(0)
+	// keepOff: avoid, and the VIP holder's member once known (looked up
+	// only when leadership has to move).
+	keepOff := slices.Clone(avoid)
+	holderKnown := false
+	lookHolder := func() {
+		if !holderKnown {
+			holderKnown = true
+			if h := c.holderMember(ctx, v); h != 0 {
+				keepOff = append(keepOff, h)
+			}
+		}
+	}
 	if m.Leader {
-		holder = c.holderMember(ctx, v)
+		lookHolder()
 	}
 	for moves, round := 0, 1; ; round++ {
 		var err error
-		if v, m, err = c.moveLeaderOff(ctx, v, m, append(avoid, holder), &moves, say); err != nil {
+		if v, m, err = c.moveLeaderOff(ctx, v, m, keepOff, &moves, say); err != nil {
 			return err
 		}
 		if err := v.CheckRemove(m, force); err != nil {
@@ -367,9 +378,7 @@ func (c *Cluster) remove(ctx context.Context, v View, m Member, force bool, say 
 		if round >= moveLeaderAttempts || moves >= moveLeaderAttempts {
 			return fmt.Errorf("%w: %s leads raft again after leadership was moved off it %d times; not removing the raft leader (an etcd election would pause every write). Try again", ErrRefused, m.Label(), moves)
 		}
-		if holder == 0 {
-			holder = c.holderMember(ctx, v)
-		}
+		lookHolder()
 		if v, err = c.view(ctx, true); err != nil {
 			return err
 		}
