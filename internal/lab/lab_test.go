@@ -614,7 +614,7 @@ func TestChaos(t *testing.T) {
 		nstest.Unavailable(t, "a lab is already up (%v); not touching it (vigil-lab down removes it)", nss)
 	}
 	seed := time.Now().UnixNano() % 1_000_000
-	dir := t.TempDir()
+	dir := memDir(t) // the etcd members' data too, as in the other netns labs
 	t.Logf("chaos seed %d (vigil-lab chaos --seed %d replays the sequence)", seed, seed)
 	cmd := exec.Command(nstest.Binary(t, "vigil-lab"), "--dir", filepath.Join(dir, "lab"), "--vigil-bin", nstest.Binary(t, "vigil"),
 		"chaos", "--duration", "240s", "--seed", strconv.FormatInt(seed, 10), "--max-pause", "5s", "--json", "--logs", filepath.Join(dir, "logs"))
