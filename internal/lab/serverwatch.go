@@ -198,21 +198,10 @@ func (l *Lab) watchedServers(extra int) []netip.Addr {
 // write was slower than that.
 
 const (
-	// storeWatchInterval is how often the store watch starts a write: half
-	// vigil's default --retry-period (startStoreWatch says why).
-	storeWatchInterval = 50 * time.Millisecond
-	// storeWatchTimeout bounds each write, and storeWatchInFlight how
-	// many may be under way at once (all of them, at that timeout).
-	storeWatchTimeout  = 2 * time.Second
-	storeWatchInFlight = int(storeWatchTimeout / storeWatchInterval)
+	storeWatchInterval = 200 * time.Millisecond
 	// storePromise is how fast etcd must answer for vigil to promise the
 	// VIP stays put.
 	storePromise = 400 * time.Millisecond
-	// storeDoubt is the slowest write of the watch that still shows the
-	// promise kept: a stall shows in the watch up to an interval shorter
-	// than it lasted (startStoreWatch), so a write slower than this may
-	// mean one of the holder's took longer than storePromise.
-	storeDoubt = storePromise - storeWatchInterval
 	// darkGap is the shortest silence of the VIP's UDP responder (probed
 	// every 10 ms) that counts as the VIP gone. A holder that steps down
 	// and takes the VIP back may leave it for less than 100 ms (the
@@ -232,47 +221,20 @@ type storeProbe struct {
 	ok    bool
 }
 
-// slow reports whether the write failed or leaves room for vigil's
-// latency promise to have been broken (storeDoubt).
-func (p storeProbe) slow() bool { return !p.ok || p.took > storeDoubt }
+// slow reports whether the write broke vigil's latency promise.
+func (p storeProbe) slow() bool { return !p.ok || p.took > storePromise }
 
-// startStoreWatch starts a write with put every storeWatchInterval, each
-// bounded by storeWatchTimeout, whether or not the writes before it have
-// been answered (at most storeWatchInFlight at once), until closed: the
-// writes overlap, as the holder's pipelined renewals do, and a slow one
-// does not hold the next one back.
-//
-// A stall of etcd shows in the watch as the time from the first write
-// begun in it to its end: up to an interval less than it lasted. The
-// holder is fenced when no renewal is answered within --renew-deadline
-// (500 ms) of the start of the last one answered; with renewals every
-// 100 ms, a stall that begins just after one was answered fences it after
-// a little over 400 ms. One write every 200 ms, as the watch once did,
-// timed such a stall at 200 to 400 ms, and a chaos run failed a holder
-// that had stepped down while etcd was not answering it
-// (bench/stress/README.md, 2026-12-07). Every 50 ms, every stall that
-// fences a holder at the default timings leaves a write slower than
-// storeDoubt, and a stall that every write rides out within storeDoubt
-// leaves none (TestStoreWatchSeesEveryStallThatFences).
+// startStoreWatch writes with put every storeWatchInterval, each write
+// bounded by 2 s, until closed.
 func startStoreWatch(put func(ctx context.Context) error) *recorder[storeProbe] {
 	w := newRecorder[storeProbe]()
-	slots := make(chan struct{}, storeWatchInFlight)
 	w.every(storeWatchInterval, func() {
-		select {
-		case slots <- struct{}{}:
-		default:
-			return // as many under way as allowed: they will say how slow
-		}
-		start := time.Now()
-		w.wg.Go(func() { // every's own count keeps the group above zero here
-			defer func() { <-slots }()
-			p := storeProbe{start: start}
-			ctx, cancel := context.WithTimeout(context.Background(), storeWatchTimeout)
-			p.ok = put(ctx) == nil
-			cancel()
-			p.took = time.Since(p.start)
-			w.add(p)
-		})
+		p := storeProbe{start: time.Now()}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		p.ok = put(ctx) == nil
+		cancel()
+		p.took = time.Since(p.start)
+		w.add(p)
 	})
 	return w
 }
