@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/vigil-ha/vigil/internal/etcdtest"
@@ -210,11 +209,16 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 		}
 		close(got)
 	}()
+	// Each write is bounded and made only if the key is new: a retry after
+	// a lost answer must not write the key twice (the watch counts events).
 	written := 0
 	write := func() {
 		t.Helper()
+		key := fmt.Sprintf("/counter/%04d", written)
 		etcdtest.Retry(t, 20*time.Second, "put", func() error {
-			_, err := direct.Put(ctx, fmt.Sprintf("/counter/%04d", written), "x")
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			_, err := direct.Txn(pctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(clientv3.OpPut(key, "x")).Commit()
 			return err
 		})
 		written++
@@ -245,14 +249,7 @@ func TestFollowsMembershipAndFailsOver(t *testing.T) {
 	// by its API server: the agent drops each backend and closes its
 	// connections, and the watch moves on to a member that is still there.
 	for _, i := range []int{0, 1} {
-		id := uint64(c.Members[i].Server.MemberID())
-		etcdtest.Retry(t, 30*time.Second, "member remove", func() error {
-			_, err := direct.MemberRemove(ctx, id)
-			if errors.Is(err, rpctypes.ErrMemberNotFound) {
-				return nil // an earlier attempt took effect, its answer was lost
-			}
-			return err
-		})
+		c.Remove(i, 30*time.Second)
 		stand[i].kill()
 		testkit.WaitFor(t, 10*time.Second, fmt.Sprintf("backend %s gone", api(i)), func() bool {
 			return !slices.Contains(backendsIn(a, "apiserver", "cluster", ""), api(i))

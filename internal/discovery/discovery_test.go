@@ -168,8 +168,7 @@ func TestFollowsRealMembership(t *testing.T) {
 	s.wait(t, 10*time.Second, []string{backend(0), backend(1), backend(2), backend(3)})
 
 	// Remove the second member; Refresh makes it visible without waiting.
-	id := uint64(c.Members[1].Server.MemberID())
-	etcdtest.Retry(t, 20*time.Second, "member remove", func() error { _, err := cli.MemberRemove(ctx, id); return err })
+	c.Remove(1, 20*time.Second)
 	d.Refresh()
 	s.wait(t, 5*time.Second, []string{backend(0), backend(2), backend(3)})
 	if got := d.Backends(); !slices.Equal(got, []string{backend(0), backend(2), backend(3)}) {

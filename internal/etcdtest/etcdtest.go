@@ -3,6 +3,7 @@
 package etcdtest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -13,7 +14,10 @@ import (
 
 	"github.com/vigil-ha/vigil/internal/testaddr"
 	"github.com/vigil-ha/vigil/internal/testkit"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -384,6 +388,48 @@ func (c *Cluster) Close() {
 		}
 	}
 	wg.Wait()
+}
+
+// removeAttempt bounds one MemberRemove call of Remove's.
+const removeAttempt = 5 * time.Second
+
+// Remove removes member i from the cluster through the other running
+// members, retrying for up to d while etcd refuses ("unhealthy cluster")
+// and failing the test after that.
+//
+// It never asks member i itself: a member that applies its own removal
+// stops, and the request it was serving can then go unanswered (etcd 3.6's
+// EtcdServer.configure, once the change is applied, waits for raft to
+// advance with no way out, and a member that stopped first never
+// advances). Each attempt is bounded all the same, and a member already
+// gone counts as removed: an earlier attempt took effect and its answer
+// was lost.
+func (c *Cluster) Remove(i int, d time.Duration) {
+	c.t.Helper()
+	var others []string
+	for j, ep := range c.Endpoints {
+		if j != i && !c.stopped[j] {
+			others = append(others, ep)
+		}
+	}
+	if len(others) == 0 {
+		c.t.Fatalf("remove etcd member %s: no other member is running", c.Names[i])
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: others, DialTimeout: removeAttempt, Logger: zap.NewNop()})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer cli.Close()
+	id := uint64(c.Members[i].Server.MemberID())
+	Retry(c.t, d, "etcd to remove member "+c.Names[i], func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), removeAttempt)
+		defer cancel()
+		_, err := cli.MemberRemove(ctx, id)
+		if errors.Is(err, rpctypes.ErrMemberNotFound) {
+			return nil
+		}
+		return err
+	})
 }
 
 // Retry calls f every 200 ms (testkit.WaitNilEvery) until it succeeds or d

@@ -98,3 +98,36 @@ func TestStopWhileClientsAsk(t *testing.T) {
 		t.Logf("removed %s under Status requests", c.Names[i])
 	}
 }
+
+// Remove takes a member out through the others, and removing it again is
+// not an error: a retry after a lost answer meets a member already gone.
+func TestRemoveIsDoneOnceAndIdempotent(t *testing.T) {
+	c := Start(t, 3)
+	c.WaitReconfigurable()
+	c.Remove(2, 20*time.Second)
+	c.Remove(2, 20*time.Second)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints[:1], DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Members) != 2 {
+		t.Fatalf("members after removing %s: %v, want 2", c.Names[2], resp.Members)
+	}
+	for _, m := range resp.Members {
+		if m.Name == c.Names[2] {
+			t.Fatalf("%s is still a member", c.Names[2])
+		}
+	}
+	select {
+	case <-c.Members[2].Server.StopNotify():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not stop after its removal", c.Names[2])
+	}
+}
