@@ -72,18 +72,10 @@ var sweepOnce sync.Once
 // ticks since boot, /proc/PID/stat's 22nd field), so that a PID used again
 // by another process does not pass for the one that made a directory.
 func procTag(pid int) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := procStat(pid)
 	if err != nil {
 		return "", err
 	}
-	// The command name (field 2) is in parentheses and may hold spaces;
-	// the fields after its closing parenthesis start with field 3.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return "", fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(s[i+1:])
 	if len(f) < 20 {
 		return "", fmt.Errorf("/proc/%d/stat: %d fields after the command name, want 20 or more", pid, len(f))
 	}

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,14 +32,25 @@ func alive(pid int) bool {
 	if pid <= 0 || syscall.Kill(pid, 0) != nil {
 		return false
 	}
+	f, err := procStat(pid)
+	return err == nil && (len(f) == 0 || f[0] != "Z")
+}
+
+// procStat returns the fields of /proc/PID/stat that follow the command
+// name: the state is the first (field 3 of proc(5)), utime and stime the
+// 12th and 13th, the start time the 20th. The command name is in
+// parentheses and may hold spaces, so the fields are counted from its
+// closing parenthesis.
+func procStat(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return nil, err
 	}
-	// The state follows the command name in parentheses.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	return strings.Fields(string(b[i+1:])), nil
 }
 
 // killPID sends SIGKILL; a process that is already gone is fine.

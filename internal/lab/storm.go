@@ -2,7 +2,6 @@ package lab
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -507,15 +506,8 @@ func conns(max int) string {
 // cpuSeconds is the CPU time (user and system) a process has used, 0 if
 // it cannot be read.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which may hold spaces: state is
-	// the first, utime and stime the 12th and 13th.
-	i := bytes.LastIndexByte(b, ')')
-	f := strings.Fields(string(b[i+1:]))
-	if i < 0 || len(f) < 13 {
+	f, err := procStat(pid)
+	if err != nil || len(f) < 13 {
 		return 0
 	}
 	var ut, st float64
