@@ -3,6 +3,9 @@ package etcdtest
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"go.uber.org/goleak"
 )
 
 func TestInterestingKeepsWhereTestsWait(t *testing.T) {
@@ -22,5 +25,35 @@ func TestInterestingKeepsWhereTestsWait(t *testing.T) {
 		if strings.Contains(got, not) {
 			t.Errorf("%q kept:\n%s", not, got)
 		}
+	}
+}
+
+// findLeaks waits for goroutines that end by themselves, and reports one
+// that does not once the wait is over.
+func TestFindLeaksWaitsForGoroutinesThatEnd(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	done := make(chan struct{})
+	go func() { // ends after goleak's own retries (about 2 s) are over
+		time.Sleep(3 * time.Second)
+		close(done)
+	}()
+	start := time.Now()
+	if err := findLeaks(10*time.Second, ignore); err != nil {
+		t.Fatalf("a goroutine that ends after 3 s was reported: %v", err)
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Fatalf("findLeaks returned after %v, before the goroutine could have ended", took)
+	}
+	<-done
+
+	stuck := make(chan struct{})
+	defer close(stuck)
+	go func() { <-stuck }()
+	start = time.Now()
+	if err := findLeaks(time.Second, ignore); err == nil {
+		t.Fatal("a goroutine blocked for good was not reported")
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("reported after %v, before the wait was over", took)
 	}
 }
