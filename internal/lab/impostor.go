@@ -25,9 +25,10 @@ import (
 //
 // vigil promises no VIP move only while etcd answers within storePromise:
 // a store watch writes through the real members meanwhile, as the holder's
-// renewals do, and the VIP leaving holder is excused when such a write was
-// slower than that just before (slowStoreBefore): then storeSlow is that
-// write's time, and any one holder will do at the end.
+// renewals do, and the VIP leaving holder is excused when such a write
+// just before leaves room for that promise to have been broken
+// (storeDoubt, slowStoreBefore): then storeSlow is that write's time, and
+// any one holder will do at the end.
 func (l *Lab) impostorEtcd(ctx context.Context, n *Node, holder string, hold time.Duration) (storeSlow time.Duration, err error) {
 	if l.st.Settings.Impl != ImplVigil {
 		return 0, errors.New("impostor-etcd needs etcd and vigil")
@@ -59,7 +60,7 @@ func (l *Lab) impostorEtcd(ctx context.Context, n *Node, holder string, hold tim
 		if slowest, ok := slowStoreBefore(stw.close(), left, checkEvery); ok {
 			return slowest, nil
 		}
-		return 0, fmt.Errorf("the VIP is on %v %s; it was on %s, and etcd answered the lab's writes within %v then", leftTo, what, holder, storePromise)
+		return 0, fmt.Errorf("the VIP is on %v %s; it was on %s, and etcd answered the lab's writes within %v then", leftTo, what, holder, storeDoubt)
 	}
 	if err := l.signal(ctx, n, roleEtcd, syscall.SIGKILL, 5*time.Second); err != nil {
 		return 0, err

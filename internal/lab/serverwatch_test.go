@@ -1,10 +1,14 @@
 package lab
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/vigil-ha/vigil/internal/election"
 )
 
 func TestPromptServers(t *testing.T) {
@@ -114,7 +118,7 @@ func TestSlowStoreBefore(t *testing.T) {
 	writes := []storeProbe{
 		{start: at(0), took: 20 * time.Millisecond, ok: true},
 		{start: at(1000), took: 650 * time.Millisecond, ok: true}, // slow: 1000..1650
-		{start: at(5000), took: 399 * time.Millisecond, ok: true}, // within the promise
+		{start: at(5000), took: storeDoubt, ok: true},             // within the promise, as far as the watch can tell
 		{start: at(9000), took: 2 * time.Second},                  // failed: 9000..11000
 	}
 	for _, tc := range []struct {
@@ -125,7 +129,7 @@ func TestSlowStoreBefore(t *testing.T) {
 		{2800, 650 * time.Millisecond}, // 1150 ms after it ended: within a second and a check
 		{2900, 0},                      // 1250 ms after: too long ago
 		{900, 0},                       // before it began
-		{5500, 0},                      // writes answered within 400 ms
+		{5500, 0},                      // writes answered within storeDoubt
 		{10500, 2 * time.Second},       // a failed write
 	} {
 		got, ok := slowStoreBefore(writes, at(tc.seen), checkEvery)
@@ -133,4 +137,93 @@ func TestSlowStoreBefore(t *testing.T) {
 			t.Errorf("VIP off its holder at +%d ms: excused by %v (%v), want %v", tc.seen, got, ok, tc.want)
 		}
 	}
+}
+
+// TestStoreWatchSeesEveryStallThatFences holds the store watch to what it
+// must tell the drills: etcd stalls (every write whose answer falls in the
+// stall is answered at its end), at every phase against the holder's
+// renewals and the watch's writes, for 300 to 600 ms. A holder at the
+// default timings renews every RetryPeriod, and is fenced when the renew
+// deadline after the start of the last renewal answered passes before the
+// next answer. Every stall that fences it must leave a write of the
+// watch's slower than storeDoubt under way before the fence (so the VIP's
+// move is excused), and no stall that every write rides out within
+// storeDoubt may leave one (a move then is vigil's fault). Between the two
+// (a slowest write of the watch's between storeDoubt and storePromise) the watch cannot tell
+// whether a renewal of the holder's took longer than storePromise, and
+// excuses.
+func TestStoreWatchSeesEveryStallThatFences(t *testing.T) {
+	const (
+		answer = 2 * time.Millisecond // a write's time when etcd does not stall
+		retry  = election.DefaultRetryPeriod
+		renew  = election.DefaultRenewDeadline
+	)
+	fenced, kept := 0, 0
+	for watchPhase := time.Duration(0); watchPhase < storeWatchInterval; watchPhase += storeWatchInterval / 6 {
+		for off := time.Duration(0); off < retry; off += 5 * time.Millisecond {
+			for stall := 300 * time.Millisecond; stall <= 600*time.Millisecond; stall += 10 * time.Millisecond {
+				synctest.Test(t, func(t *testing.T) {
+					t0 := time.Now() // the holder renews at t0 + k*retry
+					from := t0.Add(time.Second + off)
+					to := from.Add(stall)
+					answerAt := func(start time.Time) time.Time {
+						a := start.Add(answer)
+						if !a.Before(from) && a.Before(to) {
+							a = to
+						}
+						return a
+					}
+					// The holder: the last renewal answered before the
+					// stall, and whether its deadline passes before the
+					// stall's end; the longest any renewal took.
+					var last time.Time
+					var holderSlowest time.Duration
+					for r := t0; r.Before(to.Add(time.Second)); r = r.Add(retry) {
+						a := answerAt(r)
+						holderSlowest = max(holderSlowest, a.Sub(r))
+						if a.Before(from) {
+							last = r
+						}
+					}
+					fence := last.Add(renew)
+					isFenced := fence.Before(to)
+
+					time.Sleep(watchPhase)
+					w := startStoreWatch(func(ctx context.Context) error {
+						select {
+						case <-time.After(time.Until(answerAt(time.Now()))):
+							return nil
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					})
+					time.Sleep(time.Until(to.Add(time.Second)))
+					probes := w.close()
+					excused := false
+					if isFenced {
+						_, excused = slowStoreBefore(probes, fence, 0)
+					}
+					anySlow := slices.ContainsFunc(probes, func(p storeProbe) bool { return p.slow() })
+					switch {
+					case isFenced && !excused:
+						t.Errorf("a %v stall at +%v (watch phase %v) fences the holder at +%v, and no write of the watch's before it was slower than %v", stall, off, watchPhase, fence.Sub(t0), storeDoubt)
+					case stall+answer <= storeDoubt && anySlow:
+						t.Errorf("a %v stall at +%v (watch phase %v): every write was answered within %v, yet the watch saw one slower", stall, off, watchPhase, storeDoubt)
+					case isFenced && holderSlowest <= storePromise:
+						t.Errorf("a %v stall at +%v fences the holder at +%v, though its renewals were answered within %v (%v at most): the model of the holder is wrong", stall, off, fence.Sub(t0), storePromise, holderSlowest)
+					}
+					if isFenced {
+						fenced++
+					} else {
+						kept++
+					}
+				})
+			}
+		}
+	}
+	// Both kinds of stall were tried.
+	if fenced == 0 || kept == 0 {
+		t.Fatalf("%d stalls fenced the holder and %d did not; the test needs both", fenced, kept)
+	}
+	t.Logf("%d stalls fenced the holder, each seen by the watch; %d did not", fenced, kept)
 }

@@ -385,7 +385,8 @@ func (l *Lab) stormDrill(ctx context.Context, r *Result) error {
 	// storePromise, and a storm on this machine's two cores can starve
 	// etcd too: a store watch writes through the members meanwhile, as
 	// the holder's renewals do, and a move is excused only by such a
-	// write slower than that (or failed) just before the VIP left.
+	// write just before the VIP left that leaves room for the promise to
+	// have been broken (slower than storeDoubt, or failed).
 	stw, stopStore, err := l.startLabStoreWatch(nil)
 	if err != nil {
 		return err
@@ -434,7 +435,7 @@ func (l *Lab) stormDrill(ctx context.Context, r *Result) error {
 		if slowest, ok := slowStoreBefore(stw.close(), left, checkEvery); ok && !left.IsZero() {
 			r.StoreSlowMillis = millis(slowest)
 		} else {
-			errs = append(errs, fmt.Errorf("the VIP moved from %s to %v during a reconnect storm, while etcd answered the lab's writes within %v", holder, final, storePromise))
+			errs = append(errs, fmt.Errorf("the VIP moved from %s to %v during a reconnect storm, while etcd answered the lab's writes within %v", holder, final, storeDoubt))
 		}
 	}
 	return errors.Join(errs...)
