@@ -125,9 +125,10 @@ type KubeadmResult struct {
 	NoServer       int      `json:"noServer,omitempty"`
 	NoServerErrors []string `json:"noServerErrors,omitempty"`
 	// SlowStore are requests outside the failover window that failed
-	// while the VIP was briefly gone (its holder stepped down), the lab's
-	// own writes through etcd having taken over 400 ms just before: vigil
-	// promises no move only while etcd answers within 400 ms
+	// while the VIP was briefly gone (its holder stepped down), one of the
+	// lab's own writes through etcd having taken over storeDoubt just
+	// before: vigil promises no move only while etcd answers within 400
+	// ms, and the store watch sees a stall up to 100 ms short
 	// (serverwatch.go). Not counted in FailedOutside; SlowStoreErrors are
 	// the first of them.
 	SlowStore       int      `json:"slowStore,omitempty"`

@@ -256,9 +256,9 @@ func (p storeProbe) slow() bool { return !p.ok || p.took > storeDoubt }
 // 100 ms, every stall that fences a holder at the default timings leaves
 // a write slower than storeDoubt, and a stall that every write rides out
 // within storeDoubt leaves none (TestStoreWatchSeesEveryStallThatFences).
-// A write every 50 ms, up to 40 of them in flight, was tried
-// first: its load on etcd (20 writes a second, and a pile of them after
-// every stall) was suspected in three failed reconnect storms in a row.
+// A write every 50 ms, up to 40 of them in flight, was tried first: its
+// load on etcd (20 writes a second, and a pile of them after every stall)
+// was suspected in three failed reconnect storms in a row.
 func startStoreWatch(put func(ctx context.Context) error) *recorder[storeProbe] {
 	w := newRecorder[storeProbe]()
 	slots := make(chan struct{}, storeWatchInFlight)
@@ -338,8 +338,9 @@ func slowStoreDark(dark []span, probes []storeProbe, start, end time.Time) (s sp
 // checkEvery paces the drills' checks of where the VIP is.
 const checkEvery = 200 * time.Millisecond
 
-// slowStoreBefore tells whether a write through etcd slower than vigil's
-// promise (or failed) was under way in the beforeDark before at, or in the
+// slowStoreBefore tells whether a write through etcd that leaves room for
+// vigil's promise to have been broken (storeProbe.slow: slower than
+// storeDoubt, or failed) was under way in the beforeDark before at, or in the
 // check interval `every` that ended when at was seen: the VIP leaving its
 // holder then is what vigil does when its renewals cannot get through. It
 // returns the slowest such write.

@@ -70,7 +70,7 @@ type WatchResult struct {
 func (w WatchResult) String() string {
 	s := fmt.Sprintf("watches %d, %d on the target: %d reset (%d elsewhere)", w.Watches, w.OnTarget, w.Reset, w.ResetElsewhere)
 	if w.Excused > 0 {
-		s += fmt.Sprintf(", %d ended while etcd was slower than 400 ms (slowest write %.0fms)", w.Excused, w.StoreSlowMillis)
+		s += fmt.Sprintf(", %d ended while etcd may have been slower than 400 ms (the lab's slowest write %.0fms)", w.Excused, w.StoreSlowMillis)
 	}
 	if w.Resumed > 0 {
 		s += fmt.Sprintf(", %d resumed after the pause", w.Resumed)
