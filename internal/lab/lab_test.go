@@ -667,26 +667,35 @@ func TestChaos(t *testing.T) {
 	}
 }
 
-// logFaultLogs logs the last lines of every node's vigil log kept for a
-// failed chaos fault: the test's temporary directory goes with the test, so
-// a failure in CI is diagnosed from these lines or not at all.
+// logFaultLogs logs the last lines of every node's vigil and etcd logs
+// kept for a failed chaos fault: the test's temporary directory goes with
+// the test, so a failure in CI is diagnosed from these lines or not at
+// all. The lab runs etcd at --log-level warn, so its lines are the slow
+// applies, fsyncs and elections that tell a stalled store from a fault of
+// vigil's.
 func logFaultLogs(t *testing.T, dir string, lines int) {
 	t.Helper()
 	if dir == "" {
 		return
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*-vigil.log"))
-	for _, f := range files {
-		logTail(t, f, filepath.Base(f), lines)
+	for _, role := range []string{"vigil", "etcd"} {
+		files, _ := filepath.Glob(filepath.Join(dir, "*-"+role+".log"))
+		for _, f := range files {
+			logTail(t, f, filepath.Base(f), lines)
+		}
 	}
 }
 
-// logNodeLogs logs the last lines of every node's vigil log, for a drill
-// that failed: as for chaos, the lab's directory goes with the test.
+// logNodeLogs logs the last lines of every node's vigil and etcd logs
+// (etcd's warnings), for a drill that failed: as for chaos, the lab's
+// directory goes with the test.
 func logNodeLogs(t *testing.T, l *Lab, lines int) {
 	t.Helper()
 	for _, n := range l.st.Nodes {
 		logTail(t, filepath.Join(l.nodeDir(n), "vigil.log"), n.Name+"'s vigil.log", lines)
+	}
+	for _, n := range l.st.Nodes {
+		logTail(t, filepath.Join(l.nodeDir(n), "etcd.log"), n.Name+"'s etcd.log", lines)
 	}
 	logTail(t, filepath.Join(l.dir, membersLog), "the vigil members commands' output", lines)
 }
