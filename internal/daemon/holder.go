@@ -91,7 +91,8 @@ func (h *holder) leading() bool {
 
 // eligible is why this node cannot hold the VIP now: the keeper's reasons
 // (interface down or gone, adding the address fails), a handoff's hold,
-// no guard listening to this vigil, or no BGP session up.
+// no guard listening to this vigil (or one silent for too long: half as
+// long for a candidate as for the holder), or no BGP session up.
 func (h *holder) eligible() error {
 	if err := h.vip.Eligible(); err != nil {
 		return err
@@ -101,7 +102,11 @@ func (h *holder) eligible() error {
 			return err
 		}
 	}
-	if err := h.fence.Eligible(); err != nil {
+	fence := h.fence.Eligible
+	if !h.leading() {
+		fence = h.fence.EligibleToCampaign
+	}
+	if err := fence(); err != nil {
 		return err
 	}
 	return h.ann.Eligible()

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,12 +32,14 @@ func (f *fakeVIP) Release(string) error { f.c.add("vip.release"); return nil }
 func (f *fakeVIP) Eligible() error      { return f.err }
 
 type fakeFence struct {
-	c   *calls
-	err error
+	c           *calls
+	err         error
+	campaignErr error // EligibleToCampaign's own, beside err
 }
 
 func (f *fakeFence) Arm(time.Time, time.Duration) bool { f.c.add("fence.arm"); return true }
 func (f *fakeFence) Eligible() error                   { return f.err }
+func (f *fakeFence) EligibleToCampaign() error         { return cmp.Or(f.campaignErr, f.err) }
 func (f *fakeFence) Lease(d time.Time) {
 	if d.IsZero() {
 		f.c.add("fence.end")
@@ -197,6 +200,25 @@ func TestHolderEligible(t *testing.T) {
 	p.vip.err = errVIP
 	if err := h.eligible(); !errors.Is(err, errVIP) {
 		t.Errorf("eligible = %v, want %v", err, errVIP)
+	}
+}
+
+// A guard a little slow to answer keeps a candidate out, not the holder:
+// the candidate is asked EligibleToCampaign, the holder Eligible.
+func TestHolderAsksTheGuardsCampaignBoundOnlyWhileACandidate(t *testing.T) {
+	h, p := newFakeHolder()
+	errSlow := errors.New("guard silent for 300ms")
+	p.fence.campaignErr = errSlow
+	if err := h.eligible(); !errors.Is(err, errSlow) {
+		t.Fatalf("a candidate's eligible = %v, want %v", err, errSlow)
+	}
+	h.lease(time.Now().Add(time.Second))
+	if err := h.eligible(); err != nil {
+		t.Fatalf("the holder's eligible = %v, want nil: its guard is within the holder's bound", err)
+	}
+	h.stop(election.StepDown{Cause: election.CauseExpired, Detail: "test"})
+	if err := h.eligible(); !errors.Is(err, errSlow) {
+		t.Fatalf("eligible after stepping down = %v, want %v", err, errSlow)
 	}
 }
 

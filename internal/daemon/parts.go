@@ -33,7 +33,10 @@ type fencePart interface {
 	Arm(deadline time.Time, wait time.Duration) bool
 	// Lease tells a later deadline; the zero time ends the tenure.
 	Lease(deadline time.Time)
+	// Eligible is why a holder cannot keep the VIP, EligibleToCampaign why
+	// a candidate should not take it (a stricter bound on a silent guard).
 	Eligible() error
+	EligibleToCampaign() error
 }
 
 // servePart is the load balancers: they take connections on the VIP only
@@ -74,6 +77,7 @@ func (noVIP) Eligible() error      { return nil }
 func (noFence) Arm(time.Time, time.Duration) bool { return true }
 func (noFence) Lease(time.Time)                   {}
 func (noFence) Eligible() error                   { return nil }
+func (noFence) EligibleToCampaign() error         { return nil }
 
 func (noRedirect) Install() error { return nil }
 func (noRedirect) Remove() error  { return nil }
