@@ -31,8 +31,8 @@ const (
 	// holder is elected. No member may go.
 	DrillPruneColdStart = "prune-cold-start"
 	// DrillPruneRealDeath: power off a member that does not hold the VIP.
-	// It must be pruned within --prune-after + 5 s (+ 7 s when its etcd
-	// member led raft), and not before --prune-after; then a new node
+	// It must be pruned within --prune-after + 5 s (+ 7 s in all when its
+	// etcd member led raft), and not before --prune-after; then a new node
 	// joins in its place.
 	DrillPruneRealDeath = "prune-real-death"
 	// DrillPruneClientPort: on a member that does not hold the VIP, drop
